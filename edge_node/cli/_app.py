@@ -1,0 +1,49 @@
+"""The ``edge-node`` click group and the one place that turns errors into exit codes."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from edge_node import __version__
+from edge_node.errors import EdgeNodeError, PeerUnreachable
+from edge_node.exit_codes import ExitCode
+
+
+@click.group(name="edge-node", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="More logging: -v info, -vv debug.")
+@click.version_option(__version__, "-V", "--version", prog_name="edge-node")
+def app(verbose: int) -> None:
+    """Decentralized personalized federated learning (DisPFL) on fleets of edge devices."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("edge_node").setLevel(min(level, logging.INFO))
+
+
+def fail(message: str, code: ExitCode = ExitCode.BAD_INPUT) -> click.exceptions.Exit:
+    """Print a one-line error and return the Exit to raise (in a command: ``raise fail(...)``)."""
+    print(f"edge-node: error: {message}", file=sys.stderr)
+    return click.exceptions.Exit(int(code))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run the app, map errors to the documented exit codes."""
+    try:
+        result = app.main(args=argv, prog_name="edge-node", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.ClickException as exc:  # usage errors: bad flag values, missing arguments
+        exc.show()
+        sys.exit(int(ExitCode.BAD_INPUT))
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        print("edge-node: interrupted", file=sys.stderr)
+        sys.exit(int(ExitCode.INTERRUPTED))
+    except PeerUnreachable as exc:
+        print(f"edge-node: error: {exc}", file=sys.stderr)
+        sys.exit(int(ExitCode.NETWORK))
+    except EdgeNodeError as exc:
+        print(f"edge-node: error: {exc}", file=sys.stderr)
+        sys.exit(int(ExitCode.BAD_INPUT))
+    sys.exit(result if isinstance(result, int) else 0)

@@ -1,0 +1,51 @@
+"""One exception root for the whole package, so callers catch a single name."""
+
+from __future__ import annotations
+
+
+class EdgeNodeError(Exception):
+    """Base class of every error edge-node raises on purpose."""
+
+
+class ConfigError(EdgeNodeError, ValueError):
+    """A setting or command-line value is invalid."""
+
+
+class DataError(EdgeNodeError):
+    """A data set is missing, corrupt or of the wrong layout."""
+
+
+class ModelError(EdgeNodeError, ValueError):
+    """An unknown model name or a model/weights mismatch."""
+
+
+class WireDecodeError(EdgeNodeError, ValueError):
+    """Bytes from a peer do not form a valid model stream."""
+
+
+class WireLimitError(WireDecodeError):
+    """A peer's stream exceeds a size, count or byte limit."""
+
+
+class HeaderMismatch(WireDecodeError):
+    """A peer's stream header is for another fleet, architecture or protocol version."""
+
+
+class PeerUnreachable(EdgeNodeError):
+    """A peer did not answer within its deadline and retries."""
+
+
+class DiscoveryError(EdgeNodeError):
+    """mDNS or static discovery could not start or parse its input."""
+
+
+class MeterUnavailable(EdgeNodeError):
+    """The requested energy meter does not exist or cannot be read here."""
+
+
+class CheckpointError(EdgeNodeError):
+    """A checkpoint or run directory is missing, corrupt or incompatible."""
+
+
+class TlsError(EdgeNodeError):
+    """Certificates or keys are missing, invalid or not signed by the fleet CA."""

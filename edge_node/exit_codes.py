@@ -1,0 +1,25 @@
+"""Exit codes of the ``edge-node`` command: one table, each with help text (tested)."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    SUCCESS = 0
+    UNEXPECTED = 1
+    BAD_INPUT = 2
+    NETWORK = 3
+    INTERRUPTED = 130
+
+
+EXIT_CODE_HELP: dict[ExitCode, str] = {
+    ExitCode.SUCCESS: "The command finished as asked.",
+    ExitCode.UNEXPECTED: "An unexpected internal error; the message and a traceback (with -v) say where.",
+    ExitCode.BAD_INPUT: (
+        "Bad input: an invalid flag value, a missing or corrupt data set, an unknown model, an unreadable"
+        " config, certificate or run directory. Nothing was written."
+    ),
+    ExitCode.NETWORK: "A network resource could not be used: a port in use, no usable interface, no peer answered.",
+    ExitCode.INTERRUPTED: "Stopped by SIGINT before finishing; completed work (rounds, checkpoints) is kept.",
+}

@@ -1,0 +1,63 @@
+"""Shared fixtures and the CI rule that a skipped test is a failure.
+
+Set ``EDGE_NODE_NO_SKIP=1`` (``.ci/run`` does) and any skipped test fails the session: in CI root and
+the CIFAR-10 tarball are present, so a skip there means a check silently did not run.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CIFAR10_TGZ = REPO_ROOT.parent / "shared" / "datasets" / "cifar10-jpeg.tar.gz"
+
+_skipped: list[str] = []
+
+
+def cifar10_tarball() -> Path | None:
+    """The CIFAR-10 image-folder tarball from ``EDGE_NODE_CIFAR10_TGZ`` or ``../shared/datasets``."""
+    path = Path(os.environ.get("EDGE_NODE_CIFAR10_TGZ", DEFAULT_CIFAR10_TGZ))
+    return path if path.is_file() else None
+
+
+@pytest.fixture(scope="session")
+def cifar10_tgz() -> Path:
+    path = cifar10_tarball()
+    if path is None:
+        pytest.skip("CIFAR-10 tarball absent: set EDGE_NODE_CIFAR10_TGZ or provide ../shared/datasets")
+    return path
+
+
+@pytest.fixture
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create private network namespaces")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads():
+    """Fail a test that leaves non-daemon threads running (servers, browsers, samplers)."""
+    before = set(threading.enumerate())
+    yield
+    leaked = [t for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon]
+    for t in leaked:
+        t.join(timeout=5)
+    still = [t.name for t in leaked if t.is_alive()]
+    assert not still, f"test leaked running threads: {still}"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("EDGE_NODE_NO_SKIP") == "1" and _skipped:
+        print(f"\nEDGE_NODE_NO_SKIP=1 and {len(_skipped)} test(s) were skipped:")
+        for nodeid in _skipped:
+            print(f"  SKIPPED {nodeid}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
