@@ -1,0 +1,50 @@
+"""DisPFL's intersection-weighted gossip average (Dai et al., ICML 2022, Alg. 1 line 6).
+
+Per coordinate ``c``: ``agg[c] = (w_i[c] + sum_j w_j[c]) / (m_i_old[c] + sum_j m_j[c])`` (0 where
+the denominator is 0), then ``w = agg * m_i_new``. Models are supported on their masks, so the sums
+count only holders; a coordinate client i newly regrew gets the neighbours' mean (its own 0 is not
+counted). No weighting by data size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from edge_node.errors import ConfigError
+
+TensorDict = Mapping[str, torch.Tensor]
+
+
+def aggregate(
+    own_weights: TensorDict,
+    own_train_mask: TensorDict,
+    own_next_mask: TensorDict,
+    neighbour_weights: Sequence[TensorDict],
+    neighbour_masks: Sequence[TensorDict],
+) -> dict[str, torch.Tensor]:
+    """Return the aggregated model of one client, supported on ``own_next_mask``.
+
+    Args:
+        own_weights: the client's trained weights (zero outside ``own_train_mask``).
+        own_train_mask: the mask the client trained with last round (``m_i_old``).
+        own_next_mask: the mask its last mask update produced (``m_i_new``).
+        neighbour_weights / neighbour_masks: published models of the neighbours, each zero outside
+            its mask. Inputs are never modified.
+    """
+    if len(neighbour_weights) != len(neighbour_masks):
+        raise ConfigError(
+            f"{len(neighbour_weights)} neighbour models but {len(neighbour_masks)} neighbour masks"
+        )
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, w in own_weights.items():
+            total = w * own_train_mask[name]  # guard: only the client's own support counts
+            count = own_train_mask[name].to(w.dtype)
+            for nw, nm in zip(neighbour_weights, neighbour_masks, strict=True):
+                total = total + nw[name] * nm[name]
+                count = count + nm[name]
+            agg = torch.where(count > 0, total / count.clamp_min(1), torch.zeros_like(total))
+            out[name] = agg * own_next_mask[name]
+    return out

@@ -1,0 +1,97 @@
+"""``SimConfig``: every setting of a simulation run, checked once, before anything is written."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edge_node.algorithm.masks import MASK_METHODS, check_density
+from edge_node.algorithm.prune_regrow import REGROW_RULES
+from edge_node.errors import ConfigError
+from edge_node.models import MODEL_NAMES
+from edge_node.sim.topology import check_topology
+
+METHODS = ("dispfl",)
+SETTINGS = ("i", "ii")
+DEVICES = ("cpu", "cuda")
+# Settings that may change when a run is resumed (the rest must match the checkpoint).
+RESUMABLE_CHANGES = frozenset({"rounds", "device", "output", "data_dir", "progress", "energy_backend"})
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    method: str = "dispfl"
+    dataset: str = "demo"
+    data_dir: Path | None = None
+    model: str = "cnn"
+    clients: int = 100
+    neighbours: int = 10
+    topology: str = "random"
+    max_in_degree: int | None = None  # cap on pulls a node serves per round (paper: 10); None = uncapped
+    rounds: int = 500
+    planned_rounds: int | None = None  # T of the cosine prune schedule; None = rounds
+    epochs: int = 5
+    batch_size: int = 128
+    lr: float = 0.1
+    lr_decay: float = 0.998  # per round
+    weight_decay: float = 5e-4
+    clip_norm: float = 10.0
+    density: float = 0.5
+    setting: str = "i"  # "ii": heterogeneous tiers 0.2..1.0, client i gets tier i mod 5
+    mask_init: str = "erk"
+    regrow: str = "random"
+    prune_alpha: float = 0.5
+    partition: str = "dir:0.3"
+    seed: int = 0
+    device: str = "cpu"
+    output: Path = Path("runs/sim")
+    eval_batch_size: int = 1000
+    energy_backend: str = "auto"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"method {self.method!r} must be one of {', '.join(METHODS)}")
+        if self.model not in MODEL_NAMES:
+            raise ConfigError(f"unknown model {self.model!r}; choose one of {', '.join(MODEL_NAMES)}")
+        check_density(self.density)
+        if self.setting not in SETTINGS:
+            raise ConfigError(f"setting {self.setting!r} must be one of {', '.join(SETTINGS)}")
+        if self.mask_init not in MASK_METHODS:
+            raise ConfigError(f"mask init {self.mask_init!r} must be one of {', '.join(MASK_METHODS)}")
+        if self.regrow not in REGROW_RULES:
+            raise ConfigError(f"regrow {self.regrow!r} must be one of {', '.join(REGROW_RULES)}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"device {self.device!r} must be one of {', '.join(DEVICES)}")
+        for name in ("clients", "rounds", "epochs", "batch_size", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.planned_rounds is not None and self.planned_rounds < 1:
+            raise ConfigError(f"planned_rounds={self.planned_rounds} must be at least 1")
+        for name in ("lr", "lr_decay", "clip_norm"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{name}={value} must be a positive number")
+        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
+            raise ConfigError(f"weight_decay={self.weight_decay} must be >= 0")
+        if not 0.0 <= self.prune_alpha <= 1.0:
+            raise ConfigError(f"prune_alpha={self.prune_alpha} must be in [0, 1]")
+        check_topology(self.topology, self.clients, self.neighbours, self.max_in_degree)
+
+    @property
+    def schedule_rounds(self) -> int:
+        return self.planned_rounds or self.rounds
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["data_dir"] = str(self.data_dir) if self.data_dir else None
+        out["output"] = str(self.output)
+        return out
+
+    def differences(self, saved: dict[str, Any]) -> list[str]:
+        """Settings that differ from a checkpoint's saved config (ignoring resumable ones)."""
+        mine = self.to_json()
+        return sorted(k for k in mine if k not in RESUMABLE_CHANGES and saved.get(k) != mine[k])

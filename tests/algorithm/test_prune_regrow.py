@@ -1,0 +1,62 @@
+import math
+
+import pytest
+import torch
+
+from edge_node.algorithm import learning_rate, prune_rate, update_masks
+from edge_node.errors import ConfigError
+
+
+def test_cosine_prune_schedule_and_lr_decay():
+    assert prune_rate(0, 30) == pytest.approx(0.5)
+    assert prune_rate(15, 30) == pytest.approx(0.25)
+    assert prune_rate(30, 30) == pytest.approx(0.0)
+    assert prune_rate(10, 30, alpha=0.4) == pytest.approx(0.2 * (1 + math.cos(math.pi / 3)))
+    assert learning_rate(0) == pytest.approx(0.1)
+    assert learning_rate(100) == pytest.approx(0.1 * 0.998**100)
+
+
+def _setup(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = {"a": torch.randn(20, 10, generator=g), "b": torch.randn(7, generator=g)}
+    masks = {"a": torch.rand(20, 10, generator=g) < 0.4, "b": torch.ones(7, dtype=torch.bool)}
+    w = {k: v * masks[k] for k, v in w.items()}
+    return w, masks
+
+
+@pytest.mark.parametrize("rule", ["random", "gradient"])
+def test_counts_preserved_dense_stays_dense(rule):
+    w, masks = _setup()
+    grads = {k: torch.randn(v.shape) for k, v in w.items()}
+    new = update_masks(w, masks, 0.3, rule, gradients=grads, generator=torch.Generator().manual_seed(3))
+    assert int(new["a"].sum()) == int(masks["a"].sum())
+    assert torch.equal(new["b"], masks["b"])
+    assert not torch.equal(new["a"], masks["a"])
+
+
+def test_prunes_smallest_magnitudes_and_regrows_largest_gradients():
+    w = {"a": torch.tensor([0.1, -5.0, 0.2, 3.0, 0.0, 0.0])}
+    mask = {"a": torch.tensor([1, 1, 1, 1, 0, 0], dtype=torch.bool)}
+    grads = {"a": torch.tensor([9.0, 0.0, 0.0, 0.0, -4.0, 1.0])}
+    # ceil(0.5 * 4) = 2 pruned: |0.1| and |0.2|; regrow 2 by |g| among {0, 2, 4, 5}: 0 (9) and 4 (4).
+    new = update_masks(w, mask, 0.5, "gradient", gradients=grads)
+    assert new["a"].tolist() == [True, True, False, True, True, False]
+
+
+def test_random_regrowth_is_reproducible_and_rate_zero_changes_nothing():
+    w, masks = _setup(1)
+    a = update_masks(w, masks, 0.5, "random", generator=torch.Generator().manual_seed(5))
+    b = update_masks(w, masks, 0.5, "random", generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a["a"], b["a"])
+    same = update_masks(w, masks, 0.0, "random", generator=torch.Generator())
+    assert torch.equal(same["a"], masks["a"])
+
+
+def test_bad_arguments_are_refused():
+    w, masks = _setup()
+    with pytest.raises(ConfigError, match="regrow rule"):
+        update_masks(w, masks, 0.2, "magnitude")
+    with pytest.raises(ConfigError, match="gradients"):
+        update_masks(w, masks, 0.2, "gradient")
+    with pytest.raises(ConfigError, match="prune rate"):
+        update_masks(w, masks, 1.5, "random", generator=torch.Generator())
