@@ -49,3 +49,7 @@ class CheckpointError(EdgeNodeError):
 
 class TlsError(EdgeNodeError):
     """Certificates or keys are missing, invalid or not signed by the fleet CA."""
+
+
+class ListenError(EdgeNodeError):
+    """A server cannot listen on its address (in use, or not an address of this host)."""

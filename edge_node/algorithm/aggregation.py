@@ -34,9 +34,7 @@ def aggregate(
             its mask. Inputs are never modified.
     """
     if len(neighbour_weights) != len(neighbour_masks):
-        raise ConfigError(
-            f"{len(neighbour_weights)} neighbour models but {len(neighbour_masks)} neighbour masks"
-        )
+        raise ConfigError(f"{len(neighbour_weights)} neighbour models but {len(neighbour_masks)} neighbour masks")
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, w in own_weights.items():

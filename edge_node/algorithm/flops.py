@@ -58,6 +58,4 @@ def round_training_flops(
     regrow_batch: int = 0,
 ) -> float:
     """One client's training FLOPs in one round: ``E*n*3*F(nnz)`` + ``B*3*F(dense)`` (gradient regrowth)."""
-    return epochs * samples * 3 * forward_flops(positions, nnz) + regrow_batch * 3 * forward_flops(
-        positions, dense
-    )
+    return epochs * samples * 3 * forward_flops(positions, nnz) + regrow_batch * 3 * forward_flops(positions, dense)

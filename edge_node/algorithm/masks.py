@@ -93,9 +93,7 @@ def init_masks(
     shapes = {name: tuple(w.shape) for name, w in weights.items()}
     densities = erk_densities(shapes, density) if method == "erk" else uniform_densities(shapes, density)
     counts = active_counts(shapes, densities)
-    return {
-        name: random_mask(shapes[name], counts[name], generator).to(weights[name].device) for name in weights
-    }
+    return {name: random_mask(shapes[name], counts[name], generator).to(weights[name].device) for name in weights}
 
 
 def mask_density(masks: Mapping[str, torch.Tensor]) -> float:

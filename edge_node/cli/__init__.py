@@ -6,3 +6,6 @@ from edge_node.cli._app import app, main
 from edge_node.cli import simulate  # noqa: E402,F401  isort: skip
 
 __all__ = ["app", "main"]
+from edge_node.cli import energy  # noqa: E402,F401  isort: skip
+from edge_node.cli import peers  # noqa: E402,F401  isort: skip
+from edge_node.cli import certs  # noqa: E402,F401  isort: skip

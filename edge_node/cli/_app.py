@@ -8,7 +8,7 @@ import sys
 import click
 
 from edge_node import __version__
-from edge_node.errors import EdgeNodeError, PeerUnreachable
+from edge_node.errors import EdgeNodeError, ListenError, PeerUnreachable
 from edge_node.exit_codes import ExitCode
 
 
@@ -35,12 +35,12 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.exceptions.ClickException as exc:  # usage errors: bad flag values, missing arguments
-        exc.show()
+        print(f"edge-node: error: {exc.format_message()}", file=sys.stderr)
         sys.exit(int(ExitCode.BAD_INPUT))
     except (click.exceptions.Abort, KeyboardInterrupt):
         print("edge-node: interrupted", file=sys.stderr)
         sys.exit(int(ExitCode.INTERRUPTED))
-    except PeerUnreachable as exc:
+    except (PeerUnreachable, ListenError) as exc:
         print(f"edge-node: error: {exc}", file=sys.stderr)
         sys.exit(int(ExitCode.NETWORK))
     except EdgeNodeError as exc:

@@ -10,6 +10,7 @@ from typing import Any
 
 from edge_node.algorithm.masks import MASK_METHODS, check_density
 from edge_node.algorithm.prune_regrow import REGROW_RULES
+from edge_node.data import parse_partition
 from edge_node.errors import ConfigError
 from edge_node.models import MODEL_NAMES
 from edge_node.sim.topology import check_topology
@@ -45,6 +46,7 @@ class SimConfig:
     regrow: str = "random"
     prune_alpha: float = 0.5
     partition: str = "dir:0.3"
+    samples_per_client: int | None = None  # dir quota; None = training set size // clients (paper: 500)
     seed: int = 0
     device: str = "cpu"
     output: Path = Path("runs/sim")
@@ -80,6 +82,12 @@ class SimConfig:
         if not 0.0 <= self.prune_alpha <= 1.0:
             raise ConfigError(f"prune_alpha={self.prune_alpha} must be in [0, 1]")
         check_topology(self.topology, self.clients, self.neighbours, self.max_in_degree)
+        kind, _ = parse_partition(self.partition)
+        if self.samples_per_client is not None:
+            if kind != "dir":
+                raise ConfigError("samples_per_client applies to dir partitions only (path splits classes evenly)")
+            if self.samples_per_client < 1:
+                raise ConfigError(f"samples_per_client={self.samples_per_client} must be at least 1")
 
     @property
     def schedule_rounds(self) -> int:

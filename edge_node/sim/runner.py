@@ -64,6 +64,7 @@ _LOGGER = logging.getLogger(__name__)
 ROUNDS_LOG = "rounds.jsonl"
 ENERGY_LOG = "energy.jsonl"
 CONFIG_FILE = "config.json"
+SIM_FLEET_ID = "sim"  # header fields the byte count uses: node ids are client-<i>
 PAPER_BYTES_PER_VALUE = 4  # the paper's Comm (MB): fp32 values of the received models, 1 MB = 1e6 B
 
 
@@ -83,7 +84,12 @@ def partition_clients(config: SimConfig, dataset: Dataset) -> tuple[list[np.ndar
     kind, arg = parse_partition(config.partition)
     rng = numpy_generator(config.seed, "partition")
     if kind == "dir":
-        train = partition_dir(dataset.train_y, config.clients, float(arg), rng)
+        if config.samples_per_client is not None and config.samples_per_client * config.clients > len(dataset.train_y):
+            raise ConfigError(
+                f"samples_per_client={config.samples_per_client} x clients={config.clients} exceeds the "
+                f"{len(dataset.train_y)} training samples of {dataset.name}"
+            )
+        train = partition_dir(dataset.train_y, config.clients, float(arg), rng, config.samples_per_client)
     else:
         train = partition_path(dataset.train_y, config.clients, int(arg), rng)
     test_rng = numpy_generator(config.seed, "test-split")
@@ -166,9 +172,7 @@ def run_simulation(config: SimConfig, dataset: Dataset) -> Path:
 
     model = build_model(config.model, dataset.num_classes, seed=config.seed).to(device)
     init_weights = read_weights(model)
-    densities = (
-        client_densities(config.clients) if config.setting == "ii" else [config.density] * config.clients
-    )
+    densities = client_densities(config.clients) if config.setting == "ii" else [config.density] * config.clients
     if saved is not None:
         clients = _Clients(saved["weights"], saved["train_masks"], saved["next_masks"])
         _LOGGER.info("resuming %s from round %d", out, start_round)
@@ -195,29 +199,52 @@ def run_simulation(config: SimConfig, dataset: Dataset) -> Path:
     accountant = EnergyAccountant(meter, out / ENERGY_LOG)
     schedule_t = config.schedule_rounds
     n = config.clients
-    bar = tqdm(range(start_round, config.rounds), desc="rounds", disable=not config.progress, unit="round",
-               initial=start_round, total=config.rounds)
+    bar = tqdm(
+        range(start_round, config.rounds),
+        desc="rounds",
+        disable=not config.progress,
+        unit="round",
+        initial=start_round,
+        total=config.rounds,
+    )
     try:
         for t in bar:
             started = time.perf_counter()
             record = _run_round(
-                t, config, clients, model, densities,
-                data=(data_x, data_y, test_x, test_y), mean=dataset.mean, std=dataset.std,
-                positions=positions, dense=dense, spec=spec, schedule_t=schedule_t, n=n,
+                t,
+                config,
+                clients,
+                model,
+                densities,
+                data=(data_x, data_y, test_x, test_y),
+                mean=dataset.mean,
+                std=dataset.std,
+                positions=positions,
+                dense=dense,
+                spec=spec,
+                schedule_t=schedule_t,
+                n=n,
                 accountant=accountant,
             )
             record["wall_s"] = time.perf_counter() - started
             _append_jsonl(out / ROUNDS_LOG, record)
             save_checkpoint(
-                ckpt_path, round_index=t, config=config.to_json(), weights=clients.weights,
-                train_masks=clients.train_masks, next_masks=clients.next_masks,
+                ckpt_path,
+                round_index=t,
+                config=config.to_json(),
+                weights=clients.weights,
+                train_masks=clients.train_masks,
+                next_masks=clients.next_masks,
             )
             accountant.close_round(t, modelled_j=record["modelled_energy"]["total_j"])
             bar.set_postfix(acc=f"{100 * record['acc_after_mean']:.1f}%")
             _LOGGER.info(
                 "round %d: acc before %.2f%% after %.2f%%, busiest node %.2f MB, %.1f s",
-                t, 100 * record["acc_before_mean"], 100 * record["acc_after_mean"],
-                record["busiest_node_bytes"] / 1e6, record["wall_s"],
+                t,
+                100 * record["acc_before_mean"],
+                100 * record["acc_after_mean"],
+                record["busiest_node_bytes"] / 1e6,
+                record["wall_s"],
             )
     finally:
         accountant.close()
@@ -248,8 +275,20 @@ def _run_round(
     )
     # Bytes: what the encoder would put on the wire for each published model, pulled by its neighbours.
     published_nnz = [nnz_per_tensor(m) for m in clients.train_masks]
-    model_bytes = [encoded_model_size(spec, nnz, ValueType.FLOAT32) for nnz in published_nnz]
     model_active = [sum(nnz.values()) for nnz in published_nnz]
+    total_params = sum(dense.values())
+    model_bytes = [
+        encoded_model_size(
+            spec,
+            nnz,
+            ValueType.FLOAT32,
+            node_id=f"client-{j}",
+            fleet_id=SIM_FLEET_ID,
+            round=max(t - 1, 0),
+            density=model_active[j] / total_params,
+        )
+        for j, nnz in enumerate(published_nnz)
+    ]
     received = [sum(model_bytes[j] for j in nbrs[i]) for i in range(n)]
     served = [0] * n
     for i in range(n):
@@ -261,8 +300,11 @@ def _run_round(
     with accountant.phase("aggregate"):
         aggregated = [
             aggregate(
-                clients.weights[i], clients.train_masks[i], clients.next_masks[i],
-                [clients.weights[j] for j in nbrs[i]], [clients.train_masks[j] for j in nbrs[i]],
+                clients.weights[i],
+                clients.train_masks[i],
+                clients.next_masks[i],
+                [clients.weights[j] for j in nbrs[i]],
+                [clients.train_masks[j] for j in nbrs[i]],
             )
             for i in range(n)
         ]
@@ -286,9 +328,18 @@ def _run_round(
             acc_before.append(correct / max(total, 1))
             gen = torch_generator(config.seed, "train", i, t)
             stats = train_masked(
-                model, clients.train_masks[i],
-                _train_batches(data_x, data_y, clients.train_idx[i], epochs=config.epochs,
-                               batch_size=config.batch_size, generator=gen, mean=mean, std=std),
+                model,
+                clients.train_masks[i],
+                _train_batches(
+                    data_x,
+                    data_y,
+                    clients.train_idx[i],
+                    epochs=config.epochs,
+                    batch_size=config.batch_size,
+                    generator=gen,
+                    mean=mean,
+                    std=std,
+                ),
                 sgd,
             )
             losses.append(stats.mean_loss)
@@ -299,17 +350,36 @@ def _run_round(
             trained = read_weights(model)
             grads = None
             if config.regrow == "gradient":
-                batch = next(_train_batches(data_x, data_y, clients.train_idx[i], epochs=1,
-                                            batch_size=config.batch_size, generator=gen, mean=mean, std=std))
+                batch = next(
+                    _train_batches(
+                        data_x,
+                        data_y,
+                        clients.train_idx[i],
+                        epochs=1,
+                        batch_size=config.batch_size,
+                        generator=gen,
+                        mean=mean,
+                        std=std,
+                    )
+                )
                 grads = dense_gradients(model, batch)
             next_masks.append(
-                update_masks(trained, clients.train_masks[i], rate, config.regrow, gradients=grads,
-                             generator=torch_generator(config.seed, "regrow", i, t))
+                update_masks(
+                    trained,
+                    clients.train_masks[i],
+                    rate,
+                    config.regrow,
+                    gradients=grads,
+                    generator=torch_generator(config.seed, "regrow", i, t),
+                )
             )
             clients.weights[i] = trained
             flops.append(
                 round_training_flops(
-                    positions, nnz_per_tensor(clients.train_masks[i]), dense, epochs=config.epochs,
+                    positions,
+                    nnz_per_tensor(clients.train_masks[i]),
+                    dense,
+                    epochs=config.epochs,
                     samples=int(clients.train_idx[i].numel()),
                     regrow_batch=config.batch_size if config.regrow == "gradient" else 0,
                 )
@@ -334,10 +404,10 @@ def _run_round(
         "paper_comm_mb_busiest": max(paper_mb),
         "flops_per_client_mean": float(np.mean(flops)),
         "flops_per_client_max": max(flops),
-        "density_mean": float(np.mean([sum(nnz_per_tensor(m).values()) / sum(dense.values())
-                                       for m in clients.train_masks])),
+        "density_mean": float(
+            np.mean([sum(nnz_per_tensor(m).values()) / sum(dense.values()) for m in clients.train_masks])
+        ),
         "densities_target": sorted(set(densities)),
         "forward_flops_dense": forward_flops(positions, dense),
-        "modelled_energy": {"label": "modelled", "total_j": modelled_total,
-                            "per_client_mean_j": modelled_total / n},
+        "modelled_energy": {"label": "modelled", "total_j": modelled_total, "per_client_mean_j": modelled_total / n},
     }

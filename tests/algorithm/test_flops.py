@@ -1,7 +1,13 @@
 import pytest
 
-from edge_node.algorithm import active_counts, dense_nnz, erk_densities, forward_flops, round_training_flops
-from edge_node.algorithm import weight_positions
+from edge_node.algorithm import (
+    active_counts,
+    dense_nnz,
+    erk_densities,
+    forward_flops,
+    round_training_flops,
+    weight_positions,
+)
 from edge_node.models import build_model
 
 
@@ -17,8 +23,13 @@ def test_resnet18_training_flops_check_values():
 def test_cnn_forward_flops_by_hand_and_round_formula():
     model = build_model("cnn")
     positions = weight_positions(model, (3, 32, 32))
-    assert positions == {"conv1.weight": 28 * 28, "conv2.weight": 10 * 10, "fc1.weight": 1,
-                         "fc2.weight": 1, "fc3.weight": 1}
+    assert positions == {
+        "conv1.weight": 28 * 28,
+        "conv2.weight": 10 * 10,
+        "fc1.weight": 1,
+        "fc2.weight": 1,
+        "fc3.weight": 1,
+    }
     by_hand = 2 * (64 * 3 * 25 * 784 + 64 * 64 * 25 * 100 + 1600 * 384 + 384 * 192 + 192 * 10)
     dense = dense_nnz(model)
     f = forward_flops(positions, dense)

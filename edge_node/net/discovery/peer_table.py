@@ -1,0 +1,233 @@
+"""The live peer table and the interface every discovery (mDNS, static) offers the node.
+
+One table per discovery: entries are added, updated (TXT changed) and removed (goodbye, TTL expiry,
+filtered out); listeners hear each change. The table is read from any thread.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+
+from edge_node.protocol import PROTOCOL_VERSION, protocol_major
+
+_LOGGER = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """What discovery knows about one peer.
+
+    ``last_seen`` is on ``time.monotonic()``'s clock (s): when the peer's records were last confirmed.
+    Static peers carry placeholders (``tier`` "unknown", ``density`` 0.0) until their Hello is recorded.
+    """
+
+    node_id: str
+    addresses: list[str]
+    port: int
+    fleet: str
+    arch: str
+    tier: str
+    density: float
+    round: int
+    protocol_version: str
+    fingerprint: str | None
+    last_seen: float
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` of the first address (IPv6 in brackets), ready for a gRPC target."""
+        host = self.addresses[0] if self.addresses else ""
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    def same_advertisement(self, other: PeerInfo) -> bool:
+        """Equal in everything but ``last_seen``: a refresh, not an update worth telling listeners."""
+        return dataclasses.replace(self, last_seen=0.0) == dataclasses.replace(other, last_seen=0.0)
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict (``edge-node peers --json``); ``last_seen`` becomes ``age_s``."""
+        out: dict[str, object] = dataclasses.asdict(self)
+        out.pop("last_seen")
+        out["endpoint"] = self.endpoint
+        out["age_s"] = round(max(0.0, time.monotonic() - self.last_seen), 3)
+        return out
+
+
+class PeerEvent(enum.Enum):
+    ADDED = "added"
+    UPDATED = "updated"
+    REMOVED = "removed"
+
+
+PeerListener = Callable[[PeerEvent, PeerInfo], None]
+
+
+class PeerTable:
+    """Thread-safe table keyed by a discovery-specific key, telling listeners about real changes."""
+
+    def __init__(self) -> None:
+        self._peers: dict[str, PeerInfo] = {}
+        self._listeners: list[PeerListener] = []
+        self._changed = threading.Condition()
+
+    def add_listener(self, listener: PeerListener) -> None:
+        with self._changed:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: PeerListener) -> None:
+        with self._changed:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def upsert(self, key: str, peer: PeerInfo) -> PeerEvent | None:
+        """Store ``peer``; returns ADDED/UPDATED, or None when only ``last_seen`` moved."""
+        with self._changed:
+            old = self._peers.get(key)
+            self._peers[key] = peer
+            if old is not None and old.same_advertisement(peer):
+                return None
+            event = PeerEvent.ADDED if old is None else PeerEvent.UPDATED
+            self._changed.notify_all()
+        self._notify(event, peer)
+        return event
+
+    def remove(self, key: str) -> PeerInfo | None:
+        with self._changed:
+            old = self._peers.pop(key, None)
+            if old is None:
+                return None
+            self._changed.notify_all()
+        self._notify(PeerEvent.REMOVED, old)
+        return old
+
+    def get(self, key: str) -> PeerInfo | None:
+        with self._changed:
+            return self._peers.get(key)
+
+    def keys(self) -> list[str]:
+        with self._changed:
+            return list(self._peers)
+
+    def clear(self, *, notify: bool = True) -> None:
+        """Empty the table; ``notify=False`` when discovery stops (nothing left to tell)."""
+        if notify:
+            for key in self.keys():
+                self.remove(key)
+            return
+        with self._changed:
+            self._peers.clear()
+            self._changed.notify_all()
+
+    def snapshot(self) -> list[PeerInfo]:
+        """The peers, sorted by node id."""
+        with self._changed:
+            return sorted(self._peers.values(), key=lambda p: (p.node_id, p.endpoint))
+
+    def wait_for(self, predicate: Callable[[list[PeerInfo]], bool], timeout_s: float) -> list[PeerInfo]:
+        """Block until ``predicate(snapshot)`` holds or ``timeout_s`` passes; returns the last snapshot."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                peers = self.snapshot()
+                remaining = deadline - time.monotonic()
+                if predicate(peers) or remaining <= 0:
+                    return peers
+                self._changed.wait(min(remaining, 0.5))
+
+    def _notify(self, event: PeerEvent, peer: PeerInfo) -> None:
+        with self._changed:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener(event, peer)
+            except Exception:  # a listener's bug must not stop discovery
+                _LOGGER.exception("peer listener %r failed on %s %s", listener, event.value, peer.node_id)
+
+
+class Discovery(abc.ABC):
+    """What the node sees of discovery, whichever kind: start/stop, the live table, own-state updates.
+
+    Subclasses fill the table; this base holds it, the listeners, the peer filter (fleet, protocol
+    major version, architecture) and context-manager support.
+    """
+
+    def __init__(
+        self,
+        *,
+        fleet: str | None,
+        arch: str | None,
+        protocol_version: str = PROTOCOL_VERSION,
+    ) -> None:
+        self.fleet = fleet
+        self.arch = arch
+        self.protocol_version = protocol_version
+        self._major = protocol_major(protocol_version)
+        self._table = PeerTable()
+
+    # -- the interface ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Begin advertising (when this node has an identity) and filling the peer table."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop; mDNS sends goodbye packets first. Safe to call twice."""
+
+    @abc.abstractmethod
+    def update(
+        self,
+        *,
+        round: int | None = None,
+        density: float | None = None,
+        tier: str | None = None,
+    ) -> None:
+        """Change this node's advertised round, density or tier (mDNS: rate-limited re-announcement)."""
+
+    def peers(self) -> list[PeerInfo]:
+        """A snapshot of the live peer table, sorted by node id."""
+        return self._table.snapshot()
+
+    def add_listener(self, listener: PeerListener) -> None:
+        """Call ``listener(event, peer)`` on each add/update/remove (from discovery's own thread)."""
+        self._table.add_listener(listener)
+
+    def remove_listener(self, listener: PeerListener) -> None:
+        self._table.remove_listener(listener)
+
+    def wait_for(self, predicate: Callable[[list[PeerInfo]], bool], timeout_s: float) -> list[PeerInfo]:
+        """Wait (bounded) until ``predicate(peers())`` holds; returns the last snapshot either way."""
+        return self._table.wait_for(predicate, timeout_s)
+
+    def __enter__(self) -> Discovery:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- shared by the implementations -----------------------------------------------------------
+    def rejection(self, peer: PeerInfo) -> str | None:
+        """Why ``peer`` is not ours (other fleet, protocol major, architecture), or None."""
+        if self.fleet is not None and peer.fleet != self.fleet:
+            return f"fleet {peer.fleet!r} is not {self.fleet!r}"
+        try:
+            major = protocol_major(peer.protocol_version)
+        except ValueError:
+            return f"protocol version {peer.protocol_version!r} is malformed"
+        if major != self._major:
+            return f"protocol version {peer.protocol_version!r} has another major than {self.protocol_version!r}"
+        if self.arch and peer.arch != self.arch:
+            return f"architecture {peer.arch!r} is not {self.arch!r}"
+        return None

@@ -1,0 +1,177 @@
+"""The DNS-SD TXT record of an edge-node advertisement (**contract**): encode, parse, validate.
+
+Keys: ``v`` protocol version, ``id`` node id, ``fleet``, ``arch``, ``tier``, ``density``, ``round``,
+``fp`` (TLS certificate fingerprint, empty without TLS). Each ``key=value`` string is at most 255 bytes.
+Our own values are checked once at the entry point (``ConfigError``); values from the network are
+checked by :func:`parse_txt`, which raises ``DiscoveryError`` for anything malformed so the caller can
+ignore that advertiser.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from edge_node.errors import ConfigError, DiscoveryError
+from edge_node.protocol import parse_protocol_version
+
+TXT_KEYS = ("v", "id", "fleet", "arch", "tier", "density", "round", "fp")
+REQUIRED_TXT_KEYS = ("v", "id", "fleet", "arch", "tier", "density", "round")
+MAX_TXT_STRING_BYTES = 255  # one DNS character-string: a length byte then at most 255 bytes
+MAX_ROUND = 10**15
+
+# A DNS label (63 bytes) that is also a safe host name part: the id becomes `<id>.local.`.
+_ID_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62})$")
+_ARCH_RE = re.compile(r"^[A-Za-z0-9_.:+-]{0,200}$")  # may be empty: "no model" (e.g. an operator probe)
+_TIER_RE = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
+_FP_RE = re.compile(r"^[A-Za-z0-9:+/=_-]{0,200}$")
+_INT_RE = re.compile(r"^\d{1,16}$")
+_FLOAT_RE = re.compile(r"^[0-9.eE+-]{1,32}$")
+
+
+@dataclass(frozen=True)
+class TxtFields:
+    """The validated contents of one advertisement's TXT record."""
+
+    protocol_version: str
+    node_id: str
+    fleet: str
+    arch: str
+    tier: str
+    density: float
+    round: int
+    fingerprint: str | None
+
+
+def _check(pattern: re.Pattern[str], name: str, value: object) -> str:
+    if not isinstance(value, str) or pattern.match(value) is None:
+        raise ConfigError(f"{name}={value!r} is not valid (allowed: {pattern.pattern})")
+    return value
+
+
+def check_node_id(node_id: object) -> str:
+    """A node id usable as DNS-SD instance name and host label; ConfigError otherwise."""
+    return _check(_ID_RE, "node_id", node_id)
+
+
+def check_fleet(fleet: object) -> str:
+    return _check(_ID_RE, "fleet", fleet)
+
+
+def check_arch(arch: object) -> str:
+    return _check(_ARCH_RE, "arch", arch)
+
+
+def check_tier(tier: object) -> str:
+    return _check(_TIER_RE, "tier", tier)
+
+
+def check_fingerprint(fingerprint: object) -> str | None:
+    if fingerprint is None or fingerprint == "":
+        return None
+    return _check(_FP_RE, "fingerprint", fingerprint)
+
+
+def check_density(density: object) -> float:
+    if isinstance(density, bool) or not isinstance(density, (int, float)):
+        raise ConfigError(f"density={density!r} must be a number in (0, 1]")
+    value = float(density)
+    if not (math.isfinite(value) and 0.0 < value <= 1.0):
+        raise ConfigError(f"density={density!r} must be a number in (0, 1]")
+    return value
+
+
+def check_round(round_: object) -> int:
+    if isinstance(round_, bool) or not isinstance(round_, int) or not 0 <= round_ <= MAX_ROUND:
+        raise ConfigError(f"round={round_!r} must be an integer in [0, {MAX_ROUND}]")
+    return round_
+
+
+def check_protocol_version(version: object) -> str:
+    if not isinstance(version, str):
+        raise ConfigError(f"protocol_version={version!r} must be a string MAJOR.MINOR")
+    try:
+        parse_protocol_version(version)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return version
+
+
+def encode_txt(fields: TxtFields) -> dict[str, str]:
+    """The TXT properties for ``fields`` (``fp`` is always present, empty without TLS).
+
+    Raises ConfigError when a value is invalid or a ``key=value`` string exceeds 255 bytes.
+    """
+    properties = {
+        "v": check_protocol_version(fields.protocol_version),
+        "id": check_node_id(fields.node_id),
+        "fleet": check_fleet(fields.fleet),
+        "arch": check_arch(fields.arch),
+        "tier": check_tier(fields.tier),
+        "density": repr(check_density(fields.density)),  # shortest string that round-trips
+        "round": str(check_round(fields.round)),
+        "fp": check_fingerprint(fields.fingerprint) or "",
+    }
+    for key, value in properties.items():
+        size = len(key.encode()) + 1 + len(value.encode())
+        if size > MAX_TXT_STRING_BYTES:
+            raise ConfigError(f"TXT {key}={value!r} is {size} bytes, more than {MAX_TXT_STRING_BYTES}")
+    return properties
+
+
+def _decode(raw: Mapping[bytes, bytes | None]) -> dict[str, str]:
+    """Keys lower-cased (DNS-SD keys are case-insensitive), values UTF-8; the first of duplicates wins."""
+    out: dict[str, str] = {}
+    for raw_key, raw_value in raw.items():
+        try:
+            key = raw_key.decode("ascii").lower()
+        except UnicodeDecodeError:
+            raise DiscoveryError(f"TXT key {raw_key!r} is not ASCII") from None
+        if raw_value is None:
+            if key in TXT_KEYS:
+                raise DiscoveryError(f"TXT key {key!r} has no value")
+            continue
+        if len(raw_key) + 1 + len(raw_value) > MAX_TXT_STRING_BYTES:
+            raise DiscoveryError(f"TXT {key}=... is longer than {MAX_TXT_STRING_BYTES} bytes")
+        try:
+            value = raw_value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DiscoveryError(f"TXT {key}={raw_value[:40]!r} is not UTF-8") from None
+        out.setdefault(key, value)
+    return out
+
+
+def parse_txt(raw: Mapping[bytes, bytes | None]) -> TxtFields:
+    """Validate the TXT properties of a foreign advertisement (as python-zeroconf decodes them).
+
+    Unknown keys are ignored (newer peers may add some). Raises DiscoveryError naming the first
+    problem: a missing key, a value that is not UTF-8, oversize, non-numeric or out of range.
+    """
+    props = _decode(raw)
+    missing = [key for key in REQUIRED_TXT_KEYS if key not in props]
+    if missing:
+        raise DiscoveryError(f"TXT lacks key(s) {', '.join(missing)}")
+    density_text, round_text = props["density"], props["round"]
+    if _FLOAT_RE.match(density_text) is None:
+        raise DiscoveryError(f"TXT density={density_text[:40]!r} is not a number")
+    if _INT_RE.match(round_text) is None:
+        raise DiscoveryError(f"TXT round={round_text[:40]!r} is not a non-negative integer")
+    try:
+        return TxtFields(
+            protocol_version=check_protocol_version(props["v"]),
+            node_id=check_node_id(props["id"]),
+            fleet=check_fleet(props["fleet"]),
+            arch=check_arch(props["arch"]),
+            tier=check_tier(props["tier"]),
+            density=check_density(float(density_text)),
+            round=check_round(int(round_text)),
+            fingerprint=check_fingerprint(props.get("fp")),
+        )
+    except (ConfigError, ValueError) as exc:  # float("1e") and friends
+        raise DiscoveryError(f"TXT value rejected: {_shorten(str(exc))}") from None
+
+
+def _shorten(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,283 @@
+"""Mutual TLS for the peer service: a fleet CA, node certificates, fingerprints, gRPC credentials.
+
+Every node holds the fleet CA certificate and its own certificate (subjectAltName DNS = its node id)
+and key. Servers require a client certificate signed by the fleet CA; clients check that the server
+presents a certificate of the same CA issued for the node id they meant to reach. Keys are ECDSA
+P-256 (small and fast on a Raspberry Pi). Plaintext happens only when a caller passes
+``insecure=True``, and is logged loudly.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+
+import grpc
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from edge_node.errors import ConfigError, TlsError
+
+_LOGGER = logging.getLogger(__name__)
+
+DEFAULT_CA_DAYS = 3650
+DEFAULT_CERT_DAYS = 825
+_CLOCK_SKEW = dt.timedelta(minutes=5)  # certificates are valid from a little before "now"
+_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+_insecure_warned: set[str] = set()
+_insecure_lock = threading.Lock()
+
+Pem = bytes | str | os.PathLike
+
+
+def check_node_name(node_id: str) -> str:
+    """A node id usable as a certificate's DNS name (and thus as the TLS target name)."""
+    if not isinstance(node_id, str) or not _NODE_ID.match(node_id):
+        raise ConfigError(f"node id {node_id!r} must be 1-63 characters of [A-Za-z0-9_.-], starting alphanumeric")
+    return node_id
+
+
+def _load(kind: str, source: Pem) -> bytes:
+    """PEM bytes as given, or read from a path (str / PathLike)."""
+    if isinstance(source, bytes):
+        return source
+    if isinstance(source, str) and source.lstrip().startswith("-----BEGIN"):
+        return source.encode()
+    try:
+        with open(source, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise TlsError(f"cannot read the {kind} file {os.fspath(source)!r}: {exc.strerror}") from exc
+
+
+def _parse_cert(kind: str, pem: bytes) -> x509.Certificate:
+    try:
+        return x509.load_pem_x509_certificate(pem)
+    except ValueError as exc:
+        raise TlsError(f"the {kind} is not a PEM certificate: {exc}") from exc
+
+
+def certificate_fingerprint(cert_pem: bytes | str) -> str:
+    """``"sha256:<hex>"`` of the certificate's DER bytes (advertised as TXT ``fp`` by discovery)."""
+    pem = cert_pem.encode() if isinstance(cert_pem, str) else cert_pem
+    cert = _parse_cert("certificate", pem)
+    return "sha256:" + cert.fingerprint(hashes.SHA256()).hex()
+
+
+def _check_validity(kind: str, cert: x509.Certificate, now: dt.datetime) -> None:
+    if now < cert.not_valid_before_utc:
+        raise TlsError(f"the {kind} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
+    if now > cert.not_valid_after_utc:
+        raise TlsError(f"the {kind} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+
+
+def _spki(public_key: object) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def dns_names(cert: x509.Certificate) -> list[str]:
+    try:
+        return cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.DNSName
+        )
+    except x509.ExtensionNotFound:
+        return []
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """Fleet CA certificate, this node's certificate and its key (PEM bytes, or paths to read).
+
+    Checked once when built: all three parse, the key belongs to the certificate, the certificate is
+    signed by the CA and is valid now. Raises ``TlsError`` saying which of these failed.
+    """
+
+    ca_cert: bytes
+    cert: bytes
+    key: bytes
+
+    def __post_init__(self) -> None:
+        for kind, attr in (("CA certificate", "ca_cert"), ("certificate", "cert"), ("key", "key")):
+            object.__setattr__(self, attr, _load(kind, getattr(self, attr)))
+        ca = _parse_cert("CA certificate", self.ca_cert)
+        cert = _parse_cert("certificate", self.cert)
+        try:
+            key = serialization.load_pem_private_key(self.key, password=None)
+        except (ValueError, TypeError) as exc:
+            raise TlsError(f"the key is not an unencrypted PEM private key: {exc}") from exc
+        if _spki(key.public_key()) != _spki(cert.public_key()):
+            raise TlsError("the key does not belong to the certificate")
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature) as exc:
+            raise TlsError(f"the certificate is not signed by the fleet CA ({ca.subject.rfc4514_string()})") from exc
+        now = dt.datetime.now(dt.timezone.utc)
+        _check_validity("CA certificate", ca, now)
+        _check_validity("certificate", cert, now)
+
+    @classmethod
+    def from_files(cls, ca_cert: str | os.PathLike, cert: str | os.PathLike, key: str | os.PathLike) -> TlsConfig:
+        return cls(_load("CA certificate", ca_cert), _load("certificate", cert), _load("key", key))
+
+    @property
+    def fingerprint(self) -> str:
+        """This node's certificate fingerprint, ``"sha256:<hex>"``."""
+        return certificate_fingerprint(self.cert)
+
+    @property
+    def node_names(self) -> list[str]:
+        """The DNS names this node's certificate is issued for (its node id first)."""
+        return dns_names(_parse_cert("certificate", self.cert))
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        """Server side: present our certificate, require a client certificate of the fleet CA."""
+        return grpc.ssl_server_credentials(
+            [(self.key, self.cert)], root_certificates=self.ca_cert, require_client_auth=True
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """Client side: trust only the fleet CA, present our certificate."""
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca_cert, private_key=self.key, certificate_chain=self.cert
+        )
+
+
+def warn_insecure(role: str) -> None:
+    """Log, once per process and role, that peer traffic is plaintext and unauthenticated."""
+    with _insecure_lock:
+        if role in _insecure_warned:
+            return
+        _insecure_warned.add(role)
+    _LOGGER.warning(
+        "INSECURE: the peer %s runs WITHOUT TLS (--insecure): models travel in plaintext and any host"
+        " that can reach this port can pull or serve models. Use --tls-ca/--tls-cert/--tls-key on real networks.",
+        role,
+    )
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def create_ca(fleet_id: str, days: int = DEFAULT_CA_DAYS) -> tuple[bytes, bytes]:
+    """A new fleet CA: ``(certificate PEM, private key PEM)``."""
+    if not isinstance(fleet_id, str) or not fleet_id.strip():
+        raise ConfigError(f"fleet id {fleet_id!r} must be a non-empty string")
+    if not isinstance(days, int) or days < 1:
+        raise ConfigError(f"days={days!r} must be a positive integer")
+    key = _new_key()
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "edge-node"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"{fleet_id} fleet CA"),
+        ]
+    )
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _CLOCK_SKEW)
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )  # fmt: skip
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+def issue_certificate(
+    ca_cert_pem: bytes,
+    ca_key_pem: bytes,
+    node_id: str,
+    days: int = DEFAULT_CERT_DAYS,
+    extra_dns: tuple[str, ...] = (),
+) -> tuple[bytes, bytes]:
+    """A node certificate signed by the fleet CA, for server and client use: ``(cert PEM, key PEM)``.
+
+    Its subjectAltName holds ``node_id`` (the name clients verify) and any ``extra_dns`` names.
+    """
+    check_node_name(node_id)
+    for extra in extra_dns:
+        check_node_name(extra)
+    if not isinstance(days, int) or days < 1:
+        raise ConfigError(f"days={days!r} must be a positive integer")
+    ca = _parse_cert("CA certificate", ca_cert_pem)
+    try:
+        ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise TlsError(f"the CA key is not an unencrypted PEM private key: {exc}") from exc
+    if _spki(ca_key.public_key()) != _spki(ca.public_key()):
+        raise TlsError("the CA key does not belong to the CA certificate")
+    key = _new_key()
+    now = dt.datetime.now(dt.timezone.utc)
+    names = [node_id, *[n for n in extra_dns if n != node_id]]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "edge-node"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, node_id),
+                ]
+            )
+        )
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _CLOCK_SKEW)
+        .not_valid_after(min(now + dt.timedelta(days=days), ca.not_valid_after_utc))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=True,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )  # fmt: skip
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)

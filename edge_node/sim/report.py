@@ -1,0 +1,116 @@
+"""Reports of a simulation run: summary figures, a paper-style table and PNG plots.
+
+Accounting conventions (stated in every report): bytes are what the encoder produces (bitmap +
+fp32 values + headers) per node per round; the busiest node is the max over nodes of received +
+sent; "paper MB" counts 4 bytes per active received parameter, 1 MB = 1e6 bytes, as the DisPFL
+paper's Comm (MB) column does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from edge_node.errors import CheckpointError
+
+CONVENTIONS = (
+    "bytes = encoded bitmap+values+headers per node per round (fp32); busiest = max over nodes of recv+sent; "
+    "paper MB = 4 B per active received parameter, 1 MB = 1e6 B; FLOPs = E*n*3*F(nnz) (+B*3*F(dense) for "
+    "gradient regrowth); accuracy = unweighted mean over clients of local test accuracy"
+)
+
+
+def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
+    """The per-round records of a run directory (``rounds.jsonl``)."""
+    path = run_dir / "rounds.jsonl"
+    if not path.is_file():
+        raise CheckpointError(f"{path} not found: not a simulation output directory")
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{path}:{number} is not valid JSON: {exc.msg}") from exc
+    return records
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Headline figures of a run: final/best accuracy, bytes, paper MB, FLOPs, time."""
+    if not records:
+        return {"rounds": 0}
+    last = records[-1]
+    n = len(records)
+    return {
+        "rounds": n,
+        "acc_after_final": last["acc_after_mean"],
+        "acc_before_final": last["acc_before_mean"],
+        "acc_after_best": max(r["acc_after_mean"] for r in records),
+        "bytes_received_per_node_round": sum(r["bytes_received_mean"] for r in records) / n,
+        "busiest_node_bytes_max": max(r["busiest_node_bytes"] for r in records),
+        "paper_comm_mb_busiest": max(r["paper_comm_mb_busiest"] for r in records),
+        "paper_comm_mb_mean": sum(r["paper_comm_mb_mean"] for r in records) / n,
+        "flops_per_client_round": sum(r["flops_per_client_mean"] for r in records) / n,
+        "modelled_energy_j": sum(r["modelled_energy"]["total_j"] for r in records),
+        "wall_s": sum(r.get("wall_s", 0.0) for r in records),
+        "conventions": CONVENTIONS,
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A paper-style table of the summary, for the terminal."""
+    if not summary.get("rounds"):
+        return "no completed rounds"
+    rows = [
+        ("rounds", f"{summary['rounds']}"),
+        ("accuracy after local training (final)", f"{100 * summary['acc_after_final']:.2f}%"),
+        ("accuracy before local training (final)", f"{100 * summary['acc_before_final']:.2f}%"),
+        ("accuracy after local training (best)", f"{100 * summary['acc_after_best']:.2f}%"),
+        ("bytes received per node per round", f"{summary['bytes_received_per_node_round'] / 1e6:.3f} MB (encoded)"),
+        ("busiest node per round (recv+sent)", f"{summary['busiest_node_bytes_max'] / 1e6:.3f} MB (encoded)"),
+        ("Comm, paper convention (busiest)", f"{summary['paper_comm_mb_busiest']:.2f} MB"),
+        ("FLOPs per client per round", f"{summary['flops_per_client_round']:.4g}"),
+        ("energy, modelled (all clients)", f"{summary['modelled_energy_j']:.4g} J (modelled, not measured)"),
+        ("wall time", f"{summary['wall_s']:.1f} s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    return "\n".join(lines + ["", f"conventions: {summary['conventions']}"])
+
+
+def plot_run(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Write ``accuracy.png`` and ``communication.png`` (against rounds); returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = [r["round"] + 1 for r in records]
+    paths = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(rounds, [100 * r["acc_after_mean"] for r in records], marker="o", label="after local training")
+    ax.plot(rounds, [100 * r["acc_before_mean"] for r in records], marker=".", label="before (aggregated)")
+    ax.set_xlabel("round")
+    ax.set_ylabel("mean client test accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / "accuracy.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(rounds, [r["busiest_node_bytes"] / 1e6 for r in records], marker="o", label="busiest node, recv+sent")
+    ax.plot(rounds, [r["bytes_received_mean"] / 1e6 for r in records], marker=".", label="mean node, received")
+    ax.plot(rounds, [r["paper_comm_mb_busiest"] for r in records], ls="--", label="paper convention, busiest")
+    ax.set_xlabel("round")
+    ax.set_ylabel("MB per round (1 MB = 1e6 B)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / "communication.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths

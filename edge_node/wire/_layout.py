@@ -1,0 +1,136 @@
+"""Where every chunk goes and how many bytes it takes: shared by the encoder and the size count.
+
+The layout of a stream depends only on the spec, each tensor's number of active values, the value
+type and the message budget, never on where the active values are; so ``encoded_model_size`` can
+count the exact serialized bytes from a mask's counts, and ``encode_model`` fills in this layout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from edge_node.wire.spec import ModelSpec, ValueType
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(a // -b)
+
+
+def varint_size(value: int) -> int:
+    """Bytes of a non-negative protobuf varint."""
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def _len_field(length: int) -> int:
+    """A length-delimited field (tag < 16) of ``length`` bytes; proto3 omits it when empty."""
+    return 0 if length == 0 else 1 + varint_size(length) + length
+
+
+def _varint_field(value: int) -> int:
+    """A varint field (tag < 16); proto3 omits it when zero."""
+    return 0 if value == 0 else 1 + varint_size(value)
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """One SparseTensor chunk: an element range of the bitmap and a value-index range."""
+
+    name: str
+    start: int  # first element (flattened index) of the bitmap range
+    count: int  # elements in the bitmap range
+    value_start: int  # index of the first value among the tensor's active values
+    nnz: int  # values in this chunk
+    dense: bool
+    entry_bytes: int  # the chunk's bytes inside its ModelChunk (tag + length + message)
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    messages: tuple[tuple[ChunkPlan, ...], ...]
+
+    @property
+    def chunk_count(self) -> int:
+        return sum(len(m) for m in self.messages)
+
+    @property
+    def payload_bytes(self) -> int:
+        """Serialized bytes of all tensor-bearing messages (the header message excluded)."""
+        return sum(c.entry_bytes for m in self.messages for c in m)
+
+
+def _chunk_entry_bytes(
+    name_len: int,
+    shape_field: int,
+    value_type: ValueType,
+    start: int,
+    count: int,
+    value_start: int,
+    nnz: int,
+    dense: bool,
+) -> int:
+    bitmap_len = 0 if dense else (count + 7) // 8
+    size = (
+        _len_field(name_len)
+        + shape_field
+        + _varint_field(int(value_type))
+        + _len_field(bitmap_len)
+        + _len_field(nnz * value_type.itemsize)
+        + _varint_field(nnz)
+        + (2 if dense else 0)
+        + _varint_field(start)
+        + _varint_field(count)
+        + _varint_field(value_start)  # field 10: still a one-byte tag
+    )
+    return 1 + varint_size(size) + size
+
+
+def _tensor_chunks(name: str, shape: tuple[int, ...], nnz: int, value_type: ValueType, budget: int) -> list[ChunkPlan]:
+    """Chunks of one tensor: one if it fits in an (empty) message, else the fewest equal ranges that fit."""
+    numel = math.prod(shape)
+    dense = nnz == numel
+    name_len = len(name.encode())
+    packed = sum(varint_size(d) for d in shape)
+    shape_field = _len_field(packed) if shape else 0
+    whole = _chunk_entry_bytes(name_len, shape_field, value_type, 0, numel, 0, nnz, dense)
+    if whole <= budget:
+        return [ChunkPlan(name, 0, numel, 0, nnz, dense, whole)]
+    payload = (0 if dense else (numel + 7) // 8) + nnz * value_type.itemsize
+    pieces = max(2, _ceil_div(payload, budget))
+    while True:
+        span = _ceil_div(_ceil_div(numel, pieces), 8) * 8  # ceil(numel / pieces), up to a multiple of 8
+        n_chunks = _ceil_div(numel, span)
+        per_chunk = span if dense else _ceil_div(nnz, n_chunks)
+        chunks = []
+        for k in range(n_chunks):
+            start = k * span
+            count = min(span, numel - start)
+            value_start = min(k * per_chunk, nnz)
+            values = min(per_chunk, nnz - value_start)
+            size = _chunk_entry_bytes(name_len, shape_field, value_type, start, count, value_start, values, dense)
+            chunks.append(ChunkPlan(name, start, count, value_start, values, dense, size))
+        if max(c.entry_bytes for c in chunks) <= budget:
+            return chunks
+        if span == 8:
+            raise ValueError(f"max_message_bytes={budget} is too small to carry tensor {name!r}")
+        pieces = max(pieces + 1, pieces * 9 // 8)
+
+
+def plan_stream(
+    spec: ModelSpec, nnz_per_tensor: Mapping[str, int], value_type: ValueType, max_message_bytes: int
+) -> StreamPlan:
+    """Chunks of every tensor in spec order, packed greedily into messages of at most the budget."""
+    messages: list[tuple[ChunkPlan, ...]] = []
+    current: list[ChunkPlan] = []
+    used = 0
+    for name, shape in spec.shapes.items():
+        for chunk in _tensor_chunks(name, shape, nnz_per_tensor[name], value_type, max_message_bytes):
+            if current and used + chunk.entry_bytes > max_message_bytes:
+                messages.append(tuple(current))
+                current, used = [], 0
+            current.append(chunk)
+            used += chunk.entry_bytes
+    if current:
+        messages.append(tuple(current))
+    return StreamPlan(tuple(messages))

@@ -1,0 +1,491 @@
+"""Masked model <-> stream of protobuf messages (bitmap + values), and the exact size of that stream.
+
+Encoding is vectorised (``numpy.packbits(..., bitorder="little")``, boolean indexing); decoding
+validates every chunk as it arrives and the whole model at the end, and only then builds tensors,
+so a bad stream raises ``WireDecodeError`` (or ``WireLimitError`` / ``HeaderMismatch``) naming the
+tensor and the problem, having touched nothing of the caller's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from google.protobuf.message import DecodeError
+
+from edge_node.errors import HeaderMismatch, WireDecodeError, WireLimitError
+from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_stream, varint_size
+from edge_node.wire.messages import ProtoModelChunk, ProtoSparseTensor, ProtoStreamHeader
+from edge_node.wire.spec import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    MIN_MAX_MESSAGE_BYTES,
+    PROTOCOL_MAJOR,
+    PROTOCOL_VERSION,
+    DecodedModel,
+    ModelSpec,
+    StreamHeader,
+    ValueType,
+    WireLimits,
+    numpy_value_dtype,
+    parse_protocol_version,
+)
+
+_MAX_ID_BYTES = 255  # node and fleet ids also travel in mDNS TXT strings
+
+
+def _check_id(kind: str, value: object) -> str:
+    if not isinstance(value, str) or not value or len(value.encode()) > _MAX_ID_BYTES:
+        raise ValueError(f"{kind}={value!r} must be a non-empty string of at most {_MAX_ID_BYTES} bytes")
+    return value
+
+
+def _check_header_args(node_id: str, fleet_id: str, round: int, density: float, max_message_bytes: int) -> float:
+    _check_id("node_id", node_id)
+    _check_id("fleet_id", fleet_id)
+    if isinstance(round, bool) or not isinstance(round, int) or round < 0:
+        raise ValueError(f"round={round!r} must be a non-negative integer")
+    if not isinstance(density, (int, float)) or not math.isfinite(density) or not 0.0 <= density <= 1.0:
+        raise ValueError(f"density={density!r} must be in [0, 1]")
+    if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
+        raise TypeError(f"max_message_bytes={max_message_bytes!r} must be an integer")
+    if max_message_bytes < MIN_MAX_MESSAGE_BYTES:
+        raise ValueError(f"max_message_bytes={max_message_bytes} must be at least {MIN_MAX_MESSAGE_BYTES}")
+    return float(density) + 0.0  # -0.0 -> 0.0, so the header's size does not depend on the sign
+
+
+def _header_proto(
+    node_id: str, fleet_id: str, arch_id: str, round: int, density: float, digest: bytes, plan: StreamPlan
+) -> ProtoStreamHeader:
+    return ProtoStreamHeader(
+        protocol_version=PROTOCOL_VERSION,
+        node_id=node_id,
+        fleet_id=fleet_id,
+        arch_id=arch_id,
+        round=round,
+        density=density,
+        payload_sha256=digest,
+        message_count=len(plan.messages),
+        chunk_count=plan.chunk_count,
+    )
+
+
+def _header_message_bytes(header: ProtoStreamHeader) -> int:
+    size = header.ByteSize()
+    return 1 + varint_size(size) + size
+
+
+def encoded_model_size(
+    spec: ModelSpec,
+    nnz_per_tensor: Mapping[str, int],
+    value_type: ValueType = ValueType.FLOAT32,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    dense_tensors: set[str] | None = None,
+    *,
+    node_id: str = "node",
+    fleet_id: str = "fleet",
+    round: int = 0,
+    density: float = 1.0,
+) -> int:
+    """Exact serialized bytes of the stream ``encode_model`` produces, without encoding anything.
+
+    Args:
+        nnz_per_tensor: active elements of every tensor (``int(mask.sum())``); a tensor whose count
+            equals its numel is sent dense, as ``encode_model`` does.
+        dense_tensors: tensors sent without a mask (no entry needed in ``nnz_per_tensor``).
+        node_id, fleet_id, round, density: the header's fields; they change its size by a few bytes,
+            so pass the ones ``encode_model`` gets for an exact count.
+
+    Returns:
+        The sum over all messages (header included) of their serialized size, i.e. of
+        ``len(msg.SerializeToString())``: the gRPC payload bytes, not counting gRPC/HTTP2 framing.
+    """
+    value_type = ValueType.parse(value_type)
+    density = _check_header_args(node_id, fleet_id, round, density, max_message_bytes)
+    dense_tensors = set(dense_tensors or ())
+    unknown = (set(nnz_per_tensor) | dense_tensors) - set(spec.shapes)
+    if unknown:
+        raise ValueError(f"tensors {sorted(unknown)} are not in the model spec {spec.arch_id}")
+    counts: dict[str, int] = {}
+    for name in spec.shapes:
+        numel = spec.numel(name)
+        if name in dense_tensors:
+            counts[name] = numel
+            continue
+        if name not in nnz_per_tensor:
+            raise ValueError(f"nnz_per_tensor has no count for tensor {name!r} (and it is not in dense_tensors)")
+        nnz = int(nnz_per_tensor[name])
+        if not 0 <= nnz <= numel:
+            raise ValueError(f"nnz_per_tensor[{name!r}]={nnz} must be in [0, {numel}]")
+        counts[name] = nnz
+    plan = plan_stream(spec, counts, value_type, max_message_bytes)
+    header = _header_proto(node_id, fleet_id, spec.arch_id, round, density, bytes(32), plan)
+    return _header_message_bytes(header) + plan.payload_bytes
+
+
+@dataclass
+class _EncodedTensor:
+    bitmap: bytes  # whole tensor, empty when dense
+    values: bytes  # whole tensor's active values, little-endian
+
+
+def _encode_tensor(name: str, weight: torch.Tensor, mask: torch.Tensor | None, value_type: ValueType) -> _EncodedTensor:
+    flat = weight.detach().to(device="cpu", dtype=torch.float32).reshape(-1).numpy()
+    bitmap = b""
+    if mask is not None:
+        flat_mask = mask.detach().to("cpu").reshape(-1).numpy()
+        if not flat_mask.all():
+            bitmap = np.packbits(flat_mask, bitorder="little").tobytes()
+            flat = flat[flat_mask]
+    if value_type is ValueType.BFLOAT16:
+        cast = torch.from_numpy(flat).to(torch.bfloat16)
+        finite = bool(torch.isfinite(cast).all())
+        raw = cast.view(torch.int16).numpy().astype("<u2", copy=False)
+    else:
+        with np.errstate(over="ignore"):  # float16 overflow becomes inf, refused just below
+            raw = flat.astype(numpy_value_dtype(value_type), copy=False)
+        finite = bool(np.isfinite(raw).all())
+    if not finite:
+        raise ValueError(
+            f"tensor {name!r}: active values are NaN or Inf (or overflow {value_type.name.lower()});"
+            " a model with non-finite weights is never sent"
+        )
+    return _EncodedTensor(bitmap, raw.tobytes())
+
+
+def _check_model_args(spec: ModelSpec, weights: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor]) -> None:
+    missing = [n for n in spec.shapes if n not in weights]
+    extra = [n for n in weights if n not in spec.shapes]
+    if missing or extra:
+        raise ValueError(f"weights do not match spec {spec.arch_id}: missing {missing}, unknown {extra}")
+    unknown_masks = [n for n in masks if n not in spec.shapes]
+    if unknown_masks:
+        raise ValueError(f"masks name tensors that are not in spec {spec.arch_id}: {unknown_masks}")
+    for name, shape in spec.shapes.items():
+        weight = weights[name]
+        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+            raise TypeError(f"weights[{name!r}] must be a floating-point tensor, got {type(weight).__name__}")
+        if tuple(weight.shape) != shape:
+            raise ValueError(f"weights[{name!r}] has shape {tuple(weight.shape)}, spec says {shape}")
+        if name in masks:
+            mask = masks[name]
+            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+                raise TypeError(f"masks[{name!r}] must be a bool tensor, got {getattr(mask, 'dtype', type(mask))}")
+            if tuple(mask.shape) != shape:
+                raise ValueError(f"masks[{name!r}] has shape {tuple(mask.shape)}, spec says {shape}")
+
+
+def sparse_to_proto(
+    name: str, shape: tuple[int, ...], value_type: ValueType, chunk: ChunkPlan, encoded: _EncodedTensor
+) -> ProtoSparseTensor:
+    """One chunk of an encoded tensor as a ``SparseTensor`` message (the layout says which bytes)."""
+    message = ProtoSparseTensor(name=name, shape=shape, value_type=int(value_type), dense=chunk.dense)
+    message.start, message.count = chunk.start, chunk.count
+    message.value_start, message.nnz = chunk.value_start, chunk.nnz
+    if not chunk.dense:
+        first = chunk.start // 8
+        message.bitmap = encoded.bitmap[first : first + (chunk.count + 7) // 8]
+    size = value_type.itemsize
+    message.values = encoded.values[chunk.value_start * size : (chunk.value_start + chunk.nnz) * size]
+    return message
+
+
+def encode_model(
+    spec: ModelSpec,
+    weights: Mapping[str, torch.Tensor],
+    masks: Mapping[str, torch.Tensor],
+    *,
+    node_id: str,
+    fleet_id: str,
+    round: int,
+    density: float,
+    value_type: ValueType = ValueType.FLOAT32,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> list[ProtoModelChunk]:
+    """Encode a masked model as the messages of one stream: the header, then the tensors in spec order.
+
+    Only active elements travel (``weights[name][masks[name]]``); a tensor without a mask, or whose
+    mask is all true, is sent dense without a bitmap. No message serializes to more than
+    ``max_message_bytes``. Nothing of the caller's is modified.
+
+    Raises:
+        ValueError / TypeError: names, shapes or dtypes disagree with ``spec``, a header field is
+            invalid, or an active value is NaN/Inf (or overflows the chosen value type).
+    """
+    value_type = ValueType.parse(value_type)
+    density = _check_header_args(node_id, fleet_id, round, density, max_message_bytes)
+    _check_model_args(spec, weights, masks)
+    encoded = {name: _encode_tensor(name, weights[name], masks.get(name), value_type) for name in spec.shapes}
+    nnz = {
+        name: (spec.numel(name) if not enc.bitmap else len(enc.values) // value_type.itemsize)
+        for name, enc in encoded.items()
+    }
+    plan = plan_stream(spec, nnz, value_type, max_message_bytes)
+    digest = hashlib.sha256()
+    messages: list[ProtoModelChunk] = []
+    for planned in plan.messages:
+        tensors = []
+        for chunk in planned:
+            tensor = sparse_to_proto(chunk.name, spec.shapes[chunk.name], value_type, chunk, encoded[chunk.name])
+            digest.update(tensor.bitmap)
+            digest.update(tensor.values)
+            tensors.append(tensor)
+        messages.append(ProtoModelChunk(tensors=tensors))
+    header = _header_proto(node_id, fleet_id, spec.arch_id, round, density, digest.digest(), plan)
+    return [ProtoModelChunk(header=header), *messages]
+
+
+@dataclass
+class _TensorState:
+    """What has arrived of one tensor so far (raw bytes only; tensors are built at the end)."""
+
+    value_type: ValueType
+    dense: bool
+    next_element: int = 0
+    next_value: int = 0
+    bitmaps: list[bytes] = field(default_factory=list)
+    values: list[bytes] = field(default_factory=list)
+
+
+class ModelDecoder:
+    """Validates a model stream message by message, then builds the model in ``finish``.
+
+    ``feed`` refuses a message as soon as it breaks a rule or a limit, so a caller reading from the
+    network can stop (and cancel the call) without receiving the rest.
+    """
+
+    def __init__(self, spec: ModelSpec, expected_fleet: str, limits: WireLimits | None = None) -> None:
+        self.spec = spec
+        self.expected_fleet = _check_id("expected_fleet", expected_fleet)
+        self.limits = limits or WireLimits()
+        self.header: StreamHeader | None = None
+        self.messages = 0
+        self.chunks = 0
+        self.total_bytes = 0
+        self._tensors: dict[str, _TensorState] = {}
+        self._digest = hashlib.sha256()
+
+    def feed(self, message: ProtoModelChunk | bytes) -> None:
+        """Check and keep one message (a ``ModelChunk`` or its serialized bytes)."""
+        index = self.messages
+        if isinstance(message, (bytes, bytearray, memoryview)):
+            size = len(message)
+            self._check_sizes(index, size)
+            try:
+                message = ProtoModelChunk.FromString(bytes(message))
+            except DecodeError as exc:
+                raise WireDecodeError(f"message {index} is not a valid ModelChunk: {exc}") from exc
+        else:
+            size = message.ByteSize()
+            self._check_sizes(index, size)
+        self.messages += 1
+        if self.header is None:
+            if not message.HasField("header") or len(message.tensors):
+                raise WireDecodeError("stream does not start with a header-only message")
+            self.header = self._check_header(message.header)
+            return
+        if message.HasField("header"):
+            raise WireDecodeError(f"message {index} carries a second header")
+        if not len(message.tensors):
+            raise WireDecodeError(f"message {index} carries no tensors")
+        if index > self.header.message_count:
+            raise WireDecodeError(f"stream goes on past the {self.header.message_count} messages its header announced")
+        for tensor in message.tensors:
+            self.chunks += 1
+            if self.chunks > self.limits.max_chunks:
+                raise WireLimitError(f"stream has more than {self.limits.max_chunks} tensor chunks (the limit)")
+            if self.chunks > self.header.chunk_count:
+                raise WireDecodeError(f"stream has more than the {self.header.chunk_count} chunks its header announced")
+            self._take_chunk(index, tensor)
+
+    def _check_sizes(self, index: int, size: int) -> None:
+        if size > self.limits.max_message_bytes:
+            raise WireLimitError(f"message {index} is {size} bytes, over the limit of {self.limits.max_message_bytes}")
+        if self.total_bytes + size > self.limits.max_total_bytes:
+            raise WireLimitError(f"stream exceeds the limit of {self.limits.max_total_bytes} bytes at message {index}")
+        self.total_bytes += size
+
+    def _check_header(self, proto: ProtoStreamHeader) -> StreamHeader:
+        try:
+            major, _minor = parse_protocol_version(proto.protocol_version)
+        except ValueError as exc:
+            raise WireDecodeError(f"header: {exc}") from exc
+        if major != PROTOCOL_MAJOR:
+            raise HeaderMismatch(
+                f"header: protocol version {proto.protocol_version!r} has major {major},"
+                f" this node speaks {PROTOCOL_VERSION}"
+            )
+        if proto.fleet_id != self.expected_fleet:
+            raise HeaderMismatch(f"header: stream is from fleet {proto.fleet_id!r}, expected {self.expected_fleet!r}")
+        if proto.arch_id != self.spec.arch_id:
+            raise HeaderMismatch(f"header: architecture {proto.arch_id!r} is not this model's {self.spec.arch_id!r}")
+        if not proto.node_id or len(proto.node_id.encode()) > _MAX_ID_BYTES:
+            raise WireDecodeError(f"header: node id {proto.node_id!r} is empty or too long")
+        if not math.isfinite(proto.density) or not 0.0 <= proto.density <= 1.0:
+            raise WireDecodeError(f"header: density {proto.density!r} is not in [0, 1]")
+        if len(proto.payload_sha256) != 32:
+            raise WireDecodeError(f"header: payload digest has {len(proto.payload_sha256)} bytes, expected 32")
+        if proto.chunk_count > self.limits.max_chunks:
+            raise WireLimitError(
+                f"header announces {proto.chunk_count} chunks, over the limit of {self.limits.max_chunks}"
+            )
+        if proto.message_count < 1 or proto.chunk_count < len(self.spec.shapes):
+            raise WireDecodeError(
+                f"header announces {proto.message_count} messages and {proto.chunk_count} chunks,"
+                f" too few for the model's {len(self.spec.shapes)} tensors"
+            )
+        return StreamHeader(
+            protocol_version=proto.protocol_version,
+            node_id=proto.node_id,
+            fleet_id=proto.fleet_id,
+            arch_id=proto.arch_id,
+            round=proto.round,
+            density=proto.density,
+            payload_sha256=proto.payload_sha256,
+            message_count=proto.message_count,
+            chunk_count=proto.chunk_count,
+        )
+
+    def _take_chunk(self, index: int, chunk: ProtoSparseTensor) -> None:
+        name = chunk.name
+        where = f"message {index}, tensor {name!r}"
+        if name not in self.spec.shapes:
+            raise WireDecodeError(f"{where}: unknown tensor name (not in {self.spec.arch_id})")
+        shape = self.spec.shapes[name]
+        if tuple(chunk.shape) != shape:
+            raise WireDecodeError(f"{where}: shape {tuple(chunk.shape)} does not match the model's {shape}")
+        try:
+            value_type = ValueType(chunk.value_type)
+        except ValueError:
+            raise WireDecodeError(f"{where}: unknown value type {chunk.value_type}") from None
+        numel = math.prod(shape)
+        state = self._tensors.get(name)
+        if state is None:
+            state = self._tensors[name] = _TensorState(value_type, chunk.dense)
+        elif state.next_element == numel:
+            raise WireDecodeError(f"{where}: tensor sent twice")
+        if value_type is not state.value_type or chunk.dense != state.dense:
+            raise WireDecodeError(f"{where}: value type or dense flag changes between chunks of one tensor")
+        if chunk.start != state.next_element:
+            raise WireDecodeError(
+                f"{where}: chunk starts at element {chunk.start}, expected {state.next_element}"
+                " (chunks must be contiguous and in order)"
+            )
+        end = chunk.start + chunk.count
+        if end > numel or (chunk.count == 0 and numel > 0):
+            raise WireDecodeError(f"{where}: chunk range [{chunk.start}, {end}) is empty or beyond numel {numel}")
+        if end < numel and chunk.count % 8:
+            raise WireDecodeError(f"{where}: a chunk that is not the tensor's last must cover a multiple of 8 elements")
+        if chunk.dense:
+            if chunk.bitmap:
+                raise WireDecodeError(f"{where}: a dense chunk carries a bitmap")
+            if chunk.value_start != chunk.start or chunk.nnz != chunk.count:
+                raise WireDecodeError(
+                    f"{where}: dense chunk of elements [{chunk.start}, {end}) declares values"
+                    f" [{chunk.value_start}, {chunk.value_start + chunk.nnz})"
+                )
+        elif len(chunk.bitmap) != (chunk.count + 7) // 8:
+            raise WireDecodeError(
+                f"{where}: bitmap has {len(chunk.bitmap)} bytes, expected {(chunk.count + 7) // 8}"
+                f" for {chunk.count} elements (truncated or padded bitmap)"
+            )
+        if chunk.value_start != state.next_value:
+            raise WireDecodeError(f"{where}: values start at index {chunk.value_start}, expected {state.next_value}")
+        if state.next_value + chunk.nnz > numel:
+            raise WireDecodeError(f"{where}: {state.next_value + chunk.nnz} values for a tensor of {numel} elements")
+        if len(chunk.values) != chunk.nnz * value_type.itemsize:
+            raise WireDecodeError(
+                f"{where}: nnz={chunk.nnz} but {len(chunk.values)} value bytes arrived"
+                f" (expected {chunk.nnz * value_type.itemsize} for {value_type.name})"
+            )
+        bitmap, values = chunk.bitmap, chunk.values
+        self._digest.update(bitmap)
+        self._digest.update(values)
+        state.bitmaps.append(bitmap)
+        state.values.append(values)
+        state.next_element = end
+        state.next_value += chunk.nnz
+
+    def finish(self) -> DecodedModel:
+        """Check the stream is complete and consistent, then build float32 weights and bool masks."""
+        header = self.header
+        if header is None:
+            raise WireDecodeError("stream ended before its header")
+        if self.messages - 1 != header.message_count:
+            raise WireDecodeError(
+                f"stream ended after {self.messages - 1} of the {header.message_count} tensor messages"
+                " its header announced"
+            )
+        if self.chunks != header.chunk_count:
+            raise WireDecodeError(f"stream has {self.chunks} chunks, its header announced {header.chunk_count}")
+        weights: dict[str, torch.Tensor] = {}
+        masks: dict[str, torch.Tensor] = {}
+        value_types = set()
+        for name, shape in self.spec.shapes.items():
+            numel = math.prod(shape)
+            state = self._tensors.get(name)
+            if state is None:
+                raise WireDecodeError(f"tensor {name!r} is missing from the stream")
+            if state.next_element != numel:
+                raise WireDecodeError(
+                    f"tensor {name!r} is incomplete: {state.next_element} of {numel} elements arrived"
+                )
+            weight, mask = _build_tensor(name, numel, state)
+            weights[name] = torch.from_numpy(weight).reshape(shape)
+            masks[name] = (
+                torch.from_numpy(mask).reshape(shape) if mask is not None else torch.ones(shape, dtype=torch.bool)
+            )
+            value_types.add(state.value_type)
+        if self._digest.digest() != header.payload_sha256:
+            raise WireDecodeError(
+                f"payload digest sha256:{self._digest.hexdigest()} does not match the header's {header.payload_digest}"
+            )
+        value_type = value_types.pop() if len(value_types) == 1 else ValueType.FLOAT32
+        return DecodedModel(header, weights, masks, value_type, self.total_bytes)
+
+
+def _build_tensor(name: str, numel: int, state: _TensorState) -> tuple[np.ndarray, np.ndarray | None]:
+    """Float32 weights (zero where inactive) and the bool mask (None when dense) of one tensor."""
+    raw = b"".join(state.values)
+    values = np.frombuffer(raw, dtype=numpy_value_dtype(state.value_type))
+    if state.value_type is ValueType.BFLOAT16:
+        values = (values.astype(np.uint32) << 16).view(np.float32)
+    elif state.value_type is ValueType.FLOAT16:
+        values = values.astype(np.float32)
+    finite = np.isfinite(values)
+    if not finite.all():
+        raise WireDecodeError(f"tensor {name!r}: {int(values.size - finite.sum())} values are NaN or Inf")
+    if state.dense:
+        return values.astype(np.float32, copy=True), None  # copy: frombuffer of bytes is read-only
+    bits = np.frombuffer(b"".join(state.bitmaps), dtype=np.uint8)
+    if numel % 8 and int(bits[-1]) >> (numel % 8):
+        raise WireDecodeError(f"tensor {name!r}: bitmap has bits set beyond its {numel} elements")
+    mask = np.unpackbits(bits, count=numel, bitorder="little").view(np.bool_)
+    active = int(np.count_nonzero(mask))
+    if active != values.size:
+        raise WireDecodeError(f"tensor {name!r}: bitmap has {active} active elements but {values.size} values arrived")
+    weight = np.zeros(numel, dtype=np.float32)
+    weight[mask] = values
+    return weight, mask
+
+
+def decode_model(
+    messages: Iterable[ProtoModelChunk | bytes],
+    spec: ModelSpec,
+    expected_fleet: str,
+    limits: WireLimits | None = None,
+) -> DecodedModel:
+    """Validate a whole stream and return the model it carries.
+
+    Raises:
+        HeaderMismatch: another fleet, architecture or protocol major version.
+        WireLimitError: a message, the chunk count or the total bytes exceed ``limits``.
+        WireDecodeError: anything else malformed, with the tensor and the problem in the message.
+    """
+    decoder = ModelDecoder(spec, expected_fleet, limits)
+    for message in messages:
+        decoder.feed(message)
+    return decoder.finish()

@@ -1,0 +1,36 @@
+"""The generated protobuf messages, aliased: the one module that imports ``edge_node.v1``.
+
+Everything else (``wire`` codec, ``net`` server and client) uses these names, so a change of the
+generated layout touches one import site. The gRPC method paths are derived from the descriptor
+rather than from the generated ``*_pb2_grpc`` stubs, whose import pins an exact grpcio version.
+"""
+
+from __future__ import annotations
+
+from edge_node.v1 import peer_pb2 as _peer_pb2
+from edge_node.v1 import wire_pb2 as _wire_pb2
+
+ProtoValueType = _wire_pb2.ValueType
+ProtoSparseTensor = _wire_pb2.SparseTensor
+ProtoStreamHeader = _wire_pb2.StreamHeader
+ProtoModelChunk = _wire_pb2.ModelChunk
+HelloRequest = _peer_pb2.HelloRequest
+HelloReply = _peer_pb2.HelloReply
+GetModelRequest = _peer_pb2.GetModelRequest
+
+PEER_SERVICE_NAME: str = _peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name  # "edge_node.v1.Peer"
+HELLO_METHOD = f"/{PEER_SERVICE_NAME}/Hello"
+GET_MODEL_METHOD = f"/{PEER_SERVICE_NAME}/GetModel"
+
+__all__ = [
+    "GET_MODEL_METHOD",
+    "HELLO_METHOD",
+    "PEER_SERVICE_NAME",
+    "GetModelRequest",
+    "HelloReply",
+    "HelloRequest",
+    "ProtoModelChunk",
+    "ProtoSparseTensor",
+    "ProtoStreamHeader",
+    "ProtoValueType",
+]

@@ -1,0 +1,173 @@
+"""What both ends of a model stream agree on: value types, the model's spec, header, limits."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+import torch
+
+PROTOCOL_VERSION = "1.0"  # MAJOR.MINOR; a receiver refuses another MAJOR
+PROTOCOL_MAJOR = int(PROTOCOL_VERSION.split(".")[0])
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 20  # a sender's largest serialized message; gRPC's receive default is 4 MiB
+MIN_MAX_MESSAGE_BYTES = 4096  # below this a header plus one chunk of a tensor's metadata may not fit
+
+_ARCH_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_VERSION = re.compile(r"^(\d{1,6})\.(\d{1,6})$")
+
+
+class ValueType(enum.IntEnum):
+    """Encoding of the active values on the wire (numbers equal the proto enum)."""
+
+    FLOAT32 = 1
+    FLOAT16 = 2
+    BFLOAT16 = 3
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per value."""
+        return 4 if self is ValueType.FLOAT32 else 2
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return {ValueType.FLOAT32: torch.float32, ValueType.FLOAT16: torch.float16}.get(self, torch.bfloat16)
+
+    @classmethod
+    def parse(cls, text: str | ValueType) -> ValueType:
+        """``ValueType`` from a name such as ``"float16"``, ``"fp16"`` or ``"bf16"`` (config, flags)."""
+        if isinstance(text, ValueType):
+            return text
+        key = str(text).strip().lower()
+        aliases = {
+            "float32": cls.FLOAT32, "fp32": cls.FLOAT32, "f32": cls.FLOAT32,
+            "float16": cls.FLOAT16, "fp16": cls.FLOAT16, "f16": cls.FLOAT16, "half": cls.FLOAT16,
+            "bfloat16": cls.BFLOAT16, "bf16": cls.BFLOAT16,
+        }  # fmt: skip
+        if key not in aliases:
+            raise ValueError(f"value_type={text!r} must be one of float32, float16, bfloat16")
+        return aliases[key]
+
+
+def parse_protocol_version(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of ``"MAJOR.MINOR"``; ValueError quoting anything else."""
+    match = _VERSION.match(version)
+    if match is None:
+        raise ValueError(f"protocol version {version!r} is not MAJOR.MINOR")
+    return int(match.group(1)), int(match.group(2))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Names and shapes of a model's parameter tensors, in ``named_parameters`` order.
+
+    Both ends build it from the model they run; a stream is accepted only for the same ``arch_id``,
+    and every tensor in it is checked against these names and shapes.
+    """
+
+    arch_name: str
+    num_classes: int
+    shapes: Mapping[str, tuple[int, ...]] = field(compare=False)
+    arch_id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.arch_name, str) or not _ARCH_NAME.match(self.arch_name):
+            raise ValueError(f"arch_name={self.arch_name!r} must be 1-64 characters of [A-Za-z0-9_.-]")
+        if not isinstance(self.num_classes, int) or self.num_classes < 1:
+            raise ValueError(f"num_classes={self.num_classes!r} must be a positive integer")
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, shape in self.shapes.items():
+            if not isinstance(name, str) or not name or len(name.encode()) > 255:
+                raise ValueError(f"parameter name {name!r} must be a non-empty string of at most 255 bytes")
+            dims = tuple(int(d) for d in shape)
+            if any(d < 0 for d in dims):
+                raise ValueError(f"parameter {name!r} has a negative dimension in shape {dims}")
+            shapes[name] = dims
+        if not shapes:
+            raise ValueError("a ModelSpec needs at least one parameter tensor")
+        object.__setattr__(self, "shapes", MappingProxyType(shapes))
+        text = ";".join(f"{name}:{'x'.join(map(str, dims))}" for name, dims in shapes.items())
+        digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+        object.__setattr__(self, "arch_id", f"{self.arch_name}/{self.num_classes}/{digest}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ModelSpec) and self.arch_id == other.arch_id and self.shapes == other.shapes
+
+    def __hash__(self) -> int:
+        return hash(self.arch_id)
+
+    @classmethod
+    def from_tensors(cls, arch_name: str, num_classes: int, weights: Mapping[str, torch.Tensor]) -> ModelSpec:
+        """Spec of ``weights`` (e.g. ``dict(model.named_parameters())``), keeping its order."""
+        return cls(arch_name, num_classes, {name: tuple(t.shape) for name, t in weights.items()})
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.shapes)
+
+    def numel(self, name: str) -> int:
+        return math.prod(self.shapes[name])
+
+    @property
+    def total_numel(self) -> int:
+        return sum(math.prod(s) for s in self.shapes.values())
+
+
+@dataclass(frozen=True)
+class StreamHeader:
+    """The first message of a model stream, as the receiver saw it (after validation)."""
+
+    protocol_version: str
+    node_id: str
+    fleet_id: str
+    arch_id: str
+    round: int
+    density: float
+    payload_sha256: bytes  # sha256 over (bitmap, values) bytes of every chunk in stream order
+    message_count: int = 0  # tensor-bearing messages after the header
+    chunk_count: int = 0  # SparseTensor chunks in them
+
+    @property
+    def payload_digest(self) -> str:
+        """``"sha256:<hex>"`` form of the payload digest, for logs."""
+        return "sha256:" + self.payload_sha256.hex()
+
+
+@dataclass(frozen=True)
+class WireLimits:
+    """What a receiver accepts from one stream; anything beyond is refused before it is stored."""
+
+    max_message_bytes: int = 4 << 20  # one serialized message (gRPC's default receive limit)
+    max_chunks: int = 1 << 16  # SparseTensor chunks per stream
+    max_total_bytes: int = 1 << 30  # all messages of one stream together
+
+    def __post_init__(self) -> None:
+        for name in ("max_message_bytes", "max_chunks", "max_total_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+
+
+@dataclass(frozen=True)
+class DecodedModel:
+    """A validated model from a peer: dense float32 weights (zero where inactive) and bool masks."""
+
+    header: StreamHeader
+    weights: dict[str, torch.Tensor]
+    masks: dict[str, torch.Tensor]
+    value_type: ValueType
+    wire_bytes: int  # serialized bytes of all messages, header included
+
+    @property
+    def nnz(self) -> int:
+        return int(sum(int(m.sum()) for m in self.masks.values()))
+
+
+def numpy_value_dtype(value_type: ValueType) -> np.dtype:
+    """Little-endian numpy dtype of the raw values (bfloat16 travels as its 16 bits)."""
+    return np.dtype({ValueType.FLOAT32: "<f4", ValueType.FLOAT16: "<f2", ValueType.BFLOAT16: "<u2"}[value_type])

@@ -1,0 +1,164 @@
+"""Partition statistics (ALGORITHM.md, "Data partitions"): dir, path, per-client test sets, the spec parser."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edge_node.data import client_test_indices, parse_partition, partition_dir, partition_path
+from edge_node.errors import ConfigError
+
+CIFAR10_LABELS = np.repeat(np.arange(10), 5000)
+CIFAR100_LABELS = np.repeat(np.arange(100), 500)
+
+
+def _assert_disjoint(parts: list[np.ndarray], n: int) -> np.ndarray:
+    allidx = np.concatenate(parts)
+    assert allidx.dtype == np.int64
+    assert len(np.unique(allidx)) == len(allidx), "a sample was given to two clients (or twice to one)"
+    assert allidx.min() >= 0 and allidx.max() < n
+    return allidx
+
+
+def test_dir_fills_every_quota_without_giving_a_sample_twice() -> None:
+    parts = partition_dir(CIFAR10_LABELS, 100, 0.3, np.random.default_rng(0))
+    assert len(parts) == 100
+    assert all(len(p) == 500 for p in parts)
+    assert len(_assert_disjoint(parts, len(CIFAR10_LABELS))) == 50_000  # quota x N == all: every sample used
+
+
+def test_dir_with_explicit_quota_and_cifar100() -> None:
+    parts = partition_dir(CIFAR100_LABELS, 30, 0.2, np.random.default_rng(1), samples_per_client=700)
+    assert [len(p) for p in parts] == [700] * 30
+    _assert_disjoint(parts, len(CIFAR100_LABELS))
+
+
+def test_dir_is_deterministic_for_a_seed_and_differs_across_seeds() -> None:
+    a = partition_dir(CIFAR10_LABELS, 20, 0.3, np.random.default_rng(7))
+    b = partition_dir(CIFAR10_LABELS, 20, 0.3, np.random.default_rng(7))
+    c = partition_dir(CIFAR10_LABELS, 20, 0.3, np.random.default_rng(8))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+
+
+def test_dir_skew_follows_alpha() -> None:
+    """Small alpha: clients dominated by few classes; huge alpha: close to uniform class mixes."""
+    labels = np.repeat(np.arange(10), 2000)
+    quota = 100  # small against class sizes, so exhaustion hardly bends the priors
+
+    def mean_top_share(alpha: float) -> float:
+        parts = partition_dir(labels, 50, alpha, np.random.default_rng(3), samples_per_client=quota)
+        return float(np.mean([np.bincount(labels[p], minlength=10).max() / quota for p in parts]))
+
+    assert mean_top_share(0.05) > 0.6
+    assert mean_top_share(1e4) < 0.25
+
+
+def test_dir_redraws_when_classes_run_out() -> None:
+    """Tiny alpha and every sample handed out: clients whose favourite class is gone get others."""
+    labels = np.repeat(np.arange(5), [10, 20, 30, 40, 100])
+    parts = partition_dir(labels, 10, 0.01, np.random.default_rng(5))
+    assert [len(p) for p in parts] == [20] * 10
+    assert len(_assert_disjoint(parts, len(labels))) == 200
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 40), min_size=1, max_size=8).filter(lambda c: sum(c) >= 4),
+    clients=st.integers(1, 4),
+    alpha=st.floats(0.01, 10.0),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_dir_properties_on_random_label_sets(counts: list[int], clients: int, alpha: float, seed: int) -> None:
+    labels = np.repeat(np.arange(len(counts)), counts)
+    parts = partition_dir(labels, clients, alpha, np.random.default_rng(seed))
+    assert [len(p) for p in parts] == [len(labels) // clients] * clients
+    _assert_disjoint(parts, len(labels))
+
+
+def test_path_gives_exactly_k_classes_in_equal_shares() -> None:
+    parts = partition_path(CIFAR10_LABELS, 100, 2, np.random.default_rng(0))
+    _assert_disjoint(parts, len(CIFAR10_LABELS))
+    for p in parts:
+        counts = np.bincount(CIFAR10_LABELS[p], minlength=10)
+        assert np.count_nonzero(counts) == 2
+        assert sorted(counts[counts > 0]) == [250, 250]
+    pairs = {tuple(np.unique(CIFAR10_LABELS[p])) for p in parts}
+    assert len(pairs) > 20, f"only {len(pairs)} distinct class pairs: classes are not dealt at random"
+
+
+def test_path_cifar100_and_uneven_cases() -> None:
+    parts = partition_path(CIFAR100_LABELS, 100, 10, np.random.default_rng(2))
+    assert all(len(p) == 500 and len(np.unique(CIFAR100_LABELS[p])) == 10 for p in parts)
+    _assert_disjoint(parts, len(CIFAR100_LABELS))
+    labels = np.repeat(np.arange(10), [50, 60, 70, 80, 90, 100, 110, 120, 130, 140])
+    parts = partition_path(labels, 7, 3, np.random.default_rng(4))  # 21 class slots over 10 classes
+    _assert_disjoint(parts, len(labels))
+    sizes = {len(p) for p in parts}
+    assert len(sizes) == 1
+    for p in parts:
+        counts = np.bincount(labels[p], minlength=10)
+        assert np.count_nonzero(counts) == 3 and len(set(counts[counts > 0])) == 1
+
+
+def test_path_is_deterministic_for_a_seed() -> None:
+    a = partition_path(CIFAR10_LABELS, 10, 2, np.random.default_rng(11))
+    b = partition_path(CIFAR10_LABELS, 10, 2, np.random.default_rng(11))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_client_test_set_takes_ceil_of_label_share_times_100() -> None:
+    test_labels = np.repeat(np.arange(10), 1000)
+    # 7% / 93%: float 0.07 * 100 is 7.000000000000001, whose ceil would wrongly be 8.
+    train = np.array([3] * 7 + [5] * 93)
+    idx = client_test_indices(train, test_labels, 10, np.random.default_rng(0))
+    assert np.bincount(test_labels[idx], minlength=10).tolist() == [0, 0, 0, 7, 0, 93, 0, 0, 0, 0]
+    train = np.array([0] * 1 + [1] * 2)  # 1/3 and 2/3 -> 34 and 67
+    idx = client_test_indices(train, test_labels, 10, np.random.default_rng(0))
+    assert np.bincount(test_labels[idx], minlength=10)[:2].tolist() == [34, 67]
+    assert len(np.unique(idx)) == len(idx)
+
+
+def test_client_test_sets_for_a_dir_partition_match_each_clients_mix() -> None:
+    test_labels = np.repeat(np.arange(10), 1000)
+    rng = np.random.default_rng(9)
+    parts = partition_dir(CIFAR10_LABELS, 20, 0.3, rng)
+    for p in parts:
+        counts = np.bincount(CIFAR10_LABELS[p], minlength=10)
+        idx = client_test_indices(CIFAR10_LABELS[p], test_labels, 10, rng)
+        expected = [int(np.ceil(c * 100 / len(p) - 1e-9)) for c in counts]
+        assert np.bincount(test_labels[idx], minlength=10).tolist() == expected
+        assert len(np.unique(idx)) == len(idx)
+    a = client_test_indices(CIFAR10_LABELS[parts[0]], test_labels, 10, np.random.default_rng(1))
+    b = client_test_indices(CIFAR10_LABELS[parts[0]], test_labels, 10, np.random.default_rng(1))
+    assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize(("spec", "expected"), [("dir:0.3", ("dir", 0.3)), ("path:2", ("path", 2)),
+                                                (" DIR:1e-1 ", ("dir", 0.1)), ("path:10", ("path", 10))])  # fmt: skip
+def test_parse_partition_accepts(spec: str, expected: tuple[str, float]) -> None:
+    kind, value = parse_partition(spec)
+    assert (kind, value) == expected
+    if kind == "path":
+        assert isinstance(value, int)
+
+
+@pytest.mark.parametrize("spec", ["dir", "dir:", "dir:abc", "dir:-1", "dir:0", "dir:nan", "dir:inf", "path:0",
+                                  "path:1.5", "path:x", "iid:1", "", "0.3"])  # fmt: skip
+def test_parse_partition_refuses_with_the_value_quoted(spec: str) -> None:
+    with pytest.raises(ConfigError, match="partition"):
+        parse_partition(spec)
+
+
+def test_bad_arguments_raise_config_error() -> None:
+    rng = np.random.default_rng(0)
+    with pytest.raises(ConfigError, match="alpha"):
+        partition_dir(CIFAR10_LABELS, 10, 0.0, rng)
+    with pytest.raises(ConfigError, match="samples_per_client"):
+        partition_dir(CIFAR10_LABELS, 10, 0.3, rng, samples_per_client=5001)
+    with pytest.raises(ConfigError, match="classes_per_client"):
+        partition_path(CIFAR10_LABELS, 10, 11, rng)
+    with pytest.raises(ConfigError, match="num_clients"):
+        partition_dir(CIFAR10_LABELS, 0, 0.3, rng)

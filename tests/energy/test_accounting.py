@@ -1,0 +1,93 @@
+"""EnergyAccountant: per-phase attribution on an injected clock, and the JSONL record per round."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edge_node.energy import EnergyAccountant, EstimateMeter
+from edge_node.errors import MeterUnavailable
+
+
+def test_phases_get_what_the_meter_advanced_while_they_ran(scripted_meter, fake_clock, tmp_path: Path) -> None:
+    log = tmp_path / "state" / "energy.jsonl"
+    acct = EnergyAccountant(scripted_meter, log, clock=fake_clock)
+    fake_clock.t_s, scripted_meter.energy_j = 1.0, 5.0  # idle until t=1
+    acct.start_phase("train")
+    assert acct.current_phase == "train"
+    fake_clock.t_s, scripted_meter.energy_j = 4.0, 35.0
+    acct.stop_phase("train")
+    with acct.phase("communicate"):
+        fake_clock.t_s, scripted_meter.energy_j = 5.0, 37.0
+    with acct.phase("aggregate"):
+        fake_clock.t_s, scripted_meter.energy_j = 5.5, 38.0
+    fake_clock.t_s, scripted_meter.energy_j = 6.0, 40.0  # idle again
+    record = acct.close_round(0, accuracy=0.5)
+    assert record["joules"] == {"train": 30.0, "aggregate": 1.0, "communicate": 2.0, "idle": 7.0}
+    assert record["seconds"] == {"train": 3.0, "aggregate": 0.5, "communicate": 1.0, "idle": 1.5}
+    assert record["total_j"] == 40.0 and record["duration_s"] == 6.0
+    assert record["mean_power_w"] == pytest.approx(40 / 6, abs=1e-6)
+    assert record["source"] == "fake-counter" and record["measured"] is True and record["label"] == "measured"
+    assert record["round"] == 0 and record["accuracy"] == 0.5
+    assert record["samples"] == 7  # seven reads after the opening one (six boundaries and the close)
+    assert json.loads(log.read_text()) == record  # one line, same content
+
+    fake_clock.t_s, scripted_meter.energy_j = 8.0, 50.0
+    second = acct.close_round(1)
+    assert second["joules"]["idle"] == 10.0 and second["total_j"] == 10.0 and second["duration_s"] == 2.0
+    assert [json.loads(line)["round"] for line in log.read_text().splitlines()] == [0, 1]
+    acct.close()
+    assert scripted_meter.closed
+
+
+def test_phase_running_across_close_round_is_split(scripted_meter, fake_clock) -> None:
+    acct = EnergyAccountant(scripted_meter, None, clock=fake_clock)
+    acct.start_phase("train")
+    fake_clock.t_s, scripted_meter.energy_j = 1.0, 10.0
+    first = acct.close_round(0)
+    fake_clock.t_s, scripted_meter.energy_j = 3.0, 30.0
+    acct.stop_phase("train")
+    second = acct.close_round(1)
+    assert first["joules"]["train"] == 10.0 and second["joules"]["train"] == 20.0
+    assert second["joules"]["idle"] == 0.0
+
+
+def test_nested_phase_charges_the_innermost(scripted_meter, fake_clock) -> None:
+    acct = EnergyAccountant(scripted_meter, None, clock=fake_clock)
+    with acct.phase("communicate"):
+        fake_clock.t_s, scripted_meter.energy_j = 1.0, 1.0
+        with acct.phase("aggregate"):
+            fake_clock.t_s, scripted_meter.energy_j = 2.0, 5.0
+        fake_clock.t_s, scripted_meter.energy_j = 3.0, 6.0
+    record = acct.close_round(0)
+    assert record["joules"] == {"train": 0.0, "aggregate": 4.0, "communicate": 2.0, "idle": 0.0}
+
+
+def test_bad_calls_are_refused_with_the_value(scripted_meter, fake_clock) -> None:
+    acct = EnergyAccountant(scripted_meter, None, clock=fake_clock)
+    with pytest.raises(ValueError, match="phase='sleep'"):
+        acct.start_phase("sleep")
+    with pytest.raises(ValueError, match="phase='train' is not running"):
+        acct.stop_phase("train")
+    with pytest.raises(ValueError, match="round_index=-1"):
+        acct.close_round(-1)
+    with pytest.raises(ValueError, match="total_j"):
+        acct.close_round(0, total_j=1.0)
+    acct.close()
+    acct.close()  # idempotent
+    with pytest.raises(MeterUnavailable, match="closed"):
+        acct.close_round(0)
+
+
+def test_estimate_records_say_estimated(fake_clock, tmp_path: Path) -> None:
+    cpu_s = [0.0]
+    meter = EstimateMeter(12.0, cpu_seconds=lambda: cpu_s[0], clock=fake_clock)
+    with EnergyAccountant(meter, tmp_path / "energy.jsonl", clock=fake_clock) as acct:
+        with acct.phase("train"):
+            cpu_s[0], fake_clock.t_s = 2.5, 3.0  # 2.5 CPU seconds in 3 s of wall time
+        record = acct.close_round(0)
+    assert record["joules"]["train"] == pytest.approx(30.0)  # 2.5 s x 12 W
+    assert record["measured"] is False and record["label"] == "estimated" and record["source"] == "estimate"
+    assert "ESTIMATE" in record["detail"]

@@ -1,0 +1,322 @@
+"""The peer service over real gRPC on 127.0.0.1: pulls, retries, deadlines, and refusal of bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from edge_node.errors import ConfigError, ListenError
+from edge_node.net import (
+    ModelSnapshot,
+    PeerAddress,
+    PeerServer,
+    ServerLimits,
+    create_server,
+    hello,
+    pull_models,
+)
+from edge_node.net import tls as tls_module
+from edge_node.wire import ModelSpec, ValueType, WireLimits, encode_model
+from edge_node.wire.messages import GET_MODEL_METHOD, GetModelRequest, ProtoModelChunk
+
+SHAPES: dict[str, tuple[int, ...]] = {
+    "conv1.weight": (8, 3, 3, 3),
+    "conv1.bias": (8,),
+    "fc1.weight": (40, 72),
+    "fc1.bias": (40,),
+    "fc2.weight": (10, 40),
+    "fc2.bias": (10,),
+}
+SPEC = ModelSpec("tiny", 10, SHAPES)
+FLEET = "fleet-1"
+FAST = {"timeout_s": 5.0, "retries": 1, "backoff_s": 0.05, "insecure": True}
+
+
+def random_model(seed: int, density: float = 0.5) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    weights = {name: torch.randn(shape, generator=gen) for name, shape in SHAPES.items()}
+    masks = {
+        name: (torch.rand(shape, generator=gen) < density) if len(shape) > 1 else torch.ones(shape, dtype=torch.bool)
+        for name, shape in SHAPES.items()
+    }
+    return weights, masks
+
+
+def snapshot(node_id: str, seed: int, round: int = 3) -> ModelSnapshot:
+    weights, masks = random_model(seed)
+    return ModelSnapshot(weights, masks, round, 0.5, node_id, FLEET, SPEC.arch_id, "t2")
+
+
+@contextlib.contextmanager
+def serving(peer: PeerServer, **kwargs) -> Iterator[int]:
+    """A started server for ``peer`` on 127.0.0.1; stopped (and its threads ended) on exit."""
+    kwargs.setdefault("insecure", "tls" not in kwargs)
+    server, port = create_server("127.0.0.1:0", peer, **kwargs)
+    server.start()
+    try:
+        yield port
+    finally:
+        server.stop(None).wait(5)
+
+
+@contextlib.contextmanager
+def good_and_bad(bad_messages: list[ProtoModelChunk] | None = None) -> Iterator[tuple[PeerServer, list[PeerAddress]]]:
+    """A well-behaved peer "good" and a peer "bad" serving ``bad_messages`` verbatim."""
+    good = PeerServer(SPEC, node_id="good", fleet_id=FLEET, max_message_bytes=4096)
+    good.publish(snapshot("good", 1))
+    bad = PeerServer(SPEC, node_id="bad", fleet_id=FLEET)
+    if bad_messages is not None:
+        bad.publish_messages(bad_messages, round=3, density=0.5)
+    with serving(good) as good_port, serving(bad) as bad_port:
+        yield bad, [PeerAddress("bad", "127.0.0.1", bad_port), PeerAddress("good", "127.0.0.1", good_port)]
+
+
+def crafted(mutate) -> list[ProtoModelChunk]:
+    weights, masks = random_model(2)
+    messages = encode_model(
+        SPEC, weights, masks, node_id="bad", fleet_id=FLEET, round=3, density=0.5, max_message_bytes=4096
+    )
+    messages = [ProtoModelChunk.FromString(m.SerializeToString()) for m in messages]
+    return mutate(messages) or messages
+
+
+def _tensor(messages, name):
+    return next(t for m in messages for t in m.tensors if t.name == name)
+
+
+def _truncate_bitmap(ms):
+    tensor = _tensor(ms, "conv1.weight")
+    tensor.bitmap = tensor.bitmap[:-1]
+
+
+def _drop_value(ms):
+    tensor = _tensor(ms, "fc2.weight")
+    tensor.values, tensor.nnz = tensor.values[:-4], tensor.nnz - 1
+
+
+def _rename(ms):
+    _tensor(ms, "fc2.bias").name = "head.bias"
+
+
+def _reshape(ms):
+    tensor = _tensor(ms, "fc2.weight")
+    del tensor.shape[:]
+    tensor.shape.extend([40, 10])
+
+
+def _nan(ms):
+    tensor = _tensor(ms, "fc2.weight")
+    tensor.values = np.float32("nan").tobytes() + tensor.values[4:]
+
+
+def _inf(ms):
+    tensor = _tensor(ms, "conv1.bias")
+    tensor.values = np.float32("inf").tobytes() + tensor.values[4:]
+
+
+def _other_fleet(ms):
+    ms[0].header.fleet_id = "fleet-2"
+
+
+def _halfway(ms):
+    return ms[: len(ms) // 2]
+
+
+BAD_STREAMS = {
+    "truncated bitmap": (
+        _truncate_bitmap,
+        "WireDecodeError: message \\d+, tensor 'conv1.weight': bitmap has 26 bytes, expected 27",
+    ),
+    "value count != bitmap": (_drop_value, "WireDecodeError: tensor 'fc2.weight': bitmap has \\d+ active elements but"),
+    "unknown tensor name": (_rename, "WireDecodeError: .*'head.bias': unknown tensor name"),
+    "wrong shape": (
+        _reshape,
+        "WireDecodeError: .*'fc2.weight': shape \\(40, 10\\) does not match the model's \\(10, 40\\)",
+    ),
+    "NaN values": (_nan, "WireDecodeError: tensor 'fc2.weight': 1 values are NaN or Inf"),
+    "Inf values": (_inf, "WireDecodeError: tensor 'conv1.bias': 1 values are NaN or Inf"),
+    "stream stops halfway": (_halfway, "WireDecodeError: stream ended after \\d+ of the \\d+ tensor messages"),
+    "header from another fleet": (
+        _other_fleet,
+        "HeaderMismatch: header: stream is from fleet 'fleet-2', expected 'fleet-1'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_STREAMS))
+def test_bad_stream_is_refused_and_receiver_untouched(case: str) -> None:
+    mutate, reason = BAD_STREAMS[case]
+    receiver, _ = random_model(9)
+    before = {name: t.clone() for name, t in receiver.items()}
+    with good_and_bad(crafted(mutate)) as (_bad, peers):
+        result = pull_models(peers, SPEC, FLEET, **FAST)
+        assert list(result.received) == ["good"]  # the round goes on with the peer that answered well
+        assert list(result.failures) == ["bad"]
+        assert re.search(reason, result.failures["bad"]), result.failures
+        again = pull_models(peers[1:], SPEC, FLEET, **FAST)  # and both servers keep serving
+        assert list(again.received) == ["good"]
+        assert hello(peers[0], insecure=True).node_id == "bad"
+    assert all(torch.equal(before[name], receiver[name]) for name in receiver)
+
+
+def test_oversize_message_is_refused_by_the_receiver() -> None:
+    with good_and_bad() as (bad, peers):
+        weights, masks = random_model(3)
+        bad.publish_messages(
+            encode_model(SPEC, weights, masks, node_id="bad", fleet_id=FLEET, round=1, density=0.5),
+            round=1,
+            density=0.5,
+        )
+        result = pull_models(peers, SPEC, FLEET, limits=WireLimits(max_message_bytes=4096), **FAST)
+    assert result.failures["bad"].startswith("RESOURCE_EXHAUSTED"), result.failures
+    assert "larger than max" in result.failures["bad"]
+    assert list(result.received) == ["good"]  # small messages from the good peer pass the same limit
+
+
+def test_pull_models_in_parallel_with_value_types_and_an_unreachable_peer() -> None:
+    servers = [
+        PeerServer(SPEC, node_id=f"n{i}", fleet_id=FLEET, tier="t2", value_type=vt) for i, vt in enumerate(ValueType)
+    ]
+    snaps = [snapshot(f"n{i}", 10 + i, round=i) for i in range(len(servers))]
+    for server, snap in zip(servers, snaps, strict=True):
+        assert server.publish(snap) > 0
+    with contextlib.ExitStack() as stack:
+        peers = [PeerAddress(s.node_id, "127.0.0.1", stack.enter_context(serving(s))) for s in servers]
+        with socket.socket() as probe:  # a port nobody listens on
+            probe.bind(("127.0.0.1", 0))
+            dead_port = probe.getsockname()[1]
+        peers.append(PeerAddress("dead", "127.0.0.1", dead_port))
+        result = pull_models(peers, SPEC, FLEET, node_id="me", **FAST)
+        info = hello(peers[2], insecure=True)
+    assert sorted(result.received) == ["n0", "n1", "n2"]
+    assert result.failures["dead"].startswith("UNAVAILABLE") and "after 2 attempts" in result.failures["dead"]
+    for server, snap in zip(servers, snaps, strict=True):
+        model = result.received[server.node_id]
+        assert model.header.round == snap.round and model.value_type is server.value_type
+        for name in SHAPES:
+            expected = torch.where(snap.masks[name], snap.weights[name].to(server.value_type.torch_dtype).float(), 0.0)
+            assert torch.equal(model.weights[name], expected)
+            assert torch.equal(model.masks[name], snap.masks[name])
+    assert (info.node_id, info.fleet_id, info.arch_id, info.protocol_version) == ("n2", FLEET, SPEC.arch_id, "1.0")
+    assert (info.round, info.density, info.tier, info.has_model, info.value_type) == (
+        2,
+        0.5,
+        "t2",
+        True,
+        ValueType.BFLOAT16,
+    )
+
+
+def test_peer_without_snapshot_is_unavailable_and_retried() -> None:
+    with good_and_bad() as (_bad, peers):
+        assert hello(peers[0], insecure=True).has_model is False
+        result = pull_models(peers, SPEC, FLEET, **FAST)
+    assert result.failures["bad"] == "UNAVAILABLE: no model published yet after 2 attempts"
+    assert list(result.received) == ["good"]
+
+
+def test_deadline_bounds_a_peer_that_never_answers() -> None:
+    with socket.socket() as silent:  # accepts TCP connections (kernel backlog) but never speaks HTTP/2
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        peer = PeerAddress("silent", "127.0.0.1", silent.getsockname()[1])
+        start = time.monotonic()
+        result = pull_models([peer], SPEC, FLEET, timeout_s=0.5, retries=1, backoff_s=0.05, insecure=True)
+        elapsed = time.monotonic() - start
+    assert result.failures["silent"].startswith("DEADLINE_EXCEEDED") and "after 2 attempts" in result.failures["silent"]
+    assert elapsed < 4.0
+
+
+def _raw_get_model(port: int, request: GetModelRequest) -> grpc.RpcError:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_stream(
+            GET_MODEL_METHOD, request_serializer=GetModelRequest.SerializeToString, response_deserializer=bytes
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            list(call(request, timeout=5))
+    return caught.value
+
+
+def test_server_refuses_bad_requests_and_keeps_serving() -> None:
+    server = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
+    server.publish(snapshot("srv", 4))
+    with serving(server, limits=ServerLimits(max_request_bytes=1024)) as port:
+        peer = PeerAddress("srv", "127.0.0.1", port)
+        other_fleet = pull_models([peer], SPEC, "fleet-2", **FAST)
+        assert (
+            other_fleet.failures["srv"]
+            == "FAILED_PRECONDITION: caller's fleet 'fleet-2' is not this node's fleet 'fleet-1'"
+        )
+        other_arch = pull_models([peer], ModelSpec("tiny", 100, SHAPES), FLEET, **FAST)
+        assert other_arch.failures["srv"].startswith("FAILED_PRECONDITION: caller's architecture 'tiny/100/")
+        good = {"protocol_version": "1.0", "fleet_id": FLEET, "arch_id": SPEC.arch_id}
+        newer = _raw_get_model(port, GetModelRequest(**(good | {"protocol_version": "2.0"})))
+        assert newer.code() is grpc.StatusCode.FAILED_PRECONDITION and "'2.0'" in newer.details()
+        huge = _raw_get_model(port, GetModelRequest(node_id="x" * 100_000, **good))
+        assert huge.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        result = pull_models([peer], SPEC, FLEET, **FAST)  # still serving
+        assert list(result.received) == ["srv"] and not result.failures
+
+
+def test_concurrent_pulls_see_whole_snapshots_while_publishing() -> None:
+    server = PeerServer(SPEC, node_id="pub", fleet_id=FLEET)
+    _, masks = random_model(5)
+
+    def publish(round: int) -> None:
+        weights = {name: torch.full(shape, float(round)) for name, shape in SHAPES.items()}
+        server.publish(ModelSnapshot(weights, masks, round, 0.5, "pub", FLEET, SPEC.arch_id))
+
+    publish(0)
+    stop = threading.Event()
+
+    def publisher() -> None:
+        for round in range(1, 200):
+            if stop.is_set():
+                return
+            publish(round)
+
+    with serving(server) as port:
+        thread = threading.Thread(target=publisher)
+        thread.start()
+        try:
+            peers = [PeerAddress(f"pub{i}", "127.0.0.1", port) for i in range(4)]  # same server, 4 callers
+            seen = [pull_models(peers, SPEC, FLEET, max_workers=4, **FAST) for _ in range(3)]
+        finally:
+            stop.set()
+            thread.join(10)
+    for result in seen:
+        assert not result.failures
+        for model in result.received.values():
+            values = torch.cat([w[m] for w, m in zip(model.weights.values(), model.masks.values(), strict=True)])
+            assert bool((values == model.header.round).all())  # never a mix of two snapshots
+
+
+def test_plaintext_needs_explicit_insecure_and_warns_once(monkeypatch, caplog) -> None:
+    server = PeerServer(SPEC, node_id="p", fleet_id=FLEET)
+    with pytest.raises(ConfigError, match="insecure=True"):
+        create_server("127.0.0.1:0", server)
+    with pytest.raises(ConfigError, match="insecure=True"):
+        pull_models([PeerAddress("p", "127.0.0.1", 1)], SPEC, FLEET)
+    monkeypatch.setattr(tls_module, "_insecure_warned", set())
+    with caplog.at_level(logging.WARNING, logger="edge_node.net.tls"):
+        for _ in range(2):
+            with serving(server, insecure=True):
+                pass
+    warnings = [r for r in caplog.records if "INSECURE" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+
+
+def test_port_in_use_is_a_listen_error() -> None:
+    server = PeerServer(SPEC, node_id="p", fleet_id=FLEET)
+    with serving(server) as port, pytest.raises(ListenError, match=f"127.0.0.1:{port}"):
+        create_server(f"127.0.0.1:{port}", server, insecure=True)

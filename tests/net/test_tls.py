@@ -1,0 +1,157 @@
+"""Mutual TLS: certificates from `edge-node certs`, fleet-CA-only peers, fingerprints, refusals."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from click.testing import CliRunner
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from edge_node.cli import app
+from edge_node.errors import TlsError
+from edge_node.net import (
+    ModelSnapshot,
+    PeerAddress,
+    PeerServer,
+    TlsConfig,
+    certificate_fingerprint,
+    create_ca,
+    create_server,
+    issue_certificate,
+    pull_models,
+)
+from edge_node.wire import ModelSpec
+from edge_node.wire.messages import GET_MODEL_METHOD, GetModelRequest
+
+SHAPES = {"fc.weight": (16, 32), "fc.bias": (16,)}
+SPEC = ModelSpec("tls", 2, SHAPES)
+FLEET = "fleet-1"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fleet CA and certificates for node-a and node-b, made with the CLI."""
+    out = tmp_path_factory.mktemp("tls")
+    runner = CliRunner()
+    for args in (["init-ca", "--fleet", FLEET], ["issue", "node-a"], ["issue", "node-b"]):
+        result = runner.invoke(app, ["certs", *args, "--dir", str(out)])
+        assert result.exit_code == 0, result.output
+    return out
+
+
+def node_tls(fleet: Path, node: str) -> TlsConfig:
+    return TlsConfig.from_files(fleet / "ca.pem", fleet / f"{node}.pem", fleet / f"{node}.key")
+
+
+@contextlib.contextmanager
+def tls_server(tls: TlsConfig) -> Iterator[int]:
+    peer = PeerServer(SPEC, node_id="node-a", fleet_id=FLEET)
+    gen = torch.Generator().manual_seed(0)
+    weights = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
+    masks = {n: torch.rand(s, generator=gen) < 0.5 for n, s in SHAPES.items()}
+    peer.publish(ModelSnapshot(weights, masks, 1, 0.5, "node-a", FLEET, SPEC.arch_id))
+    server, port = create_server("127.0.0.1:0", peer, tls=tls)
+    server.start()
+    try:
+        yield port
+    finally:
+        server.stop(None).wait(5)
+
+
+def raw_pull(port: int, credentials: grpc.ChannelCredentials | None) -> grpc.StatusCode | None:
+    """GetModel with hand-made credentials (None: plaintext); the status code, None on success."""
+    options = [("grpc.ssl_target_name_override", "node-a")]
+    target = f"127.0.0.1:{port}"
+    channel = (
+        grpc.insecure_channel(target) if credentials is None else grpc.secure_channel(target, credentials, options)
+    )
+    with channel:
+        call = channel.unary_stream(
+            GET_MODEL_METHOD, request_serializer=GetModelRequest.SerializeToString, response_deserializer=bytes
+        )
+        request = GetModelRequest(protocol_version="1.0", fleet_id=FLEET, arch_id=SPEC.arch_id)
+        try:
+            list(call(request, timeout=5))
+        except grpc.RpcError as exc:
+            return exc.code()
+    return None
+
+
+def test_certs_cli_writes_private_keys_and_prints_fingerprints(fleet: Path) -> None:
+    assert stat.S_IMODE((fleet / "node-a.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE((fleet / "ca.key").stat().st_mode) == 0o600
+    pem = (fleet / "node-a.pem").read_bytes()
+    result = CliRunner().invoke(app, ["certs", "fingerprint", str(fleet / "node-a.pem")])
+    der = x509.load_pem_x509_certificate(pem).public_bytes(Encoding.DER)
+    assert result.exit_code == 0 and result.output.strip() == "sha256:" + hashlib.sha256(der).hexdigest()
+    assert certificate_fingerprint(pem) == node_tls(fleet, "node-a").fingerprint == result.output.strip()
+    assert node_tls(fleet, "node-a").node_names == ["node-a"]
+    again = CliRunner().invoke(app, ["certs", "issue", "node-a", "--dir", str(fleet)])
+    assert again.exit_code == 2 and "exists" in again.output
+
+
+def test_mutual_tls_pull_between_fleet_nodes(fleet: Path) -> None:
+    with tls_server(node_tls(fleet, "node-a")) as port:
+        result = pull_models(
+            [PeerAddress("node-a", "127.0.0.1", port)],
+            SPEC,
+            FLEET,
+            tls=node_tls(fleet, "node-b"),
+            timeout_s=5,
+            retries=0,
+        )
+    assert list(result.received) == ["node-a"] and not result.failures
+
+
+def test_clients_without_a_fleet_certificate_are_refused(fleet: Path) -> None:
+    ca = (fleet / "ca.pem").read_bytes()
+    other_ca, other_ca_key = create_ca("intruders")
+    intruder_cert, intruder_key = issue_certificate(other_ca, other_ca_key, "node-b")
+    with tls_server(node_tls(fleet, "node-a")) as port:
+        no_cert = grpc.ssl_channel_credentials(root_certificates=ca)
+        other_ca_cert = grpc.ssl_channel_credentials(ca, intruder_key, intruder_cert)
+        assert raw_pull(port, no_cert) is grpc.StatusCode.UNAVAILABLE
+        assert raw_pull(port, other_ca_cert) is grpc.StatusCode.UNAVAILABLE
+        assert raw_pull(port, None) is grpc.StatusCode.UNAVAILABLE  # plaintext to a TLS port
+        fleet_cert = grpc.ssl_channel_credentials(
+            ca, (fleet / "node-b.key").read_bytes(), (fleet / "node-b.pem").read_bytes()
+        )
+        assert raw_pull(port, fleet_cert) is None  # and the server still serves its fleet
+
+
+def test_client_refuses_server_of_another_node_or_ca(fleet: Path) -> None:
+    other_ca, other_ca_key = create_ca("elsewhere")
+    elsewhere = TlsConfig(other_ca, *issue_certificate(other_ca, other_ca_key, "node-a"))
+    for server_tls, expected_name in ((node_tls(fleet, "node-b"), "node-a"), (elsewhere, "node-a")):
+        with tls_server(server_tls) as port:
+            result = pull_models(
+                [PeerAddress(expected_name, "127.0.0.1", port)],
+                SPEC,
+                FLEET,
+                tls=node_tls(fleet, "node-a"),
+                timeout_s=5,
+                retries=0,
+            )
+        assert not result.received and result.failures[expected_name].startswith("UNAVAILABLE")
+
+
+def test_tls_config_checks_material_up_front(fleet: Path, tmp_path: Path) -> None:
+    other_ca, other_ca_key = create_ca("elsewhere")
+    foreign_cert, foreign_key = issue_certificate(other_ca, other_ca_key, "node-a")
+    ca = (fleet / "ca.pem").read_bytes()
+    with pytest.raises(TlsError, match="not signed by the fleet CA"):
+        TlsConfig(ca, foreign_cert, foreign_key)
+    with pytest.raises(TlsError, match="key does not belong"):
+        TlsConfig(ca, (fleet / "node-a.pem").read_bytes(), (fleet / "node-b.key").read_bytes())
+    with pytest.raises(TlsError, match="cannot read the CA certificate file"):
+        TlsConfig.from_files(tmp_path / "missing.pem", fleet / "node-a.pem", fleet / "node-a.key")
+    with pytest.raises(TlsError, match="not a PEM certificate"):
+        TlsConfig(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n", foreign_cert, foreign_key)

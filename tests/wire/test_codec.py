@@ -1,0 +1,297 @@
+"""Codec: round trips, bit order, chunking, exact sizes, and refusal of every malformed stream."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from edge_node.errors import HeaderMismatch, WireDecodeError, WireLimitError
+from edge_node.wire import (
+    ModelSpec,
+    ValueType,
+    WireLimits,
+    decode_model,
+    encode_model,
+    encoded_model_size,
+)
+from edge_node.wire.messages import ProtoModelChunk
+
+SHAPES: dict[str, tuple[int, ...]] = {
+    "conv1.weight": (8, 3, 3, 3),
+    "conv1.bias": (8,),
+    "norm.weight": (8,),
+    "fc1.weight": (40, 72),  # 2880 elements: several chunks at a 4 KiB message budget
+    "fc1.bias": (40,),
+    "fc2.weight": (10, 40),
+    "fc2.bias": (10,),
+}
+SPEC = ModelSpec("tiny", 10, SHAPES)
+SMALL = 4096  # message budget that forces chunking
+
+
+def random_model(seed: int, density: float = 0.5) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    weights = {name: torch.randn(shape, generator=gen) for name, shape in SHAPES.items()}
+    masks = {
+        name: (torch.rand(shape, generator=gen) < density) if len(shape) > 1 else torch.ones(shape, dtype=torch.bool)
+        for name, shape in SHAPES.items()
+    }
+    return weights, masks
+
+
+def encode(weights, masks, **kwargs) -> list[ProtoModelChunk]:
+    args = {"node_id": "node-a", "fleet_id": "fleet-1", "round": 7, "density": 0.5} | kwargs
+    return encode_model(SPEC, weights, masks, **args)
+
+
+def copies(messages: list[ProtoModelChunk]) -> list[ProtoModelChunk]:
+    return [ProtoModelChunk.FromString(m.SerializeToString()) for m in messages]
+
+
+def test_round_trip_restores_masked_weights_and_masks() -> None:
+    weights, masks = random_model(0)
+    model = decode_model(encode(weights, masks), SPEC, "fleet-1")
+    assert list(model.weights) == list(SHAPES)
+    for name in SHAPES:
+        assert torch.equal(model.masks[name], masks[name])
+        assert torch.equal(model.weights[name], torch.where(masks[name], weights[name], 0.0))
+        assert model.weights[name].dtype == torch.float32
+    assert (model.header.node_id, model.header.fleet_id, model.header.round) == ("node-a", "fleet-1", 7)
+    assert model.header.arch_id == SPEC.arch_id and model.header.density == 0.5
+
+
+def test_bitmap_is_little_endian_row_major_and_values_in_order() -> None:
+    shape = (2, 8)
+    spec = ModelSpec("bits", 2, {"w": shape})
+    mask = torch.zeros(shape, dtype=torch.bool)
+    mask[0, 0] = mask[0, 3] = mask[1, 7] = True  # flat indices 0, 3, 15
+    weight = torch.arange(16, dtype=torch.float32).reshape(shape)
+    (header, body) = encode_model(spec, {"w": weight}, {"w": mask}, node_id="n", fleet_id="f", round=0, density=0.2)
+    tensor = body.tensors[0]
+    assert tensor.bitmap == bytes([0b0000_1001, 0b1000_0000])
+    assert np.frombuffer(tensor.values, "<f4").tolist() == [0.0, 3.0, 15.0]
+    assert tensor.nnz == 3 and not tensor.dense and header.header.protocol_version == "1.0"
+
+
+def test_all_true_mask_and_missing_mask_go_dense_without_bitmap() -> None:
+    weights, masks = random_model(1)
+    del masks["conv1.bias"]
+    messages = encode(weights, masks)
+    dense = {t.name for m in messages for t in m.tensors if t.dense}
+    assert dense == {"conv1.bias", "norm.weight", "fc1.bias", "fc2.bias"}
+    assert all(not t.bitmap for m in messages for t in m.tensors if t.dense)
+    model = decode_model(messages, SPEC, "fleet-1")
+    assert bool(model.masks["conv1.bias"].all())
+
+
+@pytest.mark.parametrize("value_type", list(ValueType))
+def test_messages_respect_budget_and_large_tensors_split(value_type: ValueType) -> None:
+    weights, masks = random_model(2, density=0.9)
+    messages = encode(weights, masks, value_type=value_type, max_message_bytes=SMALL)
+    assert max(m.ByteSize() for m in messages) <= SMALL
+    chunks = [t for m in messages for t in m.tensors if t.name == "fc1.weight"]
+    assert len(chunks) > 1 and all(c.start % 8 == 0 for c in chunks)
+    assert sum(c.count for c in chunks) == 40 * 72
+    model = decode_model(messages, SPEC, "fleet-1")
+    expected = torch.where(masks["fc1.weight"], weights["fc1.weight"].to(value_type.torch_dtype).float(), 0.0)
+    assert torch.equal(model.weights["fc1.weight"], expected)
+
+
+@pytest.mark.parametrize("value_type", list(ValueType))
+@pytest.mark.parametrize("density", [0.0, 0.01, 0.3, 0.77, 1.0])
+@pytest.mark.parametrize("budget", [SMALL, 9000, 1 << 20])
+def test_encoded_model_size_is_exact(value_type: ValueType, density: float, budget: int) -> None:
+    weights, masks = random_model(int(density * 100) + budget, density)
+    header = {"node_id": "a-rather-long-node-name", "fleet_id": "f", "round": 300, "density": density}
+    messages = encode(weights, masks, value_type=value_type, max_message_bytes=budget, **header)
+    nnz = {name: int(m.sum()) for name, m in masks.items()}
+    size = encoded_model_size(SPEC, nnz, value_type, budget, **header)
+    assert size == sum(len(m.SerializeToString()) for m in messages) == sum(m.ByteSize() for m in messages)
+
+
+def test_encoded_model_size_dense_tensors_need_no_count() -> None:
+    weights, masks = random_model(3)
+    dense = {"conv1.bias", "norm.weight", "fc1.bias", "fc2.bias"}
+    for name in dense:
+        del masks[name]
+    nnz = {name: int(m.sum()) for name, m in masks.items()}
+    size = encoded_model_size(
+        SPEC, nnz, dense_tensors=dense, node_id="node-a", fleet_id="fleet-1", round=7, density=0.5
+    )
+    assert size == sum(m.ByteSize() for m in encode(weights, masks))
+    with pytest.raises(ValueError, match="conv1.bias"):
+        encoded_model_size(SPEC, nnz)
+
+
+def test_wire_bytes_close_to_bitmap_plus_values() -> None:
+    shapes = {"a": (256, 256, 3, 3), "b": (512, 1024)}
+    spec = ModelSpec("big", 10, shapes)
+    numel = sum(math.prod(s) for s in shapes.values())
+    for density in (0.1, 0.5):
+        nnz = {name: int(math.prod(s) * density) for name, s in shapes.items()}
+        size = encoded_model_size(spec, nnz, ValueType.FLOAT32)
+        floor = numel / 8 + sum(nnz.values()) * 4
+        assert floor <= size <= floor * 1.01
+
+
+def test_encode_refuses_bad_input_naming_it() -> None:
+    weights, masks = random_model(4)
+    with pytest.raises(ValueError, match="fc1.weight.*NaN"):
+        encode({**weights, "fc1.weight": weights["fc1.weight"].clone().fill_(float("nan"))}, masks)
+    with pytest.raises(ValueError, match="overflow float16"):
+        encode({**weights, "fc2.bias": torch.full((10,), 1e6)}, masks, value_type=ValueType.FLOAT16)
+    with pytest.raises(ValueError, match="missing"):
+        encode({k: v for k, v in weights.items() if k != "fc2.bias"}, masks)
+    with pytest.raises(TypeError, match="bool"):
+        encode(weights, {**masks, "fc2.weight": masks["fc2.weight"].float()})
+    with pytest.raises(ValueError, match="round=-1"):
+        encode(weights, masks, round=-1)
+    with pytest.raises(ValueError, match="max_message_bytes=100"):
+        encode(weights, masks, max_message_bytes=100)
+
+
+def test_encode_and_decode_leave_inputs_untouched() -> None:
+    weights, masks = random_model(5)
+    before = {k: v.clone() for k, v in weights.items()}
+    messages = encode(weights, masks, value_type=ValueType.BFLOAT16)
+    model = decode_model(messages, SPEC, "fleet-1")
+    model.weights["fc1.weight"].add_(1.0)  # the decoded tensors own their memory
+    assert all(torch.equal(before[k], weights[k]) for k in weights)
+    assert decode_model(messages, SPEC, "fleet-1").weights["fc1.weight"].abs().max() < 100
+
+
+def _tensor(messages, name):
+    return next(t for m in messages for t in m.tensors if t.name == name)
+
+
+def _nan_value(messages) -> None:
+    tensor = _tensor(messages, "fc2.weight")
+    tensor.values = np.float32("nan").tobytes() + tensor.values[4:]
+
+
+def _inf_value(messages) -> None:
+    tensor = _tensor(messages, "conv1.bias")
+    tensor.values = tensor.values[:-4] + np.float32("-inf").tobytes()
+
+
+def _drop_value(messages) -> None:
+    tensor = _tensor(messages, "fc2.weight")
+    tensor.values, tensor.nnz = tensor.values[:-4], tensor.nnz - 1
+
+
+def _extra_bit(messages) -> None:
+    tensor = _tensor(messages, "conv1.weight")
+    bitmap = bytearray(tensor.bitmap)
+    bitmap[0] ^= next(1 << i for i in range(8) if not bitmap[0] >> i & 1)
+    tensor.bitmap = bytes(bitmap)
+
+
+def _set_field(tensor_name: str, **fields):
+    def mutate(messages) -> None:
+        tensor = _tensor(messages, tensor_name)
+        for key, value in fields.items():
+            if key == "shape":
+                del tensor.shape[:]
+                tensor.shape.extend(value)
+            else:
+                setattr(tensor, key, value)
+
+    return mutate
+
+
+BAD_STREAMS = {
+    "truncated bitmap": (
+        lambda ms: setattr(_tensor(ms, "conv1.weight"), "bitmap", _tensor(ms, "conv1.weight").bitmap[:-1]),
+        "'conv1.weight': bitmap has 26 bytes, expected 27",
+    ),
+    "value count below bitmap": (_drop_value, "'fc2.weight': bitmap has \\d+ active elements but \\d+ values"),
+    "bitmap above value count": (_extra_bit, "'conv1.weight': bitmap has \\d+ active elements but \\d+ values"),
+    "nnz disagrees with values": (_set_field("fc2.weight", nnz=3), "'fc2.weight': nnz=3 but \\d+ value bytes"),
+    "unknown name": (_set_field("fc2.bias", name="fc3.bias"), "'fc3.bias': unknown tensor name"),
+    "wrong shape": (_set_field("fc2.weight", shape=(40, 10)), "'fc2.weight': shape \\(40, 10\\) does not match"),
+    "NaN": (_nan_value, "'fc2.weight': 1 values are NaN or Inf"),
+    "Inf": (_inf_value, "'conv1.bias': 1 values are NaN or Inf"),
+    "unknown value type": (_set_field("fc2.bias", value_type=9), "unknown value type 9"),
+    "chunk gap": (_set_field("conv1.weight", start=8), "starts at element 8, expected 0"),
+    "dense chunk with bitmap": (_set_field("fc2.bias", bitmap=b"\xff\x03"), "dense chunk carries a bitmap"),
+    "corrupt payload": (
+        lambda ms: setattr(_tensor(ms, "fc2.bias"), "values", bytes(40)),
+        "payload digest sha256:[0-9a-f]+ does not match",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_STREAMS))
+def test_decode_refuses_malformed_stream_naming_the_problem(case: str) -> None:
+    weights, masks = random_model(6)
+    messages = copies(encode(weights, masks))
+    mutate, reason = BAD_STREAMS[case]
+    mutate(messages)
+    with pytest.raises(WireDecodeError, match=reason):
+        decode_model(messages, SPEC, "fleet-1")
+
+
+def test_decode_refuses_truncated_duplicated_and_reordered_streams() -> None:
+    weights, masks = random_model(7)
+    messages = encode(weights, masks, max_message_bytes=SMALL)
+    with pytest.raises(WireDecodeError, match=f"ended after 2 of the {len(messages) - 1} tensor messages"):
+        decode_model(messages[:3], SPEC, "fleet-1")
+    with pytest.raises(WireDecodeError, match="before its header"):
+        decode_model([], SPEC, "fleet-1")
+    with pytest.raises(WireDecodeError, match="does not start with a header"):
+        decode_model(messages[1:], SPEC, "fleet-1")
+    with pytest.raises(WireDecodeError, match="second header"):
+        decode_model([messages[0], messages[0], *messages[1:]], SPEC, "fleet-1")
+    with pytest.raises(WireDecodeError, match="past the"):
+        decode_model([*messages, messages[-1]], SPEC, "fleet-1")
+    swapped = [messages[0], messages[2], messages[1], *messages[3:]]
+    with pytest.raises(WireDecodeError, match="expected"):
+        decode_model(swapped, SPEC, "fleet-1")
+    with pytest.raises(WireDecodeError, match="not a valid ModelChunk"):
+        decode_model([messages[0].SerializeToString(), b"\xff\xff\xff"], SPEC, "fleet-1")
+
+
+def test_decode_refuses_other_fleet_architecture_and_protocol() -> None:
+    weights, masks = random_model(8)
+    messages = encode(weights, masks)
+    with pytest.raises(HeaderMismatch, match="from fleet 'fleet-1', expected 'fleet-2'"):
+        decode_model(messages, SPEC, "fleet-2")
+    other_spec = ModelSpec("tiny", 100, SHAPES)
+    with pytest.raises(HeaderMismatch, match="architecture 'tiny/10/"):
+        decode_model(messages, other_spec, "fleet-1")
+    bumped = copies(messages)
+    bumped[0].header.protocol_version = "2.0"
+    with pytest.raises(HeaderMismatch, match="major 2"):
+        decode_model(bumped, SPEC, "fleet-1")
+    newer_minor = copies(messages)
+    newer_minor[0].header.protocol_version = "1.7"
+    assert decode_model(newer_minor, SPEC, "fleet-1").header.protocol_version == "1.7"
+
+
+def test_decode_enforces_limits() -> None:
+    weights, masks = random_model(9)
+    messages = encode(weights, masks)
+    biggest = max(m.ByteSize() for m in messages)
+    with pytest.raises(WireLimitError, match=f"is {biggest} bytes, over the limit of 4096"):
+        decode_model(messages, SPEC, "fleet-1", WireLimits(max_message_bytes=4096))
+    with pytest.raises(WireLimitError, match="exceeds the limit of 5000 bytes"):
+        decode_model(encode(weights, masks, max_message_bytes=SMALL), SPEC, "fleet-1", WireLimits(max_total_bytes=5000))
+    with pytest.raises(WireLimitError, match="announces \\d+ chunks, over the limit of 3"):
+        decode_model(messages, SPEC, "fleet-1", WireLimits(max_chunks=3))
+
+
+def test_model_spec_arch_id_hashes_names_and_shapes() -> None:
+    assert SPEC.arch_id.startswith("tiny/10/") and len(SPEC.arch_id.split("/")[2]) == 8
+    assert ModelSpec("tiny", 10, dict(SHAPES)).arch_id == SPEC.arch_id
+    changed = dict(SHAPES, **{"fc2.bias": (11,)})
+    assert ModelSpec("tiny", 10, changed).arch_id != SPEC.arch_id
+    weights, _ = random_model(0)
+    assert ModelSpec.from_tensors("tiny", 10, weights) == SPEC
+    with pytest.raises(ValueError, match="arch_name='bad name'"):
+        ModelSpec("bad name", 10, SHAPES)
+    assert ValueType.parse("bf16") is ValueType.BFLOAT16 and ValueType.parse("fp16").itemsize == 2
+    with pytest.raises(ValueError, match="value_type='int8'"):
+        ValueType.parse("int8")
