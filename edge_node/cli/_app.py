@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 
@@ -11,8 +12,28 @@ from edge_node import __version__
 from edge_node.errors import EdgeNodeError, ListenError, PeerUnreachable
 from edge_node.exit_codes import ExitCode
 
+# Subcommand name -> module that defines it (a click command of the same name registered on ``app``).
+SUBCOMMANDS = {
+    "certs": "edge_node.cli.certs",
+    "energy": "edge_node.cli.energy",
+    "peers": "edge_node.cli.peers",
+    "simulate": "edge_node.cli.simulate",
+}
 
-@click.group(name="edge-node", context_settings={"help_option_names": ["-h", "--help"]})
+
+class _LazyGroup(click.Group):
+    """A click group that imports a subcommand's module only when that subcommand is used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(SUBCOMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in SUBCOMMANDS:
+            importlib.import_module(SUBCOMMANDS[cmd_name])  # registers itself on ``app``
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(name="edge-node", cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More logging: -v info, -vv debug.")
 @click.version_option(__version__, "-V", "--version", prog_name="edge-node")
 def app(verbose: int) -> None:

@@ -59,18 +59,19 @@ def augment_batch(
 
     Args:
         x: uint8 [B, C, H, W] on any device.
-        generator: the only source of randomness; must live on x's device.
+        generator: the only source of randomness. Offsets are drawn on the generator's device and moved to
+            x's device, so a CPU generator gives the same augmentation on CPU and CUDA (the simulation
+            relies on this for CPU/CUDA agreement).
     """
     _check_batch(x, mean, std)
     if crop_padding < 0:
         raise ValueError(f"crop_padding={crop_padding} must be >= 0")
-    if generator.device.type != x.device.type:
-        raise ValueError(f"generator is on {generator.device} but the batch is on {x.device}")
     b = x.shape[0]
-    top = torch.randint(0, 2 * crop_padding + 1, (b,), generator=generator, device=x.device)
-    left = torch.randint(0, 2 * crop_padding + 1, (b,), generator=generator, device=x.device)
+    gen_device = generator.device
+    top = torch.randint(0, 2 * crop_padding + 1, (b,), generator=generator, device=gen_device).to(x.device)
+    left = torch.randint(0, 2 * crop_padding + 1, (b,), generator=generator, device=gen_device).to(x.device)
     if flip:
-        mirror = torch.randint(0, 2, (b,), generator=generator, device=x.device).bool()
+        mirror = torch.randint(0, 2, (b,), generator=generator, device=gen_device).bool().to(x.device)
     else:
         mirror = torch.zeros(b, dtype=torch.bool, device=x.device)
     return normalize_batch(crop_flip(x, top, left, mirror, crop_padding), mean, std)

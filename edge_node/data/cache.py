@@ -80,6 +80,7 @@ def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp_name, 0o644)  # decoded public data, readable like any other cache file
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)

@@ -176,7 +176,10 @@ def _resolve_source(name: str, spec: _Spec, data_dir: Path, download: bool) -> P
     cspec = cifar.CIFAR_SPECS.get(name)
     if download and cspec is not None:
         _LOG.info("%s not found in %s; downloading %s", name, data_dir, cspec.url)
-        return cifar.download(cspec.url, data_dir / cspec.tarball, cspec.md5)
+        try:
+            return cifar.download(cspec.url, data_dir / cspec.tarball, cspec.md5)
+        except DataError as exc:
+            raise DataError(f"{exc}; or put {cspec.tarball} (or {spec.hint.split(',')[0]}) into {data_dir}") from exc
     state = "does not exist" if not data_dir.exists() else "has none of them"
     raise DataError(f"no {name} data at {data_dir} ({state}): provide {spec.hint}")
 

@@ -52,7 +52,7 @@ class PeerAddress:
 
 
 @dataclass(frozen=True)
-class PeerInfo:
+class PeerHello:
     """A peer's answer to Hello."""
 
     protocol_version: str
@@ -128,7 +128,7 @@ def hello(
     timeout_s: float = 5.0,
     tls: TlsConfig | None = None,
     insecure: bool = False,
-) -> PeerInfo:
+) -> PeerHello:
     """Ask ``peer`` who it is and what it publishes.
 
     Raises:
@@ -148,7 +148,7 @@ def hello(
         value_type: ValueType | None = ValueType(reply.value_type)
     except ValueError:
         value_type = None
-    return PeerInfo(
+    return PeerHello(
         protocol_version=reply.protocol_version,
         node_id=reply.node_id,
         fleet_id=reply.fleet_id,

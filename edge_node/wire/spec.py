@@ -13,13 +13,13 @@ from types import MappingProxyType
 import numpy as np
 import torch
 
-PROTOCOL_VERSION = "1.0"  # MAJOR.MINOR; a receiver refuses another MAJOR
-PROTOCOL_MAJOR = int(PROTOCOL_VERSION.split(".")[0])
+from edge_node.protocol import PROTOCOL_VERSION, parse_protocol_version, protocol_major  # noqa: F401  (re-exported)
+
+PROTOCOL_MAJOR = protocol_major(PROTOCOL_VERSION)  # a receiver refuses another MAJOR
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20  # a sender's largest serialized message; gRPC's receive default is 4 MiB
 MIN_MAX_MESSAGE_BYTES = 4096  # below this a header plus one chunk of a tensor's metadata may not fit
 
 _ARCH_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_VERSION = re.compile(r"^(\d{1,6})\.(\d{1,6})$")
 
 
 class ValueType(enum.IntEnum):
@@ -53,13 +53,6 @@ class ValueType(enum.IntEnum):
             raise ValueError(f"value_type={text!r} must be one of float32, float16, bfloat16")
         return aliases[key]
 
-
-def parse_protocol_version(version: str) -> tuple[int, int]:
-    """``(major, minor)`` of ``"MAJOR.MINOR"``; ValueError quoting anything else."""
-    match = _VERSION.match(version)
-    if match is None:
-        raise ValueError(f"protocol version {version!r} is not MAJOR.MINOR")
-    return int(match.group(1)), int(match.group(2))
 
 
 @dataclass(frozen=True)

@@ -88,4 +88,3 @@ def make_tarball() -> Callable[[Path, Path], Path]:
         return dest
 
     return make
-

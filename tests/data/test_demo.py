@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge_node.data import DATASET_NAMES, load_dataset
+from edge_node.data import DATASET_NAMES, load_dataset, normalize_batch
 from edge_node.errors import DataError
 
 
@@ -31,29 +31,29 @@ def test_demo_is_deterministic_and_ignores_data_dir(demo, tmp_path) -> None:  # 
     assert not np.array_equal(demo.train_x[:100], demo.test_x[:100])
 
 
-def test_demo_is_learnable_but_not_by_colour_alone(demo) -> None:  # noqa: ANN001
-    """A linear probe on per-channel mean colour beats chance, but far from perfectly: shapes matter."""
-    def features(x: np.ndarray) -> torch.Tensor:
-        f = torch.from_numpy(x).float().div(255)
-        return torch.cat([f.mean(dim=(2, 3)), f.std(dim=(2, 3))], dim=1)
-
-    xtr, xte = features(demo.train_x), features(demo.test_x)
-    mu, sd = xtr.mean(0), xtr.std(0)
-    xtr, xte = (xtr - mu) / sd, (xte - mu) / sd
-    ytr, yte = torch.from_numpy(demo.train_y), torch.from_numpy(demo.test_y)
-    torch.manual_seed(0)
-    model = torch.nn.Linear(xtr.shape[1], 10)
-    opt = torch.optim.LBFGS(model.parameters(), max_iter=100)
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(xtr), ytr)
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    acc = (model(xte).argmax(1) == yte).float().mean().item()
-    assert 0.2 < acc < 0.7, f"colour-statistics probe accuracy {acc:.3f}"
+def test_demo_is_learnable_by_a_small_cnn_but_not_solved_at_once(demo) -> None:  # noqa: ANN001
+    """A 3-layer CNN after one pass over half the training set: far above chance (10%), yet not solved."""
+    x = normalize_batch(torch.from_numpy(demo.train_x), demo.mean, demo.std)
+    y = torch.from_numpy(demo.train_y)
+    xt = normalize_batch(torch.from_numpy(demo.test_x), demo.mean, demo.std)
+    yt = torch.from_numpy(demo.test_y)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        nn = torch.nn
+        model = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(32, 10),
+        )  # fmt: skip
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        for idx in torch.randperm(len(y))[: len(y) // 2].split(64):
+            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        acc = (model(xt).argmax(1) == yt).float().mean().item()
+    assert 0.3 < acc < 0.98, f"test accuracy after one epoch: {acc:.3f}"
 
 
 def test_unknown_name_lists_the_choices() -> None:

@@ -38,12 +38,13 @@ KILLED_S = TTL_S + 1.5  # record TTL, plus one sweep and scheduling slack
 # prints a JSON line {"node", "event", "peers"} with its whole table on each change (one write per
 # line, atomic on a pipe). Commands on stdin: spawn / update / stop / kill, by node id.
 _HOST = r"""
-import json, logging, os, signal, sys
+import json, logging, os, signal, sys, time
 sys.path.insert(0, sys.argv[1])
 from tests.netns import enter_netns
 from edge_node.net.discovery import MdnsDiscovery
 
 def emit(obj):
+    obj["t"] = time.monotonic()
     os.write(1, (json.dumps(obj, separators=(",", ":")) + "\n").encode())
 
 def run_node(ns, cfg, cmd_fd):
@@ -55,12 +56,16 @@ def run_node(ns, cfg, cmd_fd):
     node_id = cfg["node_id"]
     logging.basicConfig(level=logging.DEBUG if cfg.pop("debug", False) else logging.WARNING, stream=sys.stderr,
                         format=node_id + " %(levelname)s %(name)s: %(message)s", force=True)
-    d = MdnsDiscovery(**cfg)
+    try:
+        d = MdnsDiscovery(**cfg)
+        d.start()
+    except Exception as exc:
+        emit({"node": node_id, "event": "error", "error": f"{type(exc).__name__}: {exc}", "peers": []})
+        os._exit(2)
     def table():
         return [{k: p.to_json()[k] for k in ("node_id", "addresses", "port", "fleet", "arch", "tier", "density",
                                               "round", "protocol_version", "endpoint")} for p in d.peers()]
     d.add_listener(lambda ev, p: emit({"node": node_id, "event": ev.value + ":" + p.node_id, "peers": table()}))
-    d.start()
     emit({"node": node_id, "event": "started", "peers": table()})
     for line in os.fdopen(cmd_fd):
         cmd = json.loads(line)
@@ -68,6 +73,7 @@ def run_node(ns, cfg, cmd_fd):
             d.update(**cmd["args"])
         elif cmd["op"] == "stop":
             break
+    emit({"node": node_id, "event": "stopping", "peers": table()})
     d.stop()
     emit({"node": node_id, "event": "stopped", "peers": []})
     os._exit(0)
@@ -89,13 +95,13 @@ try:
                 finally:
                     os._exit(1)
             os.close(r)
-            children[cmd["cfg"]["node_id"]] = (pid, w)
-        elif cmd["node"] not in children:
+            children[cmd["handle"]] = (pid, w)
+        elif cmd["handle"] not in children:
             continue  # exited already
         elif cmd["op"] == "kill":
-            os.kill(children[cmd["node"]][0], signal.SIGKILL)
+            os.kill(children[cmd["handle"]][0], signal.SIGKILL)
         else:
-            os.write(children[cmd["node"]][1], (json.dumps(cmd) + "\n").encode())
+            os.write(children[cmd["handle"]][1], (json.dumps(cmd) + "\n").encode())
         while children:  # reap exited children, and forget them so their pids are never signalled
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -103,10 +109,10 @@ try:
                 break
             if pid == 0:
                 break
-            for node_id, (child, fd) in list(children.items()):
+            for handle, (child, fd) in list(children.items()):
                 if child == pid:
                     os.close(fd)
-                    del children[node_id]
+                    del children[handle]
 finally:
     for pid, _ in children.values():
         try:
@@ -139,24 +145,26 @@ class NodeHost:
             "min_update_interval_s": 0.5,
             **options,
         }
-        self.command(op="spawn", ns=ns, cfg=config)
-        node = Node(self, node_id)
+        handle = f"{node_id}#{len(self.nodes)}-{time.monotonic_ns()}"
+        self.command(op="spawn", ns=ns, cfg=config, handle=handle)
+        node = Node(self, node_id, handle)
         self.nodes.append(node)
         return node
 
     def kill_all(self) -> None:
         for node in self.nodes:
             if not node.stopped():
-                self.command(op="kill", node=node.node_id)
+                self.command(op="kill", handle=node.handle)
         self.nodes.clear()
 
 
 class Node:
     """One node forked by the host; its view is the latest table it printed."""
 
-    def __init__(self, host: NodeHost, node_id: str) -> None:
+    def __init__(self, host: NodeHost, node_id: str, handle: str) -> None:
         self.host = host
         self.node_id = node_id
+        self.handle = handle
         self._tag = f'{{"node":"{node_id}",'
 
     def _mine(self, lines: list[str]) -> list[dict]:
@@ -172,21 +180,29 @@ class Node:
     def wait_event(self, event: str, timeout_s: float) -> bool:
         return self.host.proc.wait_for(lambda ls: any(m["event"] == event for m in self._mine(ls)), timeout_s)
 
+    def event_time(self, event: str) -> float:
+        """When (monotonic clock, shared by all processes) this node first reported ``event``."""
+        return next(m["t"] for m in self._mine(self.host.proc.lines) if m["event"] == event)
+
     def table(self) -> dict[str, dict]:
         return self._table(self.host.proc.lines) or {}
+
+    def error(self) -> str | None:
+        errors = [m["error"] for m in self._mine(self.host.proc.lines) if m["event"] == "error"]
+        return errors[-1] if errors else None
 
     def stopped(self) -> bool:
         return any(m["event"] == "stopped" for m in self._mine(self.host.proc.lines))
 
     def update(self, **args: object) -> None:
-        self.host.command(op="update", node=self.node_id, args=args)
+        self.host.command(op="update", handle=self.handle, args=args)
 
     def stop(self) -> None:
         """Graceful stop: goodbye packets, then the process exits."""
-        self.host.command(op="stop", node=self.node_id)
+        self.host.command(op="stop", handle=self.handle)
 
     def kill(self) -> None:
-        self.host.command(op="kill", node=self.node_id)
+        self.host.command(op="kill", handle=self.handle)
 
     def log(self) -> str:
         """This node's log lines (the host's stderr, tagged with the node id)."""
@@ -266,6 +282,8 @@ def _fleet_scenario(host: NodeHost, places: list[tuple[str, str]], alien_place: 
         remaining, lambda node, t: bye.node_id not in t, GOODBYE_S, "drop the node that said goodbye", time.monotonic()
     )
     assert bye.wait_event("stopped", 5.0), bye.diagnostics()
+    seen_gone = max(node.event_time(f"removed:{bye.node_id}") for node in remaining)
+    timings["goodbye_latency_s"] = seen_gone - bye.event_time("stopping")
 
     if len(remaining) >= 2:
         dead, survivors = remaining[-1], remaining[:-1]
@@ -276,6 +294,11 @@ def _fleet_scenario(host: NodeHost, places: list[tuple[str, str]], alien_place: 
             survivors, lambda node, t: dead.node_id not in t, KILLED_S, "drop the killed node within its TTL", t_kill
         )
         assert timings["killed_s"] > 1.0, "a killed node sends no goodbye: only its TTL can remove it"
+        # live peers outlast several TTLs: their records are refreshed, only the dead expire
+        time.sleep(max(0.0, t0 + 2.5 * TTL_S - time.monotonic()))
+        alive = {node.node_id for node in survivors}
+        for node in survivors:
+            assert set(node.table()) == alive - {node.node_id}, node.diagnostics()
     assert all("alien" not in node.table() for node in fleet)
     print(f"\n{n} nodes: " + ", ".join(f"{k}={v:.2f}" for k, v in timings.items()))
     return timings
@@ -337,12 +360,13 @@ def test_cli_announce_and_json_listing(lo_ns: str) -> None:
         assert announcers[0].wait_for(lambda lines: any(line.startswith("B ") for line in lines), FIND_S)
         assert announcers[1].wait_for(lambda lines: any(line.startswith("A ") for line in lines), FIND_S)
 
-        for proc in announcers:
-            proc.signal(signal.SIGTERM)
-        for proc in announcers:
-            assert proc.wait(10) == 0, proc.stderr_text
-        # B's goodbye reached A before A closed: A's last table is empty or lacks B
-        assert "B removed: said goodbye" in announcers[0].stderr_text or not announcers[0].lines[-1].startswith("B ")
+        # SIGTERM: B says goodbye and exits 0; A, watching, prints its table again without B at once
+        announcer_a, announcer_b = announcers
+        announcer_b.signal(signal.SIGTERM)
+        assert announcer_b.wait(10) == 0, announcer_b.stderr_text
+        assert announcer_a.wait_for(lambda lines: lines[-1].startswith("ID"), GOODBYE_S + 0.5), announcer_a.lines[-3:]
+        announcer_a.signal(signal.SIGTERM)
+        assert announcer_a.wait(10) == 0, announcer_a.stderr_text
     finally:
         for proc in announcers:
             proc.kill()
@@ -376,6 +400,50 @@ def test_independent_client_sees_the_advertisement(hosts: NodeHost, lo_ns: str) 
     txt = ask("dig-me._edge-node._tcp.local", "TXT", expect="round=12")
     for item in ("v=1.0", "id=dig-me", f"fleet={FLEET}", "arch=", "tier=unknown", "density=1.0", "round=12", "fp="):
         assert f'"{item}"' in txt, txt
+
+
+@pytest.mark.netns
+def test_ipv6_nodes_on_a_bridge_find_each_other(hosts: NodeHost) -> None:
+    with bridge_with_namespaces(2, ipv6_subnet="fd00:77::") as net:
+        a, b = (
+            hosts.spawn(ns, f"v6-{i}", "eth0", ipv6=True)  # an interface name: its IPv6 addresses
+            for i, ns in enumerate(net.namespaces)
+        )
+        assert a.wait_table(lambda t: "v6-1" in t, FIND_S + 2), a.diagnostics()
+        assert b.wait_table(lambda t: "v6-0" in t, FIND_S), b.diagnostics()
+        peer = a.table()["v6-1"]
+        assert "fd00:77::2" in peer["addresses"] and all(":" in addr for addr in peer["addresses"])
+        assert peer["endpoint"] == "[fd00:77::2]:7000"
+        assert all("%" in addr for addr in peer["addresses"] if addr.startswith("fe80"))  # scoped, so usable
+        hosts.kill_all()
+
+
+@pytest.mark.netns
+def test_a_node_id_in_use_is_refused(hosts: NodeHost) -> None:
+    # two devices; on one host, several responders share port 5353 and unicast probe answers may go astray
+    with bridge_with_namespaces(2) as net:
+        first = hosts.spawn(net.namespaces[0], "twin", net.addresses[0])
+        _wait_started([first])
+        second = hosts.spawn(net.namespaces[1], "twin", net.addresses[1])
+        try:
+            assert second.wait_event("error", 10.0), second.diagnostics()
+            assert second.error() == "DiscoveryError: node id 'twin' is already advertised in this network"
+        finally:
+            hosts.kill_all()
+
+
+@pytest.mark.netns
+def test_netns_helpers_clean_up_after_a_failure(require_root: None) -> None:
+    from tests.netns import list_namespaces
+
+    made: list[str] = []
+    with pytest.raises(RuntimeError, match="boom"), bridge_with_namespaces(2) as net:
+        made = [net.bridge_ns, *net.namespaces]
+        assert set(made) <= set(list_namespaces())
+        shown = run_in_netns(net.namespaces[1], ["ip", "-4", "addr", "show", "dev", net.interface]).stdout
+        assert f"inet {net.addresses[1]}/24" in shown
+        raise RuntimeError("boom")
+    assert made and not set(made) & set(list_namespaces())
 
 
 # A foreign advertiser speaking zeroconf directly: bad TXT first, then one valid node.
@@ -427,6 +495,7 @@ _MALFORMED = {
 
 @pytest.mark.netns
 def test_malformed_txt_is_ignored_and_browsing_goes_on(hosts: NodeHost, lo_ns: str) -> None:
+    log_from = len(hosts.proc.stderr_lines)
     observer = hosts.spawn(lo_ns, "observer", "127.0.0.1", arch="cnn:10:abc", debug=True)
     _wait_started([observer])
     with NetnsProcess(lo_ns, [PYTHON, "-c", _FOREIGN, json.dumps(_MALFORMED)]) as foreign:
@@ -440,6 +509,6 @@ def test_malformed_txt_is_ignored_and_browsing_goes_on(hosts: NodeHost, lo_ns: s
         assert any(name in line and "ignoring" in line for line in log.splitlines()), (
             f"no debug line for {name}:\n{log}"
         )
-    assert "Traceback" not in "\n".join(hosts.proc.stderr_lines)
+    assert observer.error() is None and "Traceback" not in "\n".join(hosts.proc.stderr_lines[log_from:])
     observer.stop()
     assert observer.wait_event("stopped", 5.0), "the browser did not survive the malformed records"

@@ -31,7 +31,7 @@ from edge_node.net.discovery import (
     read_peers_file,
     resolve_interfaces,
 )
-from edge_node.net.discovery.mdns import parse_default_routes
+from edge_node.net.discovery.mdns import _usable_order, parse_default_routes
 from edge_node.protocol import PROTOCOL_VERSION, protocol_major
 
 FIELDS = TxtFields(
@@ -327,6 +327,13 @@ IPV6_ROUTE = (
     "00000000000000000000000000000000 00 00000000000000000000000000000000 00 00000000000000000000000000000000"
     " ffffffff 00000001 00000000 00200200       lo\n"
 )
+
+
+def test_peer_addresses_come_routable_first_in_a_stable_order() -> None:
+    newest_first = ["fe80::1%3", "fd00::2", "10.0.0.2", "fd00::2"]
+    assert _usable_order(newest_first) == ["10.0.0.2", "fd00::2", "fe80::1%3"]
+    assert _usable_order(list(reversed(newest_first))) == _usable_order(newest_first)
+    assert _usable_order(["fe80::1", "10.0.0.2"], scope="eth0") == ["10.0.0.2", "fe80::1%eth0"]
 
 
 def test_default_route_interfaces_from_recorded_route_tables() -> None:

@@ -34,6 +34,7 @@ import psutil
 from zeroconf import (
     DNSOutgoing,
     DNSQuestion,
+    DNSService,
     IPVersion,
     NonUniqueNameException,
     ServiceBrowser,
@@ -153,6 +154,38 @@ def _ip_version(addresses: Sequence[str]) -> IPVersion:
     return IPVersion.All
 
 
+def _usable_order(addresses: list[str], scope: str | None = None) -> list[str]:
+    """Routable addresses first (IPv4 before IPv6), link-local ones last, scoped with ``%scope``.
+
+    An IPv6 link-local address is only usable with the interface it was seen on; ``scope`` is that
+    interface when discovery runs on one. A stable order also keeps a refresh, whose records zeroconf
+    lists newest first, from looking like an update.
+    """
+
+    def scoped(address: str) -> str:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+        return f"{ip}%{scope}" if ip.version == 6 and ip.is_link_local and "%" not in address and scope else address
+
+    def key(address: str) -> tuple[bool, int, str]:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+        return (ip.is_link_local, ip.version, address)
+
+    return sorted(dict.fromkeys(scoped(a) for a in addresses), key=key)
+
+
+def _interface_of(addresses: Sequence[str]) -> str | None:
+    """The one interface holding all the given IPv6 addresses, or None (none, or several)."""
+    wanted = {ipaddress.ip_address(a) for a in addresses if ipaddress.ip_address(a).version == 6}
+    if not wanted:
+        return None
+    owners = set()
+    for name, nic_addrs in psutil.net_if_addrs().items():
+        for nic_addr in nic_addrs:
+            if nic_addr.family == socket.AF_INET6 and ipaddress.ip_address(nic_addr.address.split("%", 1)[0]) in wanted:
+                owners.add(name)
+    return owners.pop() if len(owners) == 1 else None
+
+
 class MdnsDiscovery(Discovery):
     """Advertise this node (when ``node_id`` is given) and browse the same service type.
 
@@ -213,6 +246,7 @@ class MdnsDiscovery(Discovery):
         self.min_update_interval_s = float(min_update_interval_s)
         self.sweep_interval_s = float(sweep_interval_s)
         self.addresses = resolve_interfaces(interfaces, ipv6=ipv6)
+        self._ipv6_scope = _interface_of(self.addresses)
         self._fields: TxtFields | None = None
         if node_id is not None:
             assert fleet is not None
@@ -240,6 +274,7 @@ class MdnsDiscovery(Discovery):
         self._last_query: dict[str, float] = {}
         self._last_resolve: dict[str, float] = {}
         self._resolving: dict[str, concurrent.futures.Future[bool]] = {}
+        self._announcing: concurrent.futures.Future[None] | None = None
         self._rejected: dict[str, object] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -303,6 +338,9 @@ class MdnsDiscovery(Discovery):
         for future in list(self._resolving.values()):
             future.cancel()
         self._resolving.clear()
+        if self._announcing is not None:
+            self._announcing.cancel()  # queued on the loop before the goodbye below: no announcement after it
+            self._announcing = None
         if self._info is not None:
             try:
                 zc.unregister_service(self._info)  # the goodbye: our records with TTL 0
@@ -411,11 +449,21 @@ class MdnsDiscovery(Discovery):
         if zc is None or self._info is None or fields is None:
             return
         info = self._service_info(fields)
-        zc.update_service(info)
+        if self._announcing is not None:
+            self._announcing.cancel()  # the newer values supersede the rest of the older announcement
+        assert zc.loop is not None
+        # Not waited for: its three broadcasts take ~0.5 s, during which goodbyes and updates of
+        # peers must still be applied. stop() cancels it before sending our goodbye.
+        self._announcing = asyncio.run_coroutine_threadsafe(self._async_announce(zc, info), zc.loop)
         self._info = info
         _LOGGER.debug(
-            "re-announced %s: round %s density %s tier %s", fields.node_id, fields.round, fields.density, fields.tier
+            "re-announcing %s: round %s density %s tier %s", fields.node_id, fields.round, fields.density, fields.tier
         )
+
+    @staticmethod
+    async def _async_announce(zc: Zeroconf, info: ServiceInfo) -> None:
+        broadcasts = await zc.async_update_service(info)
+        await broadcasts
 
     def _remove(self, name: str, why: str) -> None:
         self._rejected.pop(name, None)
@@ -445,7 +493,7 @@ class MdnsDiscovery(Discovery):
             if name.lower() == own:
                 continue
             srv = cache.get_by_details(name, _TYPE_SRV, _CLASS_IN)
-            if srv is None or srv.is_expired(now_ms):
+            if not isinstance(srv, DNSService) or srv.is_expired(now_ms):
                 if self._table.get(name) is not None:
                     self._remove(name, "its records expired (TTL)")
                 elif name in names:
@@ -470,7 +518,7 @@ class MdnsDiscovery(Discovery):
                 _LOGGER.debug("ignoring advertisement %r with malformed TXT: %s", name, exc)
             self._remove(name, "its TXT became malformed")
             return
-        addresses = info.parsed_addresses()
+        addresses = _usable_order(info.parsed_scoped_addresses(), self._ipv6_scope)
         if not addresses or info.port is None:
             return
         age_s = max(0.0, (current_time_millis() - created_ms) / 1000.0)
@@ -499,13 +547,13 @@ class MdnsDiscovery(Discovery):
         if event is not None:
             _LOGGER.info("peer %s %s at %s (round %s)", peer.node_id, event.value, peer.endpoint, peer.round)
 
-    def _maybe_refresh(self, zc: Zeroconf, name: str, srv: object, now_ms: float) -> None:
+    def _maybe_refresh(self, zc: Zeroconf, name: str, srv: DNSService, now_ms: float) -> None:
         """Re-query a peer's SRV/TXT/address once past half its TTL, so only dead peers expire."""
-        ttl_ms = srv.ttl * 1000.0  # type: ignore[attr-defined]
-        age_ms = now_ms - srv.created  # type: ignore[attr-defined]
+        ttl_ms = srv.ttl * 1000.0
+        age_ms = now_ms - srv.created
         if ttl_ms <= 0 or age_ms < ttl_ms * _REFRESH_FROM:
             return
-        gap_s = max(_MIN_QUERY_GAP_S, srv.ttl * _REFRESH_EVERY)  # type: ignore[attr-defined]
+        gap_s = max(_MIN_QUERY_GAP_S, srv.ttl * _REFRESH_EVERY)
         now = time.monotonic()
         if now - self._last_query.get(name, -math.inf) < gap_s * random.uniform(0.9, 1.0):
             return
@@ -513,7 +561,7 @@ class MdnsDiscovery(Discovery):
         out = DNSOutgoing(_FLAGS_QUERY)
         out.add_question(DNSQuestion(name, _TYPE_SRV, _CLASS_IN))
         out.add_question(DNSQuestion(name, _TYPE_TXT, _CLASS_IN))
-        server = srv.server  # type: ignore[attr-defined]
+        server = srv.server
         out.add_question(DNSQuestion(server, _TYPE_A, _CLASS_IN))
         out.add_question(DNSQuestion(server, _TYPE_AAAA, _CLASS_IN))
         zc.send(out)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TypeVar
 
 from edge_node.protocol import PROTOCOL_VERSION, protocol_major
 
@@ -67,6 +68,7 @@ class PeerEvent(enum.Enum):
 
 
 PeerListener = Callable[[PeerEvent, PeerInfo], None]
+_D = TypeVar("_D", bound="Discovery")
 
 
 class PeerTable:
@@ -205,7 +207,7 @@ class Discovery(abc.ABC):
         """Wait (bounded) until ``predicate(peers())`` holds; returns the last snapshot either way."""
         return self._table.wait_for(predicate, timeout_s)
 
-    def __enter__(self) -> Discovery:
+    def __enter__(self: _D) -> _D:
         self.start()
         return self
 
