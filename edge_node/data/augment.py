@@ -8,6 +8,7 @@ caller's ``torch.Generator``; there is no Python loop over samples, so a GPU bat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -25,10 +26,36 @@ def _check_batch(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -
 def normalize_batch(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """uint8 [B, C, H, W] -> float32 ``(x / 255 - mean) / std``, on x's device, no augmentation."""
     _check_batch(x, mean, std)
+    scale, shift = _affine(tuple(float(m) for m in mean), tuple(float(v) for v in std), x.device)
     # (x / 255 - mean) / std as one multiply-add per element.
-    scale = torch.tensor([1.0 / (255.0 * v) for v in std], dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
-    shift = torch.tensor([-m / v for m, v in zip(mean, std, strict=True)], dtype=torch.float32, device=x.device)
-    return torch.addcmul(shift.view(1, -1, 1, 1), x.to(torch.float32), scale)
+    return torch.addcmul(shift, x.to(torch.float32), scale)
+
+
+@lru_cache(maxsize=16)
+def _affine(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and shift of the normalisation, built once per device (no host-to-device copy per batch)."""
+    scale = torch.tensor([1.0 / (255.0 * v) for v in std], dtype=torch.float32).view(1, -1, 1, 1)
+    shift = torch.tensor([-m / v for m, v in zip(mean, std, strict=True)], dtype=torch.float32).view(1, -1, 1, 1)
+    return scale.to(device), shift.to(device)
+
+
+def draw_crop_flip(
+    n: int, generator: torch.Generator, *, crop_padding: int = 4, flip: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-sample (top, left, mirror) for ``n`` samples from ``generator``, on the generator's device.
+
+    Drawing a whole epoch's offsets at once lets a trainer move them to the GPU in one copy.
+    """
+    if crop_padding < 0:
+        raise ValueError(f"crop_padding={crop_padding} must be >= 0")
+    device = generator.device
+    top = torch.randint(0, 2 * crop_padding + 1, (n,), generator=generator, device=device)
+    left = torch.randint(0, 2 * crop_padding + 1, (n,), generator=generator, device=device)
+    if flip:
+        mirror = torch.randint(0, 2, (n,), generator=generator, device=device).bool()
+    else:
+        mirror = torch.zeros(n, dtype=torch.bool, device=device)
+    return top, left, mirror
 
 
 def crop_flip(x: torch.Tensor, top: torch.Tensor, left: torch.Tensor, flip: torch.Tensor, padding: int) -> torch.Tensor:
@@ -64,14 +91,7 @@ def augment_batch(
             relies on this for CPU/CUDA agreement).
     """
     _check_batch(x, mean, std)
-    if crop_padding < 0:
-        raise ValueError(f"crop_padding={crop_padding} must be >= 0")
-    b = x.shape[0]
-    gen_device = generator.device
-    top = torch.randint(0, 2 * crop_padding + 1, (b,), generator=generator, device=gen_device).to(x.device)
-    left = torch.randint(0, 2 * crop_padding + 1, (b,), generator=generator, device=gen_device).to(x.device)
-    if flip:
-        mirror = torch.randint(0, 2, (b,), generator=generator, device=gen_device).bool().to(x.device)
-    else:
-        mirror = torch.zeros(b, dtype=torch.bool, device=x.device)
-    return normalize_batch(crop_flip(x, top, left, mirror, crop_padding), mean, std)
+    top, left, mirror = draw_crop_flip(x.shape[0], generator, crop_padding=crop_padding, flip=flip)
+    return normalize_batch(
+        crop_flip(x, top.to(x.device), left.to(x.device), mirror.to(x.device), crop_padding), mean, std
+    )

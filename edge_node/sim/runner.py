@@ -43,13 +43,13 @@ from edge_node.algorithm import (
 )
 from edge_node.data import (
     Dataset,
-    augment_batch,
     client_test_indices,
     normalize_batch,
     parse_partition,
     partition_dir,
     partition_path,
 )
+from edge_node.data.augment import crop_flip, draw_crop_flip
 from edge_node.energy import EnergyAccountant, modelled_energy, open_meter
 from edge_node.errors import CheckpointError, ConfigError
 from edge_node.models import build_model
@@ -66,6 +66,7 @@ ENERGY_LOG = "energy.jsonl"
 CONFIG_FILE = "config.json"
 SIM_FLEET_ID = "sim"  # header fields the byte count uses: node ids are client-<i>
 PAPER_BYTES_PER_VALUE = 4  # the paper's Comm (MB): fp32 values of the received models, 1 MB = 1e6 B
+CROP_PADDING = 4  # CIFAR augmentation: random 32x32 crop of the image zero-padded by 4, plus flips
 
 
 @dataclass
@@ -108,11 +109,15 @@ def _train_batches(
     mean: tuple[float, float, float],
     std: tuple[float, float, float],
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Shuffled, augmented mini-batches; an epoch's order and crop/flip offsets cross to the device at once."""
+    n = idx.numel()
     for _ in range(epochs):
-        order = idx[torch.randperm(idx.numel(), generator=generator).to(idx.device)]
-        for start in range(0, order.numel(), batch_size):
-            batch = order[start : start + batch_size]
-            yield augment_batch(data_x[batch], mean, std, generator), data_y[batch]
+        order = idx[torch.randperm(n, generator=generator).to(idx.device)]
+        top, left, mirror = (v.to(idx.device) for v in draw_crop_flip(n, generator, crop_padding=CROP_PADDING))
+        for start in range(0, n, batch_size):
+            sl = slice(start, start + batch_size)
+            x = crop_flip(data_x[order[sl]], top[sl], left[sl], mirror[sl], CROP_PADDING)
+            yield normalize_batch(x, mean, std), data_y[order[sl]]
 
 
 def _eval_batches(
@@ -135,6 +140,12 @@ def _truncate_jsonl(path: Path, keep_before_round: int) -> None:
 def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
     with open(path, "a") as fh:
         fh.write(json.dumps(record) + "\n")
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for queued GPU work so energy and time land in the phase that caused them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -297,6 +308,7 @@ def _run_round(
     sent = [served[j] * model_bytes[j] for j in range(n)]
     paper_mb = [PAPER_BYTES_PER_VALUE * sum(model_active[j] for j in nbrs[i]) / 1e6 for i in range(n)]
 
+    device = data_x.device
     with accountant.phase("aggregate"):
         aggregated = [
             aggregate(
@@ -308,6 +320,7 @@ def _run_round(
             )
             for i in range(n)
         ]
+        _sync(device)
     clients.weights = aggregated  # the round-start models are no longer needed
     clients.train_masks = clients.next_masks
 
@@ -319,60 +332,33 @@ def _run_round(
     losses: list[float] = []
     flops: list[float] = []
     next_masks: list[dict[str, torch.Tensor]] = []
+
+    def accuracy(i: int) -> float:
+        batches = _eval_batches(test_x, test_y, clients.test_idx[i], config.eval_batch_size, mean, std)
+        correct, total = count_correct(model, batches)
+        return correct / max(total, 1)
+
+    def train_batches(i: int, epochs: int, gen: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return _train_batches(
+            data_x, data_y, clients.train_idx[i], epochs=epochs, batch_size=config.batch_size,
+            generator=gen, mean=mean, std=std,
+        )  # fmt: skip
+
     with accountant.phase("train"):
         for i in tqdm(range(n), desc=f"round {t}", leave=False, disable=not config.progress, unit="client"):
             load_weights(model, clients.weights[i])
-            correct, total = count_correct(
-                model, _eval_batches(test_x, test_y, clients.test_idx[i], config.eval_batch_size, mean, std)
-            )
-            acc_before.append(correct / max(total, 1))
+            acc_before.append(accuracy(i))
             gen = torch_generator(config.seed, "train", i, t)
-            stats = train_masked(
-                model,
-                clients.train_masks[i],
-                _train_batches(
-                    data_x,
-                    data_y,
-                    clients.train_idx[i],
-                    epochs=config.epochs,
-                    batch_size=config.batch_size,
-                    generator=gen,
-                    mean=mean,
-                    std=std,
-                ),
-                sgd,
-            )
+            stats = train_masked(model, clients.train_masks[i], train_batches(i, config.epochs, gen), sgd)
             losses.append(stats.mean_loss)
-            correct, total = count_correct(
-                model, _eval_batches(test_x, test_y, clients.test_idx[i], config.eval_batch_size, mean, std)
-            )
-            acc_after.append(correct / max(total, 1))
+            acc_after.append(accuracy(i))
             trained = read_weights(model)
             grads = None
-            if config.regrow == "gradient":
-                batch = next(
-                    _train_batches(
-                        data_x,
-                        data_y,
-                        clients.train_idx[i],
-                        epochs=1,
-                        batch_size=config.batch_size,
-                        generator=gen,
-                        mean=mean,
-                        std=std,
-                    )
-                )
-                grads = dense_gradients(model, batch)
-            next_masks.append(
-                update_masks(
-                    trained,
-                    clients.train_masks[i],
-                    rate,
-                    config.regrow,
-                    gradients=grads,
-                    generator=torch_generator(config.seed, "regrow", i, t),
-                )
-            )
+            if config.regrow == "gradient":  # RigL-style: dense gradient of one mini-batch
+                grads = dense_gradients(model, next(train_batches(i, 1, gen)))
+            regrow_gen = torch_generator(config.seed, "regrow", i, t)
+            mask = clients.train_masks[i]
+            next_masks.append(update_masks(trained, mask, rate, config.regrow, gradients=grads, generator=regrow_gen))
             clients.weights[i] = trained
             flops.append(
                 round_training_flops(
@@ -382,8 +368,9 @@ def _run_round(
                     epochs=config.epochs,
                     samples=int(clients.train_idx[i].numel()),
                     regrow_batch=config.batch_size if config.regrow == "gradient" else 0,
-                )
+                )  # fmt: skip
             )
+        _sync(device)
     clients.next_masks = next_masks
     modelled = [modelled_energy(f, s, r) for f, s, r in zip(flops, sent, received, strict=True)]
     modelled_total = sum(m.total_j for m in modelled)

@@ -85,10 +85,12 @@ def test_resume_with_other_settings_is_refused(two_round_run: Path, capsys):
     assert (two_round_run / "rounds.jsonl").read_text() == before
 
 
-def test_setting_ii_mixes_tier_densities(tmp_path: Path):
+def test_setting_ii_with_gradient_regrowth(tmp_path: Path):
     out = tmp_path / "ii"
-    assert run_cli([*SMALL, "--rounds", "1", "--setting", "ii", "--output", str(out)]) == 0
+    assert run_cli([*SMALL, "--rounds", "1", "--setting", "ii", "--regrow", "gradient", "--output", str(out)]) == 0
     (record,) = rounds(out)
+    # gradient regrowth adds B * 3 * F(dense) to each client's FLOPs
+    assert record["flops_per_client_max"] > 1 * 150 * 3 * 0.2 * record["forward_flops_dense"]
     assert record["densities_target"] == [0.2, 0.4, 0.6, 0.8, 1.0]
     # clients 0..5 get tiers 0.2, 0.4, 0.6, 0.8, 1.0, 0.2
     assert record["density_mean"] == pytest.approx((0.2 + 0.4 + 0.6 + 0.8 + 1.0 + 0.2) / 6, abs=0.01)
