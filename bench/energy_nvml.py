@@ -97,6 +97,15 @@ def main() -> None:
         parser.error(f"--seconds={args.seconds} must be > 0 and --warmup-s={args.warmup_s} >= 0")
 
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA index == NVML index
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:  # training then runs on cuda:0, the first GPU listed there
+        first = visible.split(",")[0].strip()
+        if os.environ["CUDA_DEVICE_ORDER"] != "PCI_BUS_ID" or not first.isdigit() or int(first) != args.gpu_index:
+            parser.error(
+                f"CUDA_VISIBLE_DEVICES={visible!r} (CUDA_DEVICE_ORDER={os.environ['CUDA_DEVICE_ORDER']}) may put "
+                f"training on another GPU than the NVML --gpu-index={args.gpu_index} that is metered; unset it "
+                "and pass --gpu-index, or list that index first"
+            )
     if shutil.which("nvidia-smi") is None:
         _no_gpu("nvidia-smi not found on PATH")
     try:
@@ -108,7 +117,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         meter.close()
         _no_gpu(f"torch {torch.__version__} sees no CUDA device")
-    device = torch.device(f"cuda:{args.gpu_index}" if "CUDA_VISIBLE_DEVICES" not in os.environ else "cuda:0")
+    device = torch.device("cuda:0" if visible is not None else f"cuda:{args.gpu_index}")
     torch.backends.cuda.matmul.allow_tf32 = True
     generator = torch.Generator(device=device).manual_seed(0)
     layers: list[torch.nn.Module] = []

@@ -24,3 +24,14 @@ def parse_protocol_version(version: str) -> tuple[int, int]:
 def protocol_major(version: str) -> int:
     """The MAJOR part of a protocol version: peers talk only when it is equal."""
     return parse_protocol_version(version)[0]
+
+
+# A node id names an mDNS instance, a TLS certificate's DNS name and a stream header's sender, so one
+# rule serves all three: a single DNS label (no dots, which DNS-SD and certificates would split).
+NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
+_NODE_ID_RE = re.compile(NODE_ID_PATTERN)
+
+
+def is_valid_node_id(node_id: object) -> bool:
+    """Whether ``node_id`` is 1-63 characters of [A-Za-z0-9_-], starting alphanumeric."""
+    return isinstance(node_id, str) and _NODE_ID_RE.match(node_id) is not None

@@ -10,6 +10,8 @@ import click
 
 from edge_node.cli._app import app
 from edge_node.data import DATASET_NAMES, load_dataset
+from edge_node.energy.report import load_energy_log
+from edge_node.energy.report import summarize as energy_summary
 from edge_node.errors import ConfigError
 from edge_node.sim.config import SimConfig
 from edge_node.sim.report import format_summary, plot_run, read_rounds, summarize
@@ -152,7 +154,7 @@ def simulate(
     )
     run_dir = run_simulation(config, data)
     records = read_rounds(run_dir)
-    summary = summarize(records)
+    summary = summarize(records, energy_summary(load_energy_log(run_dir)))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plots = plot_run(records, run_dir)
     click.echo(format_summary(summary))

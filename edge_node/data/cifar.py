@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_node.data.sources import Tree, join
+from edge_node.data.sources import Tree, join, one_line
 from edge_node.errors import DataError
 
 _LOG = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def restricted_loads(data: bytes, what: str) -> Any:
     except DataError:
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as exc:
-        raise DataError(f"{what} is a corrupt pickle: {exc}") from exc
+        raise DataError(f"{what} is a corrupt pickle: {one_line(exc)}") from exc
 
 
 def _parse_batch(obj: Any, spec: CifarSpec, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -148,7 +148,7 @@ def _parse_batch(obj: Any, spec: CifarSpec, what: str) -> tuple[np.ndarray, np.n
     try:
         y = np.asarray(labels, dtype=np.int64)
     except (TypeError, ValueError) as exc:
-        raise DataError(f"{what}: labels are not integers: {exc}") from exc
+        raise DataError(f"{what}: labels are not integers: {one_line(exc)}") from exc
     if y.shape != (data.shape[0],):
         raise DataError(f"{what}: {y.shape} labels for {data.shape[0]} images")
     if y.size and (y.min() < 0 or y.max() >= spec.num_classes):
@@ -232,7 +232,7 @@ def download(url: str, dest: Path, md5: str, *, timeout_s: float = DOWNLOAD_TIME
     except (urllib.error.URLError, OSError, ValueError) as exc:
         Path(tmp_name).unlink(missing_ok=True)
         reason = getattr(exc, "reason", None) or exc
-        raise DataError(f"could not download {url} to {dest}: {reason}") from exc
+        raise DataError(f"could not download {url} to {dest}: {' '.join(str(reason).split())}") from exc
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise

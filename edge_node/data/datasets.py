@@ -75,12 +75,12 @@ _SPECS = {
     "cifar10": _Spec(
         10, (32, 32), ("cifar10-batches", "image-folder"), ("cifar-10-batches-py",),
         "cifar-10-batches-py/, cifar-10-python.tar.gz, or an image-folder tree train/<class>/ + test/<class>/ "
-        "(or a .tar.gz of one); pass download=True (--download) to fetch the authors' tarball",
+        "(or a .tar.gz of one); use --download (download=True) to fetch the authors' tarball",
     ),
     "cifar100": _Spec(
         100, (32, 32), ("cifar100-batches", "image-folder"), ("cifar-100-python",),
         "cifar-100-python/, cifar-100-python.tar.gz, or an image-folder tree train/<class>/ + test/<class>/ "
-        "(or a .tar.gz of one); pass download=True (--download) to fetch the authors' tarball",
+        "(or a .tar.gz of one); use --download (download=True) to fetch the authors' tarball",
     ),
     "tiny-imagenet": _Spec(
         200, (64, 64), ("tiny-imagenet", "image-folder"), ("tiny-imagenet-200",),

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from edge_node.data.sources import Tree, join
+from edge_node.data.sources import Tree, join, one_line
 from edge_node.errors import DataError
 
 _LOG = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def _decode_chunk(blobs: Sequence[bytes], size: tuple[int, int]) -> tuple[np.nda
         try:
             out[i] = _decode_one(blob, size).transpose(2, 0, 1)
         except Exception as exc:  # noqa: BLE001 -- PIL raises many types; each becomes a DataError naming the file
-            return None, i, f"{type(exc).__name__}: {exc}"
+            return None, i, f"{type(exc).__name__}: {one_line(exc)}"
     return out, -1, ""
 
 
@@ -65,7 +65,7 @@ def decode_images(tree: Tree, rels: Sequence[str], size: tuple[int, int] | None 
         try:
             first = _decode_one(tree.read(rels[0]), None)
         except Exception as exc:  # noqa: BLE001 -- see _decode_chunk
-            raise DataError(f"unreadable image {tree.label}:{rels[0]}: {type(exc).__name__}: {exc}") from exc
+            raise DataError(f"unreadable image {tree.label}:{rels[0]}: {type(exc).__name__}: {one_line(exc)}") from exc
         size = (first.shape[1], first.shape[0])
     started = time.perf_counter()
     chunks = [list(rels[i : i + _CHUNK_IMAGES]) for i in range(0, len(rels), _CHUNK_IMAGES)]

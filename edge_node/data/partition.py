@@ -5,8 +5,10 @@ partitions"). All randomness comes from the ``numpy.random.Generator`` passed in
 Dir(alpha); clients then take turns, in a random order, drawing one sample at a time: a class from their
 prior, redrawing when that class is exhausted (equivalently: from the prior renormalised over the classes
 that still have samples), and the next unused sample of that class. The turns interleave all clients (a
-random permutation of the quota slots), so that running out of a class hits every client alike, as in the
-reference implementation where a random client takes each next sample.
+random permutation of the quota slots), so that running out of a class hits every client alike. (The
+reference implementation instead gives each next sample to a uniformly drawn client that is not yet full;
+both fill every quota the way ALGORITHM.md says, but when classes run out the two orders give slightly
+different mixes, so partitions are not sample-for-sample those of the reference code.)
 
 ``path`` (pathological): every client holds exactly ``k`` distinct classes and the SAME number of samples
 of each. Classes are dealt at random but balanced, so that each class is held by floor or ceil of

@@ -2,14 +2,18 @@
 (python batches, image folder, Tiny-ImageNet) is parsed by one function.
 
 A tarball is read member by member into memory (never extracted, so member names such as ``../x``
-cannot write anywhere); links, devices and other non-regular members are ignored.
+cannot write anywhere); links, devices and other non-regular members are ignored. It is then read to its
+very end, so that the gzip/bzip2/xz checksum is verified and a damaged header cannot silently end the
+archive early: either is a :class:`DataError`, never silently corrupt pixels or missing files.
 """
 
 from __future__ import annotations
 
 import logging
+import lzma
 import os
 import tarfile
+import zlib
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
@@ -18,6 +22,12 @@ from edge_node.errors import DataError
 _LOG = logging.getLogger(__name__)
 
 MAX_TAR_MEMBER_BYTES = 1 << 30  # one member larger than this is not part of any supported layout
+_DRAIN_CHUNK_BYTES = 1 << 20
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (tarfile's and others' messages may span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 class Tree(Protocol):
@@ -91,8 +101,15 @@ class TarTree:
                     if f is None:
                         continue
                     self._files[rel] = f.read()
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            raise DataError(f"{path} is not a readable tar archive: {exc}") from exc
+                # Read the rest: only at its end does gzip compare its CRC-32 (bzip2 and xz likewise), which
+                # catches corrupted members. What follows the end-of-archive marker must be zero padding;
+                # anything else means tarfile stopped early at a damaged header and files would be missing.
+                stream = tar.fileobj
+                while stream is not None and (rest := stream.read(_DRAIN_CHUNK_BYTES)):
+                    if rest.count(0) != len(rest):
+                        raise DataError(f"{path}: data after the point where tar reading stopped (a damaged header?)")
+        except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
+            raise DataError(f"{path} is not a readable tar archive (corrupt or truncated): {one_line(exc)}") from exc
         self._dirs = {str(p) for rel in self._files for p in PurePosixPath(rel).parents if str(p) != "."}
         _LOG.info("read %d files from %s", len(self._files), path)
 

@@ -53,7 +53,8 @@ class EnergyAccountant:
     """Integrates a meter per phase (train, aggregate, communicate, idle) and logs each round.
 
     Args:
-        meter: an open meter; the accountant closes it on :meth:`close`.
+        meter: an open meter; the accountant owns it from now on and closes it on :meth:`close`
+            (or at once, if its first read fails here, so that no sampler thread is left running).
         log_path: JSONL file each round's record is appended to (parents created), or None.
         clock: monotonic clock for phase durations (tests inject one).
 
@@ -70,7 +71,11 @@ class EnergyAccountant:
         self._stack: list[str] = []
         self._joules = dict.fromkeys(PHASES, 0.0)
         self._seconds = dict.fromkeys(PHASES, 0.0)
-        self._last: MeterReading = meter.read()
+        try:
+            self._last: MeterReading = meter.read()
+        except BaseException:
+            meter.close()
+            raise
         self._last_t = clock()
         self._round_reading = self._last
         self._round_t = self._last_t

@@ -30,6 +30,7 @@ _LOGGER = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 DEFAULT_SAMPLE_INTERVAL_S = 0.5  # power gauges: fine enough for rounds of seconds to minutes
+_JOIN_TIMEOUT_S = 5.0  # close() waits this long for a sampler or poll thread to finish its current read
 _WARN_EVERY_ERRORS = 100  # a failing sampler logs its first error, then one line per this many
 
 
@@ -68,6 +69,7 @@ class Meter(ABC):
     source: str = ""
     measured: bool = True
     detail: str = ""
+    join_timeout_s: float = _JOIN_TIMEOUT_S  # longer than one read may take (a slow command, say)
 
     @abstractmethod
     def read(self) -> MeterReading:
@@ -139,7 +141,7 @@ class CounterMeter(Meter):
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=self.join_timeout_s)
         with self._lock:
             if not self._closed:
                 self._closed = True
@@ -225,6 +227,8 @@ class PowerMeter(Meter):
     def close(self) -> None:
         self._stop.set()
         if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=self.join_timeout_s)
+            if self._thread.is_alive():
+                _LOGGER.warning("%s sampler thread still busy %.0f s after close", self.source, self.join_timeout_s)
         with self._lock:
             self._closed = True

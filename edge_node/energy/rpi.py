@@ -65,6 +65,7 @@ class RpiPmicMeter(PowerMeter):
     """
 
     source = "rpi5-pmic"
+    join_timeout_s = COMMAND_TIMEOUT_S + 1.0  # close() outwaits a sample stuck in a slow vcgencmd
 
     def __init__(
         self,

@@ -35,6 +35,7 @@ from edge_node.wire.messages import (
     HelloRequest,
     ProtoModelChunk,
 )
+from edge_node.wire.spec import MIN_MAX_MESSAGE_BYTES
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -97,8 +98,13 @@ class PeerServer:
         value_type: ValueType = ValueType.FLOAT32,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        if not node_id or not fleet_id:
-            raise ValueError(f"node_id={node_id!r} and fleet_id={fleet_id!r} must be non-empty")
+        for kind, value in (("node_id", node_id), ("fleet_id", fleet_id)):
+            if not isinstance(value, str) or not value or len(value.encode()) > 255:
+                raise ValueError(f"{kind}={value!r} must be a non-empty string of at most 255 bytes")
+        if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
+            raise TypeError(f"max_message_bytes={max_message_bytes!r} must be an integer")
+        if max_message_bytes < MIN_MAX_MESSAGE_BYTES:
+            raise ValueError(f"max_message_bytes={max_message_bytes} must be at least {MIN_MAX_MESSAGE_BYTES}")
         self.spec = spec
         self.node_id = node_id
         self.fleet_id = fleet_id
@@ -275,6 +281,14 @@ def server_options(limits: ServerLimits) -> list[tuple[str, int]]:
     ]
 
 
+def _check_address(address: object) -> str:
+    """``HOST:PORT`` (IPv6 hosts in brackets) with a port gRPC will not silently wrap around."""
+    host, sep, port_text = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(f"listen address {address!r} must be HOST:PORT with PORT in 0..65535 (0 picks a free port)")
+    return address
+
+
 def create_server(
     address: str,
     peer: PeerServer,
@@ -293,9 +307,10 @@ def create_server(
         ``(server, port)``: call ``server.start()`` to serve and ``server.stop(grace_s)`` to stop.
 
     Raises:
-        ConfigError: neither ``tls`` nor ``insecure`` given (or both).
+        ConfigError: neither ``tls`` nor ``insecure`` given (or both), or ``address`` is not HOST:PORT.
         ListenError: the address cannot be bound.
     """
+    _check_address(address)
     if (tls is None) == (not insecure):
         if tls is None:
             raise ConfigError(

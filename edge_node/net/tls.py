@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import re
 import threading
 from dataclasses import dataclass
 
@@ -24,13 +23,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from edge_node.errors import ConfigError, TlsError
+from edge_node.protocol import is_valid_node_id
 
 _LOGGER = logging.getLogger(__name__)
 
 DEFAULT_CA_DAYS = 3650
 DEFAULT_CERT_DAYS = 825
 _CLOCK_SKEW = dt.timedelta(minutes=5)  # certificates are valid from a little before "now"
-_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 _insecure_warned: set[str] = set()
 _insecure_lock = threading.Lock()
@@ -40,8 +39,8 @@ Pem = bytes | str | os.PathLike
 
 def check_node_name(node_id: str) -> str:
     """A node id usable as a certificate's DNS name (and thus as the TLS target name)."""
-    if not isinstance(node_id, str) or not _NODE_ID.match(node_id):
-        raise ConfigError(f"node id {node_id!r} must be 1-63 characters of [A-Za-z0-9_.-], starting alphanumeric")
+    if not is_valid_node_id(node_id):
+        raise ConfigError(f"node id {node_id!r} must be 1-63 characters of [A-Za-z0-9_-], starting alphanumeric")
     return node_id
 
 

@@ -37,10 +37,18 @@ def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
-def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Headline figures of a run: final/best accuracy, bytes, paper MB, FLOPs, time."""
+def summarize(records: list[dict[str, Any]], energy: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Headline figures of a run: final/best accuracy, bytes, paper MB, FLOPs, time, energy.
+
+    ``energy`` is ``edge_node.energy.report.summarize`` of the run's energy log: the machine's joules,
+    kept per label (measured / estimated), never summed with each other or with the modelled cost.
+    """
     if not records:
         return {"rounds": 0}
+    machine_energy = {
+        label: {"total_j": total["total_j"], "sources": total["sources"], "mean_power_w": total["mean_power_w"]}
+        for label, total in (energy or {}).get("totals", {}).items()
+    }
     last = records[-1]
     n = len(records)
     return {
@@ -54,6 +62,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "paper_comm_mb_mean": sum(r["paper_comm_mb_mean"] for r in records) / n,
         "flops_per_client_round": sum(r["flops_per_client_mean"] for r in records) / n,
         "modelled_energy_j": sum(r["modelled_energy"]["total_j"] for r in records),
+        "machine_energy": machine_energy,
         "wall_s": sum(r.get("wall_s", 0.0) for r in records),
         "conventions": CONVENTIONS,
     }
@@ -72,6 +81,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("busiest node per round (recv+sent)", f"{summary['busiest_node_bytes_max'] / 1e6:.3f} MB (encoded)"),
         ("Comm, paper convention (busiest)", f"{summary['paper_comm_mb_busiest']:.2f} MB"),
         ("FLOPs per client per round", f"{summary['flops_per_client_round']:.4g}"),
+        *(
+            (f"energy of this machine, {label}", f"{e['total_j']:.4g} J ({', '.join(e['sources'])})")
+            for label, e in summary.get("machine_energy", {}).items()
+        ),
         ("energy, modelled (all clients)", f"{summary['modelled_energy_j']:.4g} J (modelled, not measured)"),
         ("wall time", f"{summary['wall_s']:.1f} s"),
     ]
@@ -86,6 +99,7 @@ def plot_run(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rounds = [r["round"] + 1 for r in records]
     paths = []
@@ -94,6 +108,7 @@ def plot_run(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     ax.plot(rounds, [100 * r["acc_before_mean"] for r in records], marker=".", label="before (aggregated)")
     ax.set_xlabel("round")
     ax.set_ylabel("mean client test accuracy (%)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -107,6 +122,7 @@ def plot_run(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     ax.plot(rounds, [r["paper_comm_mb_busiest"] for r in records], ls="--", label="paper convention, busiest")
     ax.set_xlabel("round")
     ax.set_ylabel("MB per round (1 MB = 1e6 B)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -54,7 +54,6 @@ class ValueType(enum.IntEnum):
         return aliases[key]
 
 
-
 @dataclass(frozen=True)
 class ModelSpec:
     """Names and shapes of a model's parameter tensors, in ``named_parameters`` order.

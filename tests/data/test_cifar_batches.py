@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.server
 import os
 import pickle
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_node.data import load_dataset
+from edge_node.data import cifar, load_dataset
 from edge_node.data.cifar import CIFAR10_CLASSES, download, restricted_loads
 from edge_node.errors import DataError
 
@@ -171,3 +173,48 @@ def test_download_checks_md5_and_writes_atomically(http_root: tuple[str, Path], 
     with pytest.raises(DataError, match="could not download"):
         download(f"{url}/missing.tar.gz", other, good_md5, timeout_s=5)
     assert list(other.parent.iterdir()) == []
+
+
+def test_load_dataset_downloads_checks_and_loads_the_authors_tarball(
+    http_root: tuple[str, Path],
+    tmp_path: Path,
+    write_cifar10_batches: Callable[..., dict[str, np.ndarray]],
+    make_tarball: Callable[[Path, Path], Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--download` end to end: absent data -> fetched from the (local) server -> MD5 checked -> decoded."""
+    url, www = http_root
+    src = write_cifar10_batches(tmp_path / "src" / "cifar-10-batches-py")
+    tgz = make_tarball(tmp_path / "src", www / "cifar-10-python.tar.gz")
+    md5 = hashlib.md5(tgz.read_bytes()).hexdigest()
+    spec = dataclasses.replace(cifar.CIFAR10, url=f"{url}/cifar-10-python.tar.gz", md5=md5)
+    monkeypatch.setitem(cifar.CIFAR_SPECS, "cifar10", spec)
+    monkeypatch.setitem(cifar.OFFICIAL_MD5, spec.tarball, md5)
+    data_dir = tmp_path / "data"
+    with pytest.raises(DataError, match="--download"):  # without the flag: nothing is fetched
+        load_dataset("cifar10", data_dir, cache_dir=tmp_path / "cache")
+    assert not data_dir.exists()
+    ds = load_dataset("cifar10", data_dir, cache_dir=tmp_path / "cache", download=True)
+    assert np.array_equal(ds.train_y, src["train_y"]) and ds.train_x.shape == (100, 3, 32, 32)
+    assert (data_dir / "cifar-10-python.tar.gz").read_bytes() == tgz.read_bytes()
+    # A server handing out other bytes than the published checksum: refused, nothing kept or cached.
+    monkeypatch.setitem(cifar.CIFAR_SPECS, "cifar10", dataclasses.replace(spec, md5="0" * 32))
+    with pytest.raises(DataError, match="bad checksum") as err:
+        load_dataset("cifar10", tmp_path / "data2", cache_dir=tmp_path / "cache2", download=True)
+    assert "\n" not in str(err.value) and not (tmp_path / "data2" / "cifar-10-python.tar.gz").exists()
+    assert not _npz_files(tmp_path / "cache2")
+
+
+def test_download_without_network_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No route to the authors' server (here: a closed local port): one line naming the URL and the fix."""
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/cifar-100-python.tar.gz"
+    monkeypatch.setitem(cifar.CIFAR_SPECS, "cifar100", dataclasses.replace(cifar.CIFAR100, url=url))
+    with pytest.raises(DataError) as err:
+        load_dataset("cifar100", tmp_path / "data", cache_dir=tmp_path / "cache", download=True)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"could not download {url}")
+    assert f"put cifar-100-python.tar.gz (or cifar-100-python/) into {tmp_path / 'data'}" in msg
+    assert [p.name for p in (tmp_path / "data").iterdir()] == []  # no partial file left behind

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import shutil
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -164,3 +165,45 @@ def test_tiny_imagenet_layout(tmp_path: Path) -> None:
     assert ds.num_classes == 200 and ds.train_x.shape == (200, 3, 64, 64)
     assert ds.test_y.tolist() == [0, 50, 100, 150] and ds.test_x.shape == (4, 3, 64, 64)
     assert ds.class_names[3] == "thing 3"
+
+
+def test_a_flipped_byte_inside_a_gzip_tarball_is_caught_by_its_checksum(
+    tmp_path: Path, write_image_tree: Writer, make_tarball: Callable[[Path, Path], Path]
+) -> None:
+    """Random PNGs do not compress, so gzip stores them: a flipped byte there changes pixels, not the
+    stream's structure. Only gzip's CRC-32 at the end of the stream can tell, and it must."""
+    write_image_tree(tmp_path / "tree", n_train=2, n_test=1)
+    blob = bytearray(make_tarball(tmp_path / "tree", tmp_path / "good.tar.gz").read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_bytes(bytes(blob))
+    with pytest.raises(DataError, match=r"bad\.tar\.gz is not a readable tar archive .*CRC check failed") as err:
+        load_dataset("cifar10", bad, cache_dir=tmp_path / "cache")
+    assert "\n" not in str(err.value)
+    assert not _npz_files(tmp_path / "cache")
+
+
+def test_a_damaged_header_in_a_plain_tar_does_not_silently_drop_files(tmp_path: Path, write_image_tree: Writer) -> None:
+    """tarfile ends the archive quietly at a bad header after the first: that must not pass as the whole set."""
+    write_image_tree(tmp_path / "tree", n_train=2, n_test=2)
+    plain = tmp_path / "tree.tar"
+    with tarfile.open(plain, "w") as tar:
+        for child in sorted((tmp_path / "tree").iterdir()):
+            tar.add(child, arcname=child.name)
+    with tarfile.open(plain) as tar:
+        headers = [m.offset for m in tar.getmembers()]
+    blob = bytearray(plain.read_bytes())
+    blob[headers[len(headers) // 2] + 148] ^= 0x55  # the header's checksum field
+    plain.write_bytes(bytes(blob))
+    with pytest.raises(DataError, match="damaged header") as err:
+        load_dataset("cifar10", plain, cache_dir=tmp_path / "cache")
+    assert "\n" not in str(err.value)
+
+
+def test_a_file_that_is_no_archive_at_all_is_one_line(tmp_path: Path) -> None:
+    """tarfile lists every method it tried on separate lines; the user gets them on one."""
+    bogus = tmp_path / "data.tar.gz"
+    bogus.write_bytes(b"just some text, not an archive\n" * 40)
+    with pytest.raises(DataError, match="not a readable tar archive") as err:
+        load_dataset("cifar10", bogus, cache_dir=tmp_path / "cache")
+    assert "\n" not in str(err.value) and "method gz" in str(err.value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,15 @@ def scripted_meter(fake_clock: FakeClock) -> ScriptedCounterMeter:
 @pytest.fixture
 def data_dir() -> Path:
     return DATA
+
+
+@pytest.fixture(autouse=True)
+def _no_meter_threads_left() -> Iterator[None]:
+    """Fail a test that leaves a meter's sampler or poll thread running (they are daemon threads, which
+    the repository-wide leak check does not look at)."""
+    before = set(threading.enumerate())
+    yield
+    left = [
+        t.name for t in threading.enumerate() if t not in before and t.name.startswith("edge-node-") and t.is_alive()
+    ]
+    assert not left, f"meter threads still running after the test: {left}"

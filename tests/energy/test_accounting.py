@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_node.energy import EnergyAccountant, EstimateMeter
+from edge_node.energy import EnergyAccountant, EstimateMeter, RaplMeter
 from edge_node.errors import MeterUnavailable
 
 
@@ -91,3 +91,19 @@ def test_estimate_records_say_estimated(fake_clock, tmp_path: Path) -> None:
     assert record["joules"]["train"] == pytest.approx(30.0)  # 2.5 s x 12 W
     assert record["measured"] is False and record["label"] == "estimated" and record["source"] == "estimate"
     assert "ESTIMATE" in record["detail"]
+
+
+def test_a_meter_that_fails_its_first_read_is_closed_not_leaked(tmp_path: Path) -> None:
+    """The accountant owns the meter: if it cannot even start, the meter's sampler thread must stop."""
+    zone = tmp_path / "sys/class/powercap/intel-rapl:0"
+    zone.mkdir(parents=True)
+    (zone / "name").write_text("package-0\n")
+    (zone / "energy_uj").write_text("100\n")
+    (zone / "max_energy_range_uj").write_text("262143328850\n")
+    meter = RaplMeter(tmp_path, poll_interval_s=0.01)  # a poll thread runs from here on
+    (zone / "energy_uj").write_text("garbage\n")
+    with pytest.raises(MeterUnavailable, match="does not hold an integer"):
+        EnergyAccountant(meter, tmp_path / "energy.jsonl")
+    with pytest.raises(MeterUnavailable, match="closed"):
+        meter.read()
+    assert not (tmp_path / "energy.jsonl").exists()

@@ -133,3 +133,21 @@ def test_unreadable_rail_fails_sample_then_recovers(tmp_path: Path, fake_clock) 
 def test_not_a_jetson(tmp_path: Path) -> None:
     with pytest.raises(MeterUnavailable, match="not a Jetson"):
         open_meter("jetson", sysfs_root=tmp_path)
+
+
+def test_hwmon_channel_without_current_file_is_a_missing_rail(tmp_path: Path) -> None:
+    """A labelled channel whose curr*_input is absent is not counted; VDD_IN missing means the sum."""
+    base = _hwmon(tmp_path, "1-0040", "hwmon1", {1: ("VDD_IN", 5000, 1000), 2: ("VDD_SOC", 5000, 200)})
+    (base / "curr1_input").unlink()
+    rails, detail = find_jetson_rails(tmp_path)
+    assert [r.name for r in rails] == ["VDD_SOC"] and "no VDD_IN/POM_5V_IN rail" in detail
+    with JetsonMeter(tmp_path, sample_interval_s=HOUR_S) as meter:
+        assert meter.last_sample is not None and meter.last_sample.power_w == pytest.approx(1.0)
+
+
+def test_both_layouts_on_one_board_count_the_input_rail_once(tmp_path: Path) -> None:
+    """A board with hwmon and iio drivers both bound (mid-upgrade): VDD_IN is taken once, not twice."""
+    _hwmon(tmp_path, "1-0040", "hwmon1", {1: ("VDD_IN", 5000, 1000)})
+    _iio(tmp_path, "1-0040", {0: ("VDD_IN", 5000), 1: ("VDD_GPU", 800)})
+    rails, _ = find_jetson_rails(tmp_path)
+    assert len(rails) == 1 and rails[0].name == "VDD_IN"

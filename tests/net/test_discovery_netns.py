@@ -22,7 +22,7 @@ _REPO = Path(__file__).resolve().parents[2]
 if str(_REPO) not in sys.path:  # `tests.netns` is a helper module, not an installed package
     sys.path.insert(0, str(_REPO))
 
-from tests.netns import NetnsProcess, bridge_with_namespaces, netns, run_in_netns  # noqa: E402
+from tests.netns import NetnsProcess, bridge_with_namespaces, cleanup_stale, netns, run_in_netns  # noqa: E402
 
 PYTHON = sys.executable
 EDGE_NODE = str(Path(sys.executable).with_name("edge-node"))
@@ -212,6 +212,13 @@ class Node:
         return f"{self.node_id}: table={sorted(self.table())}\n{self.log()[-2000:]}"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_stale_namespaces() -> None:
+    """Remove namespaces left by an earlier run that was killed before it could clean up."""
+    if os.geteuid() == 0:
+        cleanup_stale()
+
+
 @pytest.fixture(scope="module")
 def _node_host() -> Iterator[NodeHost]:
     if os.geteuid() != 0:
@@ -370,6 +377,28 @@ def test_cli_announce_and_json_listing(lo_ns: str) -> None:
     finally:
         for proc in announcers:
             proc.kill()
+
+
+@pytest.mark.netns
+def test_txt_updates_are_rate_limited_and_coalesced(hosts: NodeHost, lo_ns: str) -> None:
+    """20 round updates in 2 s go out as at most one announcement per interval, the last value included."""
+    interval_s = 1.0
+    busy = hosts.spawn(lo_ns, "busy", "127.0.0.1", min_update_interval_s=interval_s, debug=True)
+    watcher = hosts.spawn(lo_ns, "watcher", "127.0.0.1")
+    _wait_started([busy, watcher])
+    assert watcher.wait_table(lambda t: "busy" in t, FIND_S), watcher.diagnostics()
+    t0 = time.monotonic()
+    for round_ in range(1, 21):
+        busy.update(round=round_)
+        time.sleep(0.1)
+    assert watcher.wait_table(lambda t: t.get("busy", {}).get("round") == 20, interval_s + 2.0), watcher.diagnostics()
+    elapsed_s = time.monotonic() - t0
+    announcements = busy.log().count("re-announcing busy")
+    # announcements are at least interval_s apart, all within [t0, t0 + elapsed_s]
+    assert 1 <= announcements <= elapsed_s / interval_s + 1, (announcements, elapsed_s, busy.log()[-2000:])
+    updates = [m for m in watcher._mine(hosts.proc.lines) if m["event"] == "updated:busy"]
+    rounds_seen = [next(p["round"] for p in m["peers"] if p["node_id"] == "busy") for m in updates]
+    assert rounds_seen[-1] == 20 and len(rounds_seen) <= elapsed_s / interval_s + 1, rounds_seen
 
 
 @pytest.mark.netns

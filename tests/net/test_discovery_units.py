@@ -77,6 +77,18 @@ def test_txt_round_trip_carries_every_key() -> None:
     assert parse_txt(_raw(props)) == FIELDS
 
 
+def test_txt_carries_the_wire_architecture_id() -> None:
+    """Discovery filters on the same arch id the wire's stream header carries (``ModelSpec.arch_id``)."""
+    from edge_node.wire import ModelSpec
+
+    arch = ModelSpec("cnn", 10, {"fc.weight": (10, 64), "fc.bias": (10,)}).arch_id
+    props = encode_txt(dataclasses.replace(FIELDS, arch=arch))
+    assert props["arch"] == arch and parse_txt(_raw(props)).arch == arch
+    disc = MdnsDiscovery("n1", 7000, fleet="lab", arch=arch, interfaces=["127.0.0.1"])  # opens no socket
+    assert disc.rejection(_peer(arch=arch)) is None
+    assert "architecture" in (disc.rejection(_peer(arch=arch.replace("cnn/", "vgg11/"))) or "")
+
+
 def test_txt_without_tls_has_empty_fp_and_parses_to_none() -> None:
     props = encode_txt(dataclasses.replace(FIELDS, fingerprint=None))
     assert props["fp"] == ""

@@ -66,6 +66,9 @@ def test_run_writes_reports_with_consistent_accounting(two_round_run: Path):
     assert (two_round_run / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     energy = [json.loads(line) for line in (two_round_run / "energy.jsonl").read_text().splitlines()]
     assert len(energy) == 2 and not any(e["measured"] for e in energy)
+    summary = json.loads((two_round_run / "summary.json").read_text())
+    assert set(summary["machine_energy"]) == {"estimated"}  # no meter here: never called measured
+    assert summary["machine_energy"]["estimated"]["total_j"] == pytest.approx(sum(e["total_j"] for e in energy))
 
 
 def test_resume_continues_exactly_where_it_stopped(two_round_run: Path, tmp_path: Path):

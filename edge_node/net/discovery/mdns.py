@@ -331,6 +331,8 @@ class MdnsDiscovery(Discovery):
         self._events.put(("stop", ""))
         if self._worker is not None:
             self._worker.join(_STOP_TIMEOUT_S)
+            if self._worker.is_alive():  # a daemon thread: it cannot keep the process from exiting
+                _LOGGER.warning("discovery worker did not end within %s s; stopping without it", _STOP_TIMEOUT_S)
             self._worker = None
         if self._browser is not None:
             self._browser.cancel()

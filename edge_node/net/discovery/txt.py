@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from edge_node.errors import ConfigError, DiscoveryError
-from edge_node.protocol import parse_protocol_version
+from edge_node.protocol import NODE_ID_PATTERN, parse_protocol_version
 
 TXT_KEYS = ("v", "id", "fleet", "arch", "tier", "density", "round", "fp")
 REQUIRED_TXT_KEYS = ("v", "id", "fleet", "arch", "tier", "density", "round")
@@ -23,8 +23,10 @@ MAX_TXT_STRING_BYTES = 255  # one DNS character-string: a length byte then at mo
 MAX_ROUND = 10**15
 
 # A DNS label (63 bytes) that is also a safe host name part: the id becomes `<id>.local.`.
-_ID_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62})$")
-_ARCH_RE = re.compile(r"^[A-Za-z0-9_.:+-]{0,200}$")  # may be empty: "no model" (e.g. an operator probe)
+_ID_RE = re.compile(NODE_ID_PATTERN)
+# The wire's architecture id ("cnn/10/1a2b3c4d", ModelSpec.arch_id), so peers compare one string; may be
+# empty: "no model" (e.g. an operator probe).
+_ARCH_RE = re.compile(r"^[A-Za-z0-9_.:/+-]{0,200}$")
 _TIER_RE = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
 _FP_RE = re.compile(r"^[A-Za-z0-9:+/=_-]{0,200}$")
 _INT_RE = re.compile(r"^\d{1,16}$")
