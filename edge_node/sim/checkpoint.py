@@ -19,13 +19,11 @@ CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
 
 
-def pack_values(weights: dict[str, torch.Tensor], mask: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The active values of ``weights`` under ``mask`` (1-D per tensor, on the CPU)."""
+def _pack(weights: dict[str, torch.Tensor], mask: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: w[mask[name]].cpu() for name, w in weights.items()}
 
 
-def unpack_values(values: dict[str, torch.Tensor], mask: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Dense tensors on ``mask``'s device: ``values`` at the active positions, zero elsewhere."""
+def _unpack(values: dict[str, torch.Tensor], mask: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for name, m in mask.items():
         w = torch.zeros(m.shape, dtype=values[name].dtype, device=m.device)
@@ -48,7 +46,7 @@ def save_checkpoint(
         "format": FORMAT_VERSION,
         "round": round_index,
         "config": config,
-        "values": [pack_values(w, m) for w, m in zip(weights, train_masks, strict=True)],
+        "values": [_pack(w, m) for w, m in zip(weights, train_masks, strict=True)],
         "train_masks": [{k: v.cpu() for k, v in m.items()} for m in train_masks],
         "next_masks": [{k: v.cpu() for k, v in m.items()} for m in next_masks],
     }
@@ -75,7 +73,7 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not an edge-node simulation checkpoint (format {FORMAT_VERSION})")
     train_masks = [{k: v.to(device) for k, v in m.items()} for m in payload["train_masks"]]
     next_masks = [{k: v.to(device) for k, v in m.items()} for m in payload["next_masks"]]
-    weights = [unpack_values(v, m) for v, m in zip(payload["values"], train_masks, strict=True)]
+    weights = [_unpack(v, m) for v, m in zip(payload["values"], train_masks, strict=True)]
     return {
         "round": int(payload["round"]),
         "config": payload["config"],

@@ -54,7 +54,7 @@ from edge_node.energy import EnergyAccountant, modelled_energy, open_meter
 from edge_node.errors import CheckpointError, ConfigError
 from edge_node.models import build_model
 from edge_node.seeding import numpy_generator, torch_generator
-from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint, unpack_values
+from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from edge_node.sim.config import SimConfig
 from edge_node.sim.topology import neighbours
 from edge_node.wire import ModelSpec, ValueType, encoded_model_size
@@ -140,11 +140,6 @@ def _truncate_jsonl(path: Path, keep_before_round: int) -> None:
 def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
     with open(path, "a") as fh:
         fh.write(json.dumps(record) + "\n")
-
-
-def _active_values(weights: dict[str, torch.Tensor], mask: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """1-D active values per tensor, kept on the weights' device (see ``unpack_values``)."""
-    return {name: w[mask[name]] for name, w in weights.items()}
 
 
 def _sync(device: torch.device) -> None:
@@ -315,23 +310,18 @@ def _run_round(
 
     device = data_x.device
     with accountant.phase("aggregate"):
-        # Aggregated models live on the new masks: keep only their active values until each client
-        # trains, so the round-start models and the aggregated ones are not both dense at once.
         aggregated = [
-            _active_values(
-                aggregate(
-                    clients.weights[i],
-                    clients.train_masks[i],
-                    clients.next_masks[i],
-                    [clients.weights[j] for j in nbrs[i]],
-                    [clients.train_masks[j] for j in nbrs[i]],
-                ),
+            aggregate(
+                clients.weights[i],
+                clients.train_masks[i],
                 clients.next_masks[i],
+                [clients.weights[j] for j in nbrs[i]],
+                [clients.train_masks[j] for j in nbrs[i]],
             )
             for i in range(n)
         ]
         _sync(device)
-    clients.weights = []  # the round-start models are no longer needed
+    clients.weights = aggregated  # the round-start models are no longer needed
     clients.train_masks = clients.next_masks
 
     lr = learning_rate(t, config.lr, config.lr_decay)
@@ -356,8 +346,7 @@ def _run_round(
 
     with accountant.phase("train"):
         for i in tqdm(range(n), desc=f"round {t}", leave=False, disable=not config.progress, unit="client"):
-            load_weights(model, unpack_values(aggregated[i], clients.train_masks[i]))
-            aggregated[i] = {}
+            load_weights(model, clients.weights[i])
             acc_before.append(accuracy(i))
             gen = torch_generator(config.seed, "train", i, t)
             stats = train_masked(model, clients.train_masks[i], train_batches(i, config.epochs, gen), sgd)
@@ -370,7 +359,7 @@ def _run_round(
             regrow_gen = torch_generator(config.seed, "regrow", i, t)
             mask = clients.train_masks[i]
             next_masks.append(update_masks(trained, mask, rate, config.regrow, gradients=grads, generator=regrow_gen))
-            clients.weights.append(trained)
+            clients.weights[i] = trained
             flops.append(
                 round_training_flops(
                     positions,
