@@ -40,7 +40,6 @@ def app(verbose: int) -> None:
     """Decentralized personalized federated learning (DisPFL) on fleets of edge devices."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("edge_node").setLevel(min(level, logging.INFO))
 
 
 def fail(message: str, code: ExitCode = ExitCode.BAD_INPUT) -> click.exceptions.Exit:
