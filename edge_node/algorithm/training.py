@@ -87,9 +87,10 @@ def dense_gradients(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
 def count_correct(model: nn.Module, batches: Iterable[Batch]) -> tuple[int, int]:
     """(correct, total) top-1 predictions of ``model`` over ``batches``."""
     model.eval()
-    correct = torch.zeros((), dtype=torch.long)
+    correct: torch.Tensor | None = None  # summed on the model's device, read once at the end
     total = 0
     for x, y in batches:
-        correct = correct + (model(x).argmax(dim=1) == y).sum().cpu()
+        hits = (model(x).argmax(dim=1) == y).sum()
+        correct = hits if correct is None else correct + hits
         total += int(y.shape[0])
-    return int(correct), total
+    return (int(correct) if correct is not None else 0), total
