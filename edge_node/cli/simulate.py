@@ -15,7 +15,7 @@ from edge_node.energy.report import summarize as energy_summary
 from edge_node.errors import ConfigError
 from edge_node.sim.config import SimConfig
 from edge_node.sim.report import format_summary, plot_run, read_rounds, summarize
-from edge_node.sim.runner import CONFIG_FILE, ENERGY_LOG, ROUNDS_LOG, run_simulation
+from edge_node.sim.runner import CONFIG_FILE, ENERGY_LOG, ROUNDS_LOG, resolve_device, run_simulation
 
 _LOGGER = logging.getLogger(__name__)
 _RUN_FILES = (
@@ -145,6 +145,7 @@ def simulate(
         energy_backend=energy_backend,
         progress=progress,
     )
+    resolve_device(config.device)  # before the (possibly long) data decode
     data = load_dataset(dataset, data_dir, cache_dir=cache_dir, download=download)
     if fresh:
         for name in _RUN_FILES:

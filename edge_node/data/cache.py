@@ -77,7 +77,8 @@ def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            # numpy's stub checks **arrays against savez's allow_pickle: bool too; our keys are only array names.
+            np.savez(f, **arrays)  # type: ignore[arg-type]
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp_name, 0o644)  # decoded public data, readable like any other cache file

@@ -228,14 +228,14 @@ def load_dataset(
     if name not in DATASET_NAMES:
         raise DataError(f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)}")
     if name == "demo":
-        arrays = demo.make_demo()
-        return _to_dataset(name, len(demo.DEMO_CLASSES), _with_stats(arrays))
+        return _to_dataset(name, len(demo.DEMO_CLASSES), _with_stats(demo.make_demo()))
     spec = _SPECS[name]
     data_dir = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
     cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else cache.default_cache_dir()
     source = _resolve_source(name, spec, data_dir, download)
 
     tree: Tree
+    identity: tuple[str, ...]
     if source.is_file():
         identity = ("tar", cache.file_sha256(source))
     else:

@@ -46,6 +46,7 @@ def _shape_masks(cls: int, n: int, rng: np.random.Generator) -> np.ndarray:
     ry = -dx * np.sin(tilt) + dy * np.cos(tilt)
     dist = np.sqrt(dx**2 + dy**2)
     w = 1.6  # stroke half-width
+    sd: np.ndarray  # signed distance to the shape's edge, negative inside, [n, 32, 32]
     if cls == 0:  # disk
         sd = dist - s
     elif cls == 1:  # square

@@ -137,6 +137,25 @@ def _check_classes(tree: Tree, classes: Sequence[str], num_classes: int | None, 
         raise DataError(f"{tree.label}:{where}/ has {len(classes)} class folders, expected {num_classes}")
 
 
+def _decode_splits(
+    tree: Tree,
+    train: tuple[list[str], list[int]],
+    test: tuple[list[str], list[int]],
+    class_names: Sequence[str],
+    size: tuple[int, int] | None,
+) -> dict[str, Any]:
+    """The data set's arrays from the (image paths, labels) of each split, decoded in one pass."""
+    (train_rels, train_y), (test_rels, test_y) = train, test
+    all_x = decode_images(tree, train_rels + test_rels, size)
+    return {
+        "train_x": all_x[: len(train_rels)],
+        "train_y": np.asarray(train_y, dtype=np.int64),
+        "test_x": all_x[len(train_rels) :],
+        "test_y": np.asarray(test_y, dtype=np.int64),
+        "class_names": tuple(class_names),
+    }
+
+
 def load_image_folder(
     tree: Tree, prefix: str, *, num_classes: int | None, size: tuple[int, int] | None
 ) -> dict[str, Any]:
@@ -154,14 +173,7 @@ def load_image_folder(
     test_rels, test_y = _class_files(tree, test_dir, classes)
     _LOG.info("decoding %d train + %d test images of %d classes from %s",
               len(train_rels), len(test_rels), len(classes), tree.label)  # fmt: skip
-    all_x = decode_images(tree, train_rels + test_rels, size)
-    return {
-        "train_x": all_x[: len(train_rels)],
-        "train_y": np.asarray(train_y, dtype=np.int64),
-        "test_x": all_x[len(train_rels) :],
-        "test_y": np.asarray(test_y, dtype=np.int64),
-        "class_names": tuple(classes),
-    }
+    return _decode_splits(tree, (train_rels, train_y), (test_rels, test_y), classes, size)
 
 
 def load_tiny_imagenet(
@@ -198,11 +210,4 @@ def load_tiny_imagenet(
             line.split("\t", 1) for line in tree.read(words_rel).decode("utf-8", "replace").splitlines() if "\t" in line
         )
         names = [words.get(wnid, wnid).split(",")[0].strip() or wnid for wnid in classes]
-    all_x = decode_images(tree, train_rels + test_rels, size)
-    return {
-        "train_x": all_x[: len(train_rels)],
-        "train_y": np.asarray(train_y, dtype=np.int64),
-        "test_x": all_x[len(train_rels) :],
-        "test_y": np.asarray(test_y, dtype=np.int64),
-        "class_names": tuple(names),
-    }
+    return _decode_splits(tree, (train_rels, train_y), (test_rels, test_y), names, size)

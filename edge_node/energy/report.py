@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from edge_node.energy.accounting import PHASES
 from edge_node.energy.modelled import MODELLED
@@ -29,7 +29,8 @@ class EnergyLog:
     notes: list[str] = field(default_factory=list)
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
+    """A finite JSON number (``bool`` is not one)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NoReturn
 
 import grpc
 import torch
@@ -34,6 +35,7 @@ from edge_node.wire.messages import (
     HelloReply,
     HelloRequest,
     ProtoModelChunk,
+    value_type_to_proto,
 )
 from edge_node.wire.spec import MIN_MAX_MESSAGE_BYTES
 
@@ -177,12 +179,12 @@ class PeerServer:
             density=0.0 if published is None or not math.isfinite(published.density) else published.density,
             capacity_tier=self._tier,
             has_model=published is not None,
-            value_type=int(self.value_type),
+            value_type=value_type_to_proto(self.value_type),
         )
 
-    def _refuse(self, context: grpc.ServicerContext, code: grpc.StatusCode, reason: str) -> None:
+    def _refuse(self, context: grpc.ServicerContext, code: grpc.StatusCode, reason: str) -> NoReturn:
         _LOGGER.warning("refused GetModel from %s: %s", context.peer(), reason)
-        context.abort(code, reason)
+        _abort(context, code, reason)
 
     def _get_model(self, request: GetModelRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         try:
@@ -209,7 +211,7 @@ class PeerServer:
             )
         published = self._published
         if published is None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "no model published yet")
+            _abort(context, grpc.StatusCode.UNAVAILABLE, "no model published yet")
         _LOGGER.debug("serving round %s to %s (%s)", published.round, request.node_id, context.peer())
         yield from published.messages
 
@@ -269,6 +271,12 @@ class _Server(grpc.Server):
         return self._inner.wait_for_termination(timeout)
 
 
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
+    """End the call with ``code``: ``context.abort`` always raises (grpc ships no types to say so)."""
+    context.abort(code, details)
+    raise AssertionError("grpc.ServicerContext.abort returned")  # unreachable
+
+
 def server_options(limits: ServerLimits) -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", limits.max_request_bytes),
@@ -284,7 +292,7 @@ def server_options(limits: ServerLimits) -> list[tuple[str, int]]:
 def _check_address(address: object) -> str:
     """``HOST:PORT`` (IPv6 hosts in brackets) with a port gRPC will not silently wrap around."""
     host, sep, port_text = address.rpartition(":") if isinstance(address, str) else ("", "", "")
-    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+    if not isinstance(address, str) or not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
         raise ConfigError(f"listen address {address!r} must be HOST:PORT with PORT in 0..65535 (0 picks a free port)")
     return address
 

@@ -19,7 +19,8 @@ import grpc
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, rsa
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from edge_node.errors import ConfigError, TlsError
@@ -30,6 +31,9 @@ _LOGGER = logging.getLogger(__name__)
 DEFAULT_CA_DAYS = 3650
 DEFAULT_CERT_DAYS = 825
 _CLOCK_SKEW = dt.timedelta(minutes=5)  # certificates are valid from a little before "now"
+
+# CA key types that can sign certificates with SHA-256 (Ed25519/Ed448 sign without a hash; X25519/X448/DH cannot sign).
+_CA_KEY_TYPES = (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, dsa.DSAPrivateKey)
 
 _insecure_warned: set[str] = set()
 _insecure_lock = threading.Lock()
@@ -78,7 +82,7 @@ def _check_validity(kind: str, cert: x509.Certificate, now: dt.datetime) -> None
         raise TlsError(f"the {kind} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
 
 
-def _spki(public_key: object) -> bytes:
+def _spki(public_key: PublicKeyTypes) -> bytes:
     return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
@@ -172,6 +176,15 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
+def _subject_name(common_name: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "edge-node"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+
+
 def create_ca(fleet_id: str, days: int = DEFAULT_CA_DAYS) -> tuple[bytes, bytes]:
     """A new fleet CA: ``(certificate PEM, private key PEM)``."""
     if not isinstance(fleet_id, str) or not fleet_id.strip():
@@ -179,12 +192,7 @@ def create_ca(fleet_id: str, days: int = DEFAULT_CA_DAYS) -> tuple[bytes, bytes]
     if not isinstance(days, int) or days < 1:
         raise ConfigError(f"days={days!r} must be a positive integer")
     key = _new_key()
-    name = x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "edge-node"),
-            x509.NameAttribute(NameOID.COMMON_NAME, f"{fleet_id} fleet CA"),
-        ]
-    )
+    name = _subject_name(f"{fleet_id} fleet CA")
     now = dt.datetime.now(dt.timezone.utc)
     cert = (
         x509.CertificateBuilder()
@@ -238,19 +246,14 @@ def issue_certificate(
         raise TlsError(f"the CA key is not an unencrypted PEM private key: {exc}") from exc
     if _spki(ca_key.public_key()) != _spki(ca.public_key()):
         raise TlsError("the CA key does not belong to the CA certificate")
+    if not isinstance(ca_key, _CA_KEY_TYPES):
+        raise TlsError(f"the CA key is a {type(ca_key).__name__}, which cannot sign certificates with SHA-256")
     key = _new_key()
     now = dt.datetime.now(dt.timezone.utc)
     names = [node_id, *[n for n in extra_dns if n != node_id]]
     cert = (
         x509.CertificateBuilder()
-        .subject_name(
-            x509.Name(
-                [
-                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "edge-node"),
-                    x509.NameAttribute(NameOID.COMMON_NAME, node_id),
-                ]
-            )
-        )
+        .subject_name(_subject_name(node_id))
         .issuer_name(ca.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -276,7 +279,7 @@ def issue_certificate(
         )
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 
 from edge_node.errors import HeaderMismatch, WireDecodeError, WireLimitError
 from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_stream, varint_size
-from edge_node.wire.messages import ProtoModelChunk, ProtoSparseTensor, ProtoStreamHeader
+from edge_node.wire.messages import ProtoModelChunk, ProtoSparseTensor, ProtoStreamHeader, value_type_to_proto
 from edge_node.wire.spec import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MIN_MAX_MESSAGE_BYTES,
@@ -182,7 +182,7 @@ def sparse_to_proto(
     name: str, shape: tuple[int, ...], value_type: ValueType, chunk: ChunkPlan, encoded: _EncodedTensor
 ) -> ProtoSparseTensor:
     """One chunk of an encoded tensor as a ``SparseTensor`` message (the layout says which bytes)."""
-    message = ProtoSparseTensor(name=name, shape=shape, value_type=int(value_type), dense=chunk.dense)
+    message = ProtoSparseTensor(name=name, shape=shape, value_type=value_type_to_proto(value_type), dense=chunk.dense)
     message.start, message.count = chunk.start, chunk.count
     message.value_start, message.nnz = chunk.value_start, chunk.nnz
     if not chunk.dense:
@@ -271,29 +271,31 @@ class ModelDecoder:
     def feed(self, message: ProtoModelChunk | bytes) -> None:
         """Check and keep one message (a ``ModelChunk`` or its serialized bytes)."""
         index = self.messages
+        model_chunk: ProtoModelChunk
         if isinstance(message, (bytes, bytearray, memoryview)):
             size = len(message)
             self._check_sizes(index, size)
             try:
-                message = ProtoModelChunk.FromString(bytes(message))
+                model_chunk = ProtoModelChunk.FromString(bytes(message))
             except DecodeError as exc:
                 raise WireDecodeError(f"message {index} is not a valid ModelChunk: {exc}") from exc
         else:
-            size = message.ByteSize()
+            model_chunk = message
+            size = model_chunk.ByteSize()
             self._check_sizes(index, size)
         self.messages += 1
         if self.header is None:
-            if not message.HasField("header") or len(message.tensors):
+            if not model_chunk.HasField("header") or len(model_chunk.tensors):
                 raise WireDecodeError("stream does not start with a header-only message")
-            self.header = self._check_header(message.header)
+            self.header = self._check_header(model_chunk.header)
             return
-        if message.HasField("header"):
+        if model_chunk.HasField("header"):
             raise WireDecodeError(f"message {index} carries a second header")
-        if not len(message.tensors):
+        if not len(model_chunk.tensors):
             raise WireDecodeError(f"message {index} carries no tensors")
         if index > self.header.message_count:
             raise WireDecodeError(f"stream goes on past the {self.header.message_count} messages its header announced")
-        for tensor in message.tensors:
+        for tensor in model_chunk.tensors:
             self.chunks += 1
             if self.chunks > self.limits.max_chunks:
                 raise WireLimitError(f"stream has more than {self.limits.max_chunks} tensor chunks (the limit)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from edge_node.v1 import peer_pb2 as _peer_pb2
 from edge_node.v1 import wire_pb2 as _wire_pb2
+from edge_node.wire.spec import ValueType
 
 ProtoValueType = _wire_pb2.ValueType
 ProtoSparseTensor = _wire_pb2.SparseTensor
@@ -22,6 +23,15 @@ PEER_SERVICE_NAME: str = _peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name
 HELLO_METHOD = f"/{PEER_SERVICE_NAME}/Hello"
 GET_MODEL_METHOD = f"/{PEER_SERVICE_NAME}/GetModel"
 
+# Matched by name (a value type missing from the proto fails at import); the numbers are the same.
+_PROTO_VALUE_TYPES: dict[ValueType, ProtoValueType] = {v: ProtoValueType.Value(v.name) for v in ValueType}
+
+
+def value_type_to_proto(value_type: ValueType) -> ProtoValueType:
+    """The generated enum's member for ``value_type``."""
+    return _PROTO_VALUE_TYPES[value_type]
+
+
 __all__ = [
     "GET_MODEL_METHOD",
     "HELLO_METHOD",
@@ -33,4 +43,5 @@ __all__ = [
     "ProtoSparseTensor",
     "ProtoStreamHeader",
     "ProtoValueType",
+    "value_type_to_proto",
 ]

@@ -28,6 +28,8 @@ from edge_node.net import (
 from edge_node.net import tls as tls_module
 from edge_node.wire import ModelSpec, ValueType, WireLimits, encode_model
 from edge_node.wire.messages import GET_MODEL_METHOD, GetModelRequest, ProtoModelChunk
+from tests import wire_models
+from tests.wire_models import find_tensor
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "conv1.weight": (8, 3, 3, 3),
@@ -43,13 +45,7 @@ FAST = {"timeout_s": 5.0, "retries": 1, "backoff_s": 0.05, "insecure": True}
 
 
 def random_model(seed: int, density: float = 0.5) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    gen = torch.Generator().manual_seed(seed)
-    weights = {name: torch.randn(shape, generator=gen) for name, shape in SHAPES.items()}
-    masks = {
-        name: (torch.rand(shape, generator=gen) < density) if len(shape) > 1 else torch.ones(shape, dtype=torch.bool)
-        for name, shape in SHAPES.items()
-    }
-    return weights, masks
+    return wire_models.random_model(SHAPES, seed, density)
 
 
 def snapshot(node_id: str, seed: int, round: int = 3) -> ModelSnapshot:
@@ -90,37 +86,33 @@ def crafted(mutate) -> list[ProtoModelChunk]:
     return mutate(messages) or messages
 
 
-def _tensor(messages, name):
-    return next(t for m in messages for t in m.tensors if t.name == name)
-
-
 def _truncate_bitmap(ms):
-    tensor = _tensor(ms, "conv1.weight")
+    tensor = find_tensor(ms, "conv1.weight")
     tensor.bitmap = tensor.bitmap[:-1]
 
 
 def _drop_value(ms):
-    tensor = _tensor(ms, "fc2.weight")
+    tensor = find_tensor(ms, "fc2.weight")
     tensor.values, tensor.nnz = tensor.values[:-4], tensor.nnz - 1
 
 
 def _rename(ms):
-    _tensor(ms, "fc2.bias").name = "head.bias"
+    find_tensor(ms, "fc2.bias").name = "head.bias"
 
 
 def _reshape(ms):
-    tensor = _tensor(ms, "fc2.weight")
+    tensor = find_tensor(ms, "fc2.weight")
     del tensor.shape[:]
     tensor.shape.extend([40, 10])
 
 
 def _nan(ms):
-    tensor = _tensor(ms, "fc2.weight")
+    tensor = find_tensor(ms, "fc2.weight")
     tensor.values = np.float32("nan").tobytes() + tensor.values[4:]
 
 
 def _inf(ms):
-    tensor = _tensor(ms, "conv1.bias")
+    tensor = find_tensor(ms, "conv1.bias")
     tensor.values = np.float32("inf").tobytes() + tensor.values[4:]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import stat
 from collections.abc import Iterator
@@ -13,7 +14,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+from cryptography.x509.oid import NameOID
 
 from edge_node.cli import app
 from edge_node.errors import TlsError
@@ -155,3 +159,25 @@ def test_tls_config_checks_material_up_front(fleet: Path, tmp_path: Path) -> Non
         TlsConfig.from_files(tmp_path / "missing.pem", fleet / "node-a.pem", fleet / "node-a.key")
     with pytest.raises(TlsError, match="not a PEM certificate"):
         TlsConfig(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n", foreign_cert, foreign_key)
+
+
+def _self_signed_ca(key, algorithm) -> tuple[bytes, bytes]:
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "other CA")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(key, algorithm)
+    )  # fmt: skip
+    key_pem = key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    return cert.public_bytes(Encoding.PEM), key_pem
+
+
+def test_issue_needs_a_ca_key_that_signs_with_sha256() -> None:
+    rsa_ca, rsa_key = _self_signed_ca(rsa.generate_private_key(public_exponent=65537, key_size=2048), hashes.SHA256())
+    cert_pem, _key = issue_certificate(rsa_ca, rsa_key, "node-a")
+    x509.load_pem_x509_certificate(cert_pem).verify_directly_issued_by(x509.load_pem_x509_certificate(rsa_ca))
+    ed_ca, ed_key = _self_signed_ca(ed25519.Ed25519PrivateKey.generate(), None)
+    with pytest.raises(TlsError, match="Ed25519PrivateKey, which cannot sign certificates with SHA-256"):
+        issue_certificate(ed_ca, ed_key, "node-a")

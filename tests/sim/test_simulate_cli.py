@@ -119,6 +119,20 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, capsys,
     assert not out.exists()
 
 
+def test_cuda_without_a_gpu_is_refused_before_any_data_is_decoded(tmp_path: Path, capsys, monkeypatch):
+    import torch
+
+    import edge_node.cli.simulate as simulate_cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(simulate_cli, "load_dataset", lambda *a, **k: pytest.fail("data decoded before the check"))
+    out = tmp_path / "never"
+    assert run_cli([*SMALL, "--rounds", "1", "--device", "cuda", "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("edge-node: error:") and "cuda" in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
 def test_corrupt_dataset_archive_is_refused(tmp_path: Path):
     bad = tmp_path / "cifar.tar.gz"
     bad.write_bytes(b"this is not a gzip file")

@@ -18,6 +18,8 @@ from edge_node.wire import (
     encoded_model_size,
 )
 from edge_node.wire.messages import ProtoModelChunk
+from tests import wire_models
+from tests.wire_models import find_tensor
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "conv1.weight": (8, 3, 3, 3),
@@ -33,13 +35,7 @@ SMALL = 4096  # message budget that forces chunking
 
 
 def random_model(seed: int, density: float = 0.5) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    gen = torch.Generator().manual_seed(seed)
-    weights = {name: torch.randn(shape, generator=gen) for name, shape in SHAPES.items()}
-    masks = {
-        name: (torch.rand(shape, generator=gen) < density) if len(shape) > 1 else torch.ones(shape, dtype=torch.bool)
-        for name, shape in SHAPES.items()
-    }
-    return weights, masks
+    return wire_models.random_model(SHAPES, seed, density)
 
 
 def encode(weights, masks, **kwargs) -> list[ProtoModelChunk]:
@@ -163,27 +159,23 @@ def test_encode_and_decode_leave_inputs_untouched() -> None:
     assert decode_model(messages, SPEC, "fleet-1").weights["fc1.weight"].abs().max() < 100
 
 
-def _tensor(messages, name):
-    return next(t for m in messages for t in m.tensors if t.name == name)
-
-
 def _nan_value(messages) -> None:
-    tensor = _tensor(messages, "fc2.weight")
+    tensor = find_tensor(messages, "fc2.weight")
     tensor.values = np.float32("nan").tobytes() + tensor.values[4:]
 
 
 def _inf_value(messages) -> None:
-    tensor = _tensor(messages, "conv1.bias")
+    tensor = find_tensor(messages, "conv1.bias")
     tensor.values = tensor.values[:-4] + np.float32("-inf").tobytes()
 
 
 def _drop_value(messages) -> None:
-    tensor = _tensor(messages, "fc2.weight")
+    tensor = find_tensor(messages, "fc2.weight")
     tensor.values, tensor.nnz = tensor.values[:-4], tensor.nnz - 1
 
 
 def _extra_bit(messages) -> None:
-    tensor = _tensor(messages, "conv1.weight")
+    tensor = find_tensor(messages, "conv1.weight")
     bitmap = bytearray(tensor.bitmap)
     bitmap[0] ^= next(1 << i for i in range(8) if not bitmap[0] >> i & 1)
     tensor.bitmap = bytes(bitmap)
@@ -191,7 +183,7 @@ def _extra_bit(messages) -> None:
 
 def _set_field(tensor_name: str, **fields):
     def mutate(messages) -> None:
-        tensor = _tensor(messages, tensor_name)
+        tensor = find_tensor(messages, tensor_name)
         for key, value in fields.items():
             if key == "shape":
                 del tensor.shape[:]
@@ -204,7 +196,7 @@ def _set_field(tensor_name: str, **fields):
 
 BAD_STREAMS = {
     "truncated bitmap": (
-        lambda ms: setattr(_tensor(ms, "conv1.weight"), "bitmap", _tensor(ms, "conv1.weight").bitmap[:-1]),
+        lambda ms: setattr(find_tensor(ms, "conv1.weight"), "bitmap", find_tensor(ms, "conv1.weight").bitmap[:-1]),
         "'conv1.weight': bitmap has 26 bytes, expected 27",
     ),
     "value count below bitmap": (_drop_value, "'fc2.weight': bitmap has \\d+ active elements but \\d+ values"),
@@ -218,7 +210,7 @@ BAD_STREAMS = {
     "chunk gap": (_set_field("conv1.weight", start=8), "starts at element 8, expected 0"),
     "dense chunk with bitmap": (_set_field("fc2.bias", bitmap=b"\xff\x03"), "dense chunk carries a bitmap"),
     "corrupt payload": (
-        lambda ms: setattr(_tensor(ms, "fc2.bias"), "values", bytes(40)),
+        lambda ms: setattr(find_tensor(ms, "fc2.bias"), "values", bytes(40)),
         "payload digest sha256:[0-9a-f]+ does not match",
     ),
 }

@@ -33,6 +33,7 @@ from pathlib import Path
 import psutil
 from zeroconf import (
     DNSOutgoing,
+    DNSPointer,
     DNSQuestion,
     DNSService,
     IPVersion,
@@ -56,6 +57,7 @@ from edge_node.net.discovery.txt import (
     check_fingerprint,
     check_fleet,
     check_node_id,
+    check_port,
     check_protocol_version,
     check_round,
     check_tier,
@@ -229,8 +231,7 @@ class MdnsDiscovery(Discovery):
             check_node_id(node_id)
             if fleet is None:
                 raise ConfigError(f"node_id={node_id!r} is advertised, so it needs a fleet")
-            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-                raise ConfigError(f"port={port!r} must be an integer in [1, 65535]")
+            check_port(port)
         if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or not 1 <= ttl_s <= MAX_TTL_S:
             raise ConfigError(f"ttl_s={ttl_s!r} must be an integer number of seconds in [1, {MAX_TTL_S}]")
         if not (isinstance(min_update_interval_s, (int, float)) and 0 <= min_update_interval_s <= 3600):
@@ -484,7 +485,7 @@ class MdnsDiscovery(Discovery):
         names = {
             record.alias
             for record in cache.get_all_by_details(SERVICE_TYPE, _TYPE_PTR, _CLASS_IN)
-            if not record.is_expired(now_ms)
+            if isinstance(record, DNSPointer) and not record.is_expired(now_ms)  # PTR: always a DNSPointer
         }
         known = names | set(self._table.keys())
         for bookkeeping in (self._last_query, self._last_resolve, self._rejected):

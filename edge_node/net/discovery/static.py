@@ -23,6 +23,7 @@ from edge_node.net.discovery.txt import (
     check_fingerprint,
     check_fleet,
     check_node_id,
+    check_port,
     check_protocol_version,
     check_round,
     check_tier,
@@ -126,8 +127,8 @@ class StaticDiscovery(Discovery):
             check_fleet(fleet)
         if arch:
             check_arch(arch)
-        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
-            raise ConfigError(f"port={port!r} must be an integer in [1, 65535]")
+        if port is not None:
+            check_port(port)
         super().__init__(fleet=fleet, arch=arch or None, protocol_version=protocol_version)
         endpoints = parse_peers(peers) if peers else []
         if peers_file is not None:

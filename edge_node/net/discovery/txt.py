@@ -91,6 +91,13 @@ def check_round(round_: object) -> int:
     return round_
 
 
+def check_port(port: object) -> int:
+    """The service port this node advertises (it travels in the SRV record, not in TXT)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ConfigError(f"port={port!r} must be an integer in [1, 65535]")
+    return port
+
+
 def check_protocol_version(version: object) -> str:
     if not isinstance(version, str):
         raise ConfigError(f"protocol_version={version!r} must be a string MAJOR.MINOR")

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Every check that needs the GPU machine, in one call (device time is scarce: one call, few starts).
+# Stage first with bench/prepare_device.sh, then run from the repository root on the GPU machine:
+#     bash bench/gpu_session.sh            (results under $OUT, else runs/gpu)
+# 1. issue 5: NVML energy of a 30 s training run vs nvidia-smi power x time (bench/energy_nvml.py);
+# 2. issue 4: the same small CIFAR-10 simulation on CPU and CUDA (bench/cuda_vs_cpu.py), TF32 off and
+#    at torch's default;
+# 3. issues 4+5: the CIFAR-10 check of issue 4 (cnn, 100 clients, 5 rounds) on CUDA with the energy
+#    meter on auto (NVML there), then `edge-node energy` on that run.
+# Each step's exit code is collected; the script exits non-zero if any step failed. $OUT gets at most
+# 7 small files (the device tool returns 8): session.log, three JSON results, the CUDA run's records.
+set -uo pipefail
+out=${OUT:-runs/gpu}
+mkdir -p "$out"
+if compgen -G ".device/wheels/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/edge-site \
+        .device/wheels/*.whl || exit 3
+    export PYTHONPATH=/tmp/edge-site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 EDGE_NODE_CACHE=/tmp/edge-cache
+cifar=.device/cifar10-jpeg.tar.gz
+runs=/tmp/edge-runs  # run directories (checkpoints are large) stay on the machine
+log="$out/session.log"
+: >"$log"
+status=0
+step() {  # step NAME CMD...: run, tee the log into $out/NAME.log, remember a failure
+    local name=$1; shift
+    echo "=== $name: $*" | tee -a "$log"
+    "$@" 2>&1 | tee -a "$log"
+    local rc=${PIPESTATUS[0]}
+    echo "=== $name: exit $rc" | tee -a "$log"
+    [ "$rc" -eq 0 ] || status=1
+}
+step versions nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv
+step python python3 -c 'import torch, google.protobuf as p; print("torch", torch.__version__, "cuda", torch.version.cuda, "protobuf", p.__version__)'
+step energy_nvml python3 bench/energy_nvml.py --seconds 30 --output "$out/energy_nvml.json"
+step cuda_vs_cpu_tf32off python3 bench/cuda_vs_cpu.py --dataset cifar10 --data-dir "$cifar" --clients 10 \
+    --neighbours 3 --rounds 3 --epochs 2 --samples-per-client 500 --tf32 off --json "$out/cuda_vs_cpu_tf32off.json"
+step cuda_vs_cpu_tf32default python3 bench/cuda_vs_cpu.py --dataset cifar10 --data-dir "$cifar" --clients 10 \
+    --neighbours 3 --rounds 3 --epochs 2 --samples-per-client 500 --tf32 default \
+    --json "$out/cuda_vs_cpu_tf32default.json"
+step cifar10_cuda python3 -m edge_node -v simulate --dataset cifar10 --data-dir "$cifar" --model cnn \
+    --clients 100 --neighbours 10 --epochs 5 --density 0.5 --regrow random --rounds 5 --planned-rounds 30 \
+    --partition dir:0.3 --seed 0 --device cuda --no-progress --fresh --output "$runs/cifar10-cnn-cuda"
+for f in rounds.jsonl energy.jsonl summary.json; do
+    cp "$runs/cifar10-cnn-cuda/$f" "$out/cifar10_cuda_$f" 2>/dev/null
+done
+step cifar10_cuda_energy python3 -m edge_node energy "$runs/cifar10-cnn-cuda"
+exit $status
