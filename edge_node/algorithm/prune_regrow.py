@@ -19,6 +19,23 @@ from edge_node.errors import ConfigError
 REGROW_RULES = ("gradient", "random")
 
 
+def select_k(score: torch.Tensor, k: int, *, largest: bool) -> torch.Tensor:
+    """Indices of the ``k`` largest (or smallest) entries of 1-D ``score``; exact ties go to the lower index.
+
+    ``torch.topk`` leaves the choice among tied scores to the backend, so CPU and CUDA could prune or
+    regrow different positions from the same scores (ties are common: weights regrown at 0, zero
+    gradients of dead units). Breaking ties by index makes the mask a function of the scores alone.
+    """
+    n = score.numel()
+    if not 0 < k <= n:
+        raise ValueError(f"k={k} must be in [1, {n}]")
+    kth = torch.kthvalue(score, n - k + 1 if largest else k).values
+    beyond = score > kth if largest else score < kth
+    tied = (score == kth).nonzero().squeeze(1)
+    strict = beyond.nonzero().squeeze(1)
+    return torch.cat([strict, tied[: k - strict.numel()]])
+
+
 def _update_tensor(
     weight: torch.Tensor,
     mask: torch.Tensor,
@@ -34,18 +51,19 @@ def _update_tensor(
     if nnz == numel or k == 0:
         return mask.clone()
     # Prune: the k active positions of smallest |w| (inactive positions can never be picked).
-    magnitude = weight.detach().reshape(-1).abs().float().masked_fill(~flat_mask, float("inf"))
-    pruned = torch.topk(magnitude, k, largest=False).indices
+    # A NaN weight (diverged training) ranks below every magnitude, so it is pruned first.
+    magnitude = weight.detach().reshape(-1).abs().float().nan_to_num(nan=-1.0).masked_fill(~flat_mask, float("inf"))
+    pruned = select_k(magnitude, k, largest=False)
     new_mask = flat_mask.clone()
     new_mask[pruned] = False
     # Regrow: k positions among all inactive ones now (just-pruned included).
     if rule == "gradient":
         assert gradient is not None
-        score = gradient.detach().reshape(-1).abs().float()
+        score = gradient.detach().reshape(-1).abs().float().nan_to_num(nan=-1.0)  # NaN: regrown last
     else:
         score = torch.rand(numel, generator=generator).to(weight.device)
     score = score.masked_fill(new_mask, float("-inf"))
-    grown = torch.topk(score, k, largest=True).indices
+    grown = select_k(score, k, largest=True)
     new_mask[grown] = True
     return new_mask.view_as(mask)
 

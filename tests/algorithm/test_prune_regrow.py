@@ -60,3 +60,40 @@ def test_bad_arguments_are_refused():
         update_masks(w, masks, 0.2, "gradient")
     with pytest.raises(ConfigError, match="prune rate"):
         update_masks(w, masks, 1.5, "random", generator=torch.Generator())
+
+
+def test_select_k_breaks_exact_ties_by_lower_index():
+    from edge_node.algorithm.prune_regrow import select_k
+
+    score = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.0, 3.0, 0.0])
+    assert sorted(select_k(score, 3, largest=False).tolist()) == [0, 2, 4]  # four zeros tie: lowest three
+    assert sorted(select_k(score, 3, largest=True).tolist()) == [1, 3, 5]
+    assert sorted(select_k(score, 1, largest=True).tolist()) == [1]  # 3.0 at 1 and 5: the lower index
+    g = torch.Generator().manual_seed(0)
+    distinct = torch.randn(10_000, generator=g)
+    for largest in (False, True):  # without ties it is exactly topk's set
+        want = set(torch.topk(distinct, 777, largest=largest).indices.tolist())
+        assert set(select_k(distinct, 777, largest=largest).tolist()) == want
+    with pytest.raises(ValueError, match="k=0"):
+        select_k(score, 0, largest=True)
+    with pytest.raises(ValueError, match="k=8"):
+        select_k(score, 8, largest=True)
+
+
+def test_tied_zero_weights_prune_the_same_positions_every_time():
+    """Regrown weights start at 0: pruning among those ties must not depend on the backend's topk."""
+    w = {"a": torch.tensor([0.0, 0.0, 0.5, 0.0, 0.0, 2.0, 0.0, 0.0])}
+    mask = {"a": torch.tensor([1, 1, 1, 1, 1, 1, 0, 0], dtype=torch.bool)}
+    grads = {"a": torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0])}  # the other regrowth scores tie at 0
+    new = update_masks(w, mask, 0.5, "gradient", gradients=grads)
+    # prune ceil(0.5 * 6) = 3 of the four zeros at 0, 1, 3, 4 -> 0, 1, 3;
+    # regrow 3 among {0, 1, 3, 6, 7}: 6 (score 1), then the tied zeros 0 and 1
+    assert new["a"].tolist() == [True, True, True, False, True, True, True, False]
+
+
+def test_nan_weights_are_pruned_first_and_counts_hold():
+    w = {"a": torch.tensor([float("nan"), 0.3, 0.2, 1.0, 0.0, 0.0])}
+    mask = {"a": torch.tensor([1, 1, 1, 1, 0, 0], dtype=torch.bool)}
+    grads = {"a": torch.tensor([0.0, 0.0, 0.0, 0.0, float("nan"), 1.0])}
+    new = update_masks(w, mask, 0.25, "gradient", gradients=grads)  # prune 1: the NaN; regrow 1: position 5
+    assert new["a"].tolist() == [False, True, True, True, False, True]
