@@ -5,7 +5,8 @@ Runs one small ``edge-node simulate`` configuration three times in this process,
 * ``cpu``: the reference run (torch's default thread count);
 * ``cpu-1t``: the same on one CPU thread -- reductions summed in another order, i.e. pure
   floating-point noise; its distance from ``cpu`` is the *noise floor*;
-* ``cuda`` (or ``--device-b cpu`` for a CPU-only self-test): the run under test.
+* ``cuda-tf32off`` and ``cuda-tf32default`` (or ``test-cpu`` with ``--device-b cpu``, a CPU-only
+  self-test): the runs under test.
 
 It then compares each run with ``cpu``:
 
@@ -21,8 +22,8 @@ cannot be used. Usage on the GPU machine (see ``bench/gpu_session.sh``)::
 
     python bench/cuda_vs_cpu.py --dataset cifar10 --data-dir .device/cifar10-jpeg.tar.gz --json out.json
 
-``--tf32 off`` disables TF32 in cuDNN convolutions and matmuls (PyTorch enables it for convolutions by
-default); ``--tf32 default`` leaves torch's defaults, i.e. what ``edge-node simulate --device cuda`` gets.
+By default two CUDA runs are made: TF32 off (cuDNN convolutions and matmuls in full fp32) and torch's
+default (TF32 convolutions: what ``edge-node simulate --device cuda`` gets); both must pass.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def _fmt_ratio(r: float | None) -> str:
-    return "n/a (floor 0)" if r is None else f"{r:.2f}x"
+    return "-" if r is None else f"{r:.2f}x"  # "-": the floor is 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,17 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regrow", default="random", choices=("random", "gradient"))
     parser.add_argument("--device-b", default="cuda", choices=("cuda", "cpu"), help="the device under test")
     parser.add_argument("--threads-b", type=int, default=None, help="torch threads of the run under test")
-    parser.add_argument("--tf32", default="default", choices=("default", "off"), help="TF32 on CUDA")
+    parser.add_argument(
+        "--tf32", nargs="+", default=["off", "default"], choices=("off", "default"),
+        help="CUDA runs to make: TF32 off (pure fp32) and/or torch's default (TF32 convolutions)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
-    parser.add_argument("--keep", type=Path, default=None, help="keep the three run directories here")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the run directories here")
     args = parser.parse_args(argv)
 
     if args.device_b == "cuda" and not torch.cuda.is_available():
         print(f"cuda_vs_cpu: torch {torch.__version__} sees no CUDA device; run it on a GPU machine", file=sys.stderr)
         return 2
-    if args.tf32 == "off":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
     try:
         config = SimConfig(
             dataset=args.dataset, data_dir=args.data_dir, model=args.model, clients=args.clients,
@@ -177,52 +178,63 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cuda_vs_cpu: {exc}", file=sys.stderr)
         return 2
 
+    device_name = torch.cuda.get_device_name() if args.device_b == "cuda" else "cpu"
+    variants = [f"cuda-tf32{mode}" for mode in dict.fromkeys(args.tf32)] if args.device_b == "cuda" else ["test-cpu"]
+    tf32_defaults = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     with tempfile.TemporaryDirectory(prefix="cuda-vs-cpu-") as tmp:
         root = args.keep or Path(tmp)
         ref = run_once(config, dataset, "cpu", "cpu", None, root)
         floor_run = run_once(config, dataset, "cpu-1t", "cpu", 1, root)
-        label_b = f"test-{args.device_b}" + (f"-{args.threads_b}t" if args.threads_b else "")  # its own directory
-        test_run = run_once(config, dataset, label_b, args.device_b, args.threads_b, root)
+        tested = []
+        for label in variants:
+            off = label.endswith("tf32off")
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = (
+                (False, False) if off else tf32_defaults
+            )
+            tested.append(run_once(config, dataset, label, args.device_b, args.threads_b, root))
     floor = compare(ref, floor_run)
-    diff = compare(ref, test_run)
-    problems = failures(diff)
+    diffs = {run.label: compare(ref, run) for run in tested}
+    problems = {label: failures(diff) for label, diff in diffs.items()}
 
     print(
         f"{args.dataset}/{args.model}: {args.clients} clients, {args.rounds} rounds x {args.epochs} epochs, "
-        f"regrow={args.regrow}, tf32={args.tf32}; device under test: "
-        f"{torch.cuda.get_device_name() if args.device_b == 'cuda' else 'cpu'}"
+        f"regrow={args.regrow}; device under test: {device_name}; torch {torch.__version__}"
     )
-    print(f"wall: cpu {ref.wall_s:.1f} s, cpu-1t {floor_run.wall_s:.1f} s, {label_b} {test_run.wall_s:.1f} s")
-    print(f"{'distance from cpu':<34}{'cpu-1t (noise floor)':>22}{label_b:>14}{'ratio':>16}{'tolerance':>12}")
+    walls = {run.label: run.wall_s for run in (ref, floor_run, *tested)}
+    print("wall: " + ", ".join(f"{label} {wall:.1f} s" for label, wall in walls.items()))
+    header = f"{'distance from cpu':<30}{'cpu-1t (floor)':>16}"
+    for run in tested:
+        header += f"{run.label:>18}{'/floor':>10}"
+    print(header + f"{'tolerance':>11}")
     for key, tol in (
         ("acc_mean_max_diff_points", MAX_ACC_MEAN_DIFF_POINTS),
         ("acc_client_max_diff_points", None),
         ("weight_rel_diff_max", MAX_WEIGHT_REL_DIFF),
         ("mask_disagreement_max", MAX_MASK_DISAGREEMENT),
     ):
-        print(
-            f"{key:<34}{floor[key]:>22.4g}{diff[key]:>14.4g}{_fmt_ratio(_ratio(diff[key], floor[key])):>16}"
-            f"{'' if tol is None else f'{tol:g}':>12}"
-        )
-    print(f"exact values equal: {'yes' if not diff['exact_mismatches'] else 'NO'}; ", end="")
-    print(f"per-tensor active counts equal: {'yes' if not diff['mask_count_mismatches'] else 'NO'}")
-    acc_ref = [round(100 * r["acc_after_mean"], 2) for r in ref.records]
-    acc_b = [round(100 * r["acc_after_mean"], 2) for r in test_run.records]
-    print(f"mean accuracy after training per round: cpu {acc_ref}, {label_b} {acc_b}")
-    print("verdict: " + ("same up to floating-point noise" if not problems else "DIFFERENT: " + "; ".join(problems)))
+        row = f"{key:<30}{floor[key]:>16.4g}"
+        for run in tested:
+            value = diffs[run.label][key]
+            row += f"{value:>18.4g}{_fmt_ratio(_ratio(value, floor[key])):>10}"
+        print(row + f"{'' if tol is None else f'{tol:g}':>11}")
+    accs = {run.label: [round(100 * r["acc_after_mean"], 2) for r in run.records] for run in (ref, *tested)}
+    print("mean accuracy after local training per round: " + "; ".join(f"{k} {v}" for k, v in accs.items()))
+    for label, found in problems.items():
+        diff = diffs[label]
+        exact = "equal" if not diff["exact_mismatches"] and not diff["mask_count_mismatches"] else "NOT equal"
+        verdict = "same up to floating-point noise" if not found else "DIFFERENT: " + "; ".join(found)
+        print(f"verdict {label}: exact values {exact}; {verdict}")
 
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "config": config.to_json(),
-            "device_b": label_b,
-            "device_name": torch.cuda.get_device_name() if args.device_b == "cuda" else "cpu",
-            "tf32": args.tf32,
+            "device_name": device_name,
             "torch": torch.__version__,
-            "wall_s": {"cpu": ref.wall_s, "cpu-1t": floor_run.wall_s, label_b: test_run.wall_s},
-            "acc_after_mean": {"cpu": acc_ref, label_b: acc_b},
+            "wall_s": walls,
+            "acc_after_mean": accs,
             "noise_floor": floor,
-            "difference": diff,
+            "difference": diffs,
             "tolerances": {
                 "acc_mean_max_diff_points": MAX_ACC_MEAN_DIFF_POINTS,
                 "weight_rel_diff_max": MAX_WEIGHT_REL_DIFF,
@@ -231,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             "failures": problems,
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
-    return 1 if problems else 0
+    return 1 if any(problems.values()) else 0
 
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Every check that needs the GPU machine, in one call (device time is scarce: one call, few starts).
 # Stage first with bench/prepare_device.sh, then run from the repository root on the GPU machine:
-#     bash bench/gpu_session.sh            (results under $OUT, else runs/gpu)
+#     bash bench/gpu_session.sh [energy] [equality] [cifar10]     (no argument: all three; results under
+#                                                                  $OUT, else runs/gpu)
+# The device tool allows 10 minutes a command: if all three do not fit, run `energy equality`, then
+# `cifar10` in a second call while the machine is still warm.
 # 1. issue 5: NVML energy of a 30 s training run vs nvidia-smi power x time (bench/energy_nvml.py);
-# 2. issue 4: the same small CIFAR-10 simulation on CPU and CUDA (bench/cuda_vs_cpu.py), TF32 off and
-#    at torch's default;
+# 2. issue 4: the same small CIFAR-10 simulation on CPU, CPU on one thread (the noise floor) and CUDA
+#    with TF32 off and at torch's default (bench/cuda_vs_cpu.py);
 # 3. issues 4+5: the CIFAR-10 check of issue 4 (cnn, 100 clients, 5 rounds) on CUDA with the energy
 #    meter on auto (NVML there), then `edge-node energy` on that run.
 # Each step's exit code is collected; the script exits non-zero if any step failed. $OUT gets at most
-# 7 small files (the device tool returns 8): session.log, three JSON results, the CUDA run's records.
+# 7 small files (the device tool returns 8): session.log, two JSON results, the CUDA run's records.
 set -uo pipefail
 out=${OUT:-runs/gpu}
 mkdir -p "$out"
@@ -23,7 +26,7 @@ runs=/tmp/edge-runs  # run directories (checkpoints are large) stay on the machi
 log="$out/session.log"
 : >"$log"
 status=0
-step() {  # step NAME CMD...: run, tee the log into $out/NAME.log, remember a failure
+step() {  # step NAME CMD...: run, append its output to session.log, remember a failure
     local name=$1; shift
     echo "=== $name: $*" | tee -a "$log"
     "$@" 2>&1 | tee -a "$log"
@@ -31,19 +34,23 @@ step() {  # step NAME CMD...: run, tee the log into $out/NAME.log, remember a fa
     echo "=== $name: exit $rc" | tee -a "$log"
     [ "$rc" -eq 0 ] || status=1
 }
+selected=" ${*:-energy equality cifar10} "
+for s in $selected; do
+    case $s in energy|equality|cifar10) ;; *) echo "gpu_session: unknown step '$s' (energy, equality, cifar10)" >&2; exit 2;; esac
+done
+want() { [[ $selected == *" $1 "* ]]; }
 step versions nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv
 step python python3 -c 'import torch, google.protobuf as p; print("torch", torch.__version__, "cuda", torch.version.cuda, "protobuf", p.__version__)'
-step energy_nvml python3 bench/energy_nvml.py --seconds 30 --output "$out/energy_nvml.json"
-step cuda_vs_cpu_tf32off python3 bench/cuda_vs_cpu.py --dataset cifar10 --data-dir "$cifar" --clients 10 \
-    --neighbours 3 --rounds 3 --epochs 2 --samples-per-client 500 --tf32 off --json "$out/cuda_vs_cpu_tf32off.json"
-step cuda_vs_cpu_tf32default python3 bench/cuda_vs_cpu.py --dataset cifar10 --data-dir "$cifar" --clients 10 \
-    --neighbours 3 --rounds 3 --epochs 2 --samples-per-client 500 --tf32 default \
-    --json "$out/cuda_vs_cpu_tf32default.json"
-step cifar10_cuda python3 -m edge_node -v simulate --dataset cifar10 --data-dir "$cifar" --model cnn \
-    --clients 100 --neighbours 10 --epochs 5 --density 0.5 --regrow random --rounds 5 --planned-rounds 30 \
-    --partition dir:0.3 --seed 0 --device cuda --no-progress --fresh --output "$runs/cifar10-cnn-cuda"
-for f in rounds.jsonl energy.jsonl summary.json; do
-    cp "$runs/cifar10-cnn-cuda/$f" "$out/cifar10_cuda_$f" 2>/dev/null
-done
-step cifar10_cuda_energy python3 -m edge_node energy "$runs/cifar10-cnn-cuda"
+want energy && step energy_nvml python3 bench/energy_nvml.py --seconds 30 --output "$out/energy_nvml.json"
+want equality && step cuda_vs_cpu python3 bench/cuda_vs_cpu.py --dataset cifar10 --data-dir "$cifar" --clients 10 \
+    --neighbours 3 --rounds 3 --epochs 2 --samples-per-client 500 --json "$out/cuda_vs_cpu.json"
+if want cifar10; then
+    step cifar10_cuda python3 -m edge_node -v simulate --dataset cifar10 --data-dir "$cifar" --model cnn \
+        --clients 100 --neighbours 10 --epochs 5 --density 0.5 --regrow random --rounds 5 --planned-rounds 30 \
+        --partition dir:0.3 --seed 0 --device cuda --no-progress --fresh --output "$runs/cifar10-cnn-cuda"
+    for f in rounds.jsonl energy.jsonl summary.json; do
+        cp "$runs/cifar10-cnn-cuda/$f" "$out/cifar10_cuda_$f" 2>/dev/null
+    done
+    step cifar10_cuda_energy python3 -m edge_node energy "$runs/cifar10-cnn-cuda"
+fi
 exit $status

@@ -75,7 +75,7 @@ def test_cpu_self_check_runs_end_to_end(tmp_path: Path):
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "verdict: same up to floating-point noise" in proc.stdout
+    assert "verdict test-cpu: exact values equal; same up to floating-point noise" in proc.stdout
     figures = json.loads(out.read_text())
-    assert figures["difference"]["weight_rel_diff_max"] == 0.0  # same device, same threads: deterministic
-    assert figures["failures"] == []
+    assert figures["difference"]["test-cpu"]["weight_rel_diff_max"] == 0.0  # same device, same threads: deterministic
+    assert figures["failures"] == {"test-cpu": []}

@@ -47,7 +47,7 @@ def read_weights(model: nn.Module) -> dict[str, torch.Tensor]:
 def train_masked(model: nn.Module, masks: TensorDict, batches: Iterable[Batch], config: SGDConfig) -> TrainStats:
     """Run masked SGD over ``batches`` on ``model`` in place; returns step/sample counts and mean loss."""
     names = [name for name, _ in model.named_parameters()]
-    params = [p for _, p in model.named_parameters()]
+    params: list[torch.Tensor] = [p for _, p in model.named_parameters()]
     mask_values = [masks[name].to(params[i].dtype) for i, name in enumerate(names)]
     with torch.no_grad():
         torch._foreach_mul_(params, mask_values)  # start on the mask
@@ -76,7 +76,7 @@ def train_masked(model: nn.Module, masks: TensorDict, batches: Iterable[Batch], 
 def dense_gradients(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
     """Gradient of the loss on one mini-batch w.r.t. every parameter, inactive ones included."""
     names = [name for name, _ in model.named_parameters()]
-    params = [p for _, p in model.named_parameters()]
+    params: list[torch.Tensor] = [p for _, p in model.named_parameters()]
     x, y = batch
     loss = nn.functional.cross_entropy(model(x), y)
     grads = torch.autograd.grad(loss, params)
