@@ -1,0 +1,27 @@
+"""Random masked models and stream lookups shared by the wire codec and peer service tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from edge_node.wire.messages import ProtoModelChunk, ProtoSparseTensor
+
+
+def random_model(
+    shapes: Mapping[str, tuple[int, ...]], seed: int, density: float = 0.5
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Gaussian weights and masks keeping about ``density`` of each matrix/kernel (1-D tensors dense)."""
+    gen = torch.Generator().manual_seed(seed)
+    weights = {name: torch.randn(shape, generator=gen) for name, shape in shapes.items()}
+    masks = {
+        name: (torch.rand(shape, generator=gen) < density) if len(shape) > 1 else torch.ones(shape, dtype=torch.bool)
+        for name, shape in shapes.items()
+    }
+    return weights, masks
+
+
+def find_tensor(messages: Iterable[ProtoModelChunk], name: str) -> ProtoSparseTensor:
+    """The first chunk of tensor ``name`` in a stream (to edit it in place)."""
+    return next(t for m in messages for t in m.tensors if t.name == name)
