@@ -168,13 +168,22 @@ def test_tiny_imagenet_layout(tmp_path: Path) -> None:
 
 
 def test_a_flipped_byte_inside_a_gzip_tarball_is_caught_by_its_checksum(
-    tmp_path: Path, write_image_tree: Writer, make_tarball: Callable[[Path, Path], Path]
+    tmp_path: Path, write_image_tree: Writer
 ) -> None:
-    """Random PNGs do not compress, so gzip stores them: a flipped byte there changes pixels, not the
+    """gzip at level 0 stores its input: a flipped bit inside an image's bytes changes pixels, not the
     stream's structure. Only gzip's CRC-32 at the end of the stream can tell, and it must."""
     write_image_tree(tmp_path / "tree", n_train=2, n_test=1)
-    blob = bytearray(make_tarball(tmp_path / "tree", tmp_path / "good.tar.gz").read_bytes())
-    blob[len(blob) // 2] ^= 0x01
+    good = tmp_path / "good.tar.gz"
+    with tarfile.open(good, "w:gz", compresslevel=0) as tar:
+        for child in sorted((tmp_path / "tree").iterdir()):
+            tar.add(child, arcname=child.name)
+    blob = bytearray(good.read_bytes())
+    # Flip a bit inside an image's stored bytes (found verbatim in the stream), never in a tar header.
+    image = max((f for f in (tmp_path / "tree").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    data = image.read_bytes()
+    at = blob.find(data[len(data) // 2 : len(data) // 2 + 64])
+    assert at > 0, "the image's bytes should be stored uncompressed in the gzip stream"
+    blob[at + 32] ^= 0x01
     bad = tmp_path / "bad.tar.gz"
     bad.write_bytes(bytes(blob))
     with pytest.raises(DataError, match=r"bad\.tar\.gz is not a readable tar archive .*CRC check failed") as err:
