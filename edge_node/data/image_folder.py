@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+from tqdm import tqdm
 
 from edge_node.data.sources import Tree, join, one_line
 from edge_node.errors import DataError
@@ -72,15 +73,18 @@ def decode_images(tree: Tree, rels: Sequence[str], size: tuple[int, int] | None 
     workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
                   _MAX_WORKERS)  # fmt: skip
     results: list[tuple[np.ndarray | None, int, str]] | None = None
-    if workers > 1 and len(rels) >= PARALLEL_MIN_IMAGES:
-        results = _decode_parallel(tree, chunks, size, workers, len(rels))
-    if results is None:
-        results = []
-        for k, chunk in enumerate(chunks):
-            results.append(_decode_chunk([tree.read(r) for r in chunk], size))
-            if results[-1][0] is None:
-                break
-            _log_progress(tree, (k + 1) * _CHUNK_IMAGES, len(rels))
+    # A bar in a terminal (tqdm hides itself when stderr is not one), INFO lines for logs.
+    with tqdm(total=len(rels), desc=f"decoding {tree.label}", unit="img", disable=None, leave=False) as bar:
+        if workers > 1 and len(rels) >= PARALLEL_MIN_IMAGES:
+            results = _decode_parallel(tree, chunks, size, workers, bar)
+        if results is None:
+            results = []
+            bar.reset()
+            for chunk in chunks:
+                results.append(_decode_chunk([tree.read(r) for r in chunk], size))
+                if results[-1][0] is None:
+                    break
+                _progress(tree, bar, len(chunk))
     arrays = []
     for chunk, (arr, bad, reason) in zip(chunks, results, strict=False):
         if arr is None:
@@ -90,12 +94,13 @@ def decode_images(tree: Tree, rels: Sequence[str], size: tuple[int, int] | None 
     return np.concatenate(arrays)
 
 
-def _log_progress(tree: Tree, done: int, total: int) -> None:
-    _LOG.info("decoding %s: %d / %d images", tree.label, min(done, total), total)
+def _progress(tree: Tree, bar: tqdm, images: int) -> None:
+    bar.update(images)
+    _LOG.info("decoding %s: %d / %d images", tree.label, bar.n, bar.total)
 
 
 def _decode_parallel(
-    tree: Tree, chunks: list[list[str]], size: tuple[int, int], workers: int, total: int
+    tree: Tree, chunks: list[list[str]], size: tuple[int, int], workers: int, bar: tqdm
 ) -> list[tuple[np.ndarray | None, int, str]] | None:
     """Decode chunks in worker processes; None if a pool cannot run here (then decode in this process)."""
     # spawn, not fork: the caller may hold threads (torch, grpc) whose locks a forked child would inherit.
@@ -104,9 +109,9 @@ def _decode_parallel(
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
             futures = [pool.submit(_decode_chunk, [tree.read(r) for r in chunk], size) for chunk in chunks]
             results = []
-            for k, fut in enumerate(futures):
+            for chunk, fut in zip(chunks, futures, strict=True):
                 results.append(fut.result())
-                _log_progress(tree, (k + 1) * _CHUNK_IMAGES, total)
+                _progress(tree, bar, len(chunk))
             return results
     except (BrokenProcessPool, RuntimeError, OSError) as exc:
         _LOG.warning("parallel decoding unavailable (%s); decoding in this process", exc)
