@@ -14,20 +14,10 @@ from edge_node.energy.report import load_energy_log
 from edge_node.energy.report import summarize as energy_summary
 from edge_node.errors import ConfigError
 from edge_node.sim.config import SimConfig
-from edge_node.sim.report import format_summary, plot_run, read_rounds, summarize
-from edge_node.sim.runner import CONFIG_FILE, ENERGY_LOG, ROUNDS_LOG, resolve_device, run_simulation
+from edge_node.sim.report import SUMMARY_FILE, format_summary, plot_run, read_rounds, summarize
+from edge_node.sim.runner import resolve_device, run_simulation
 
 _LOGGER = logging.getLogger(__name__)
-_RUN_FILES = (
-    "checkpoint.pt",
-    "checkpoint.pt.tmp",
-    ROUNDS_LOG,
-    ENERGY_LOG,
-    CONFIG_FILE,
-    "summary.json",
-    "accuracy.png",
-    "communication.png",
-)
 
 
 @app.command()
@@ -147,16 +137,13 @@ def simulate(
     )
     resolve_device(config.device)  # before the (possibly long) data decode
     data = load_dataset(dataset, data_dir, cache_dir=cache_dir, download=download)
-    if fresh:
-        for name in _RUN_FILES:
-            (output / name).unlink(missing_ok=True)
     click.echo(
         f"simulating {clients} clients of {model} on {dataset} for {rounds} rounds -> {output.resolve()}", err=True
     )
-    run_dir = run_simulation(config, data)
+    run_dir = run_simulation(config, data, fresh=fresh)
     records = read_rounds(run_dir)
     summary = summarize(records, energy_summary(load_energy_log(run_dir)))
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     plots = plot_run(records, run_dir)
     click.echo(format_summary(summary))
     click.echo(f"\nrun directory: {run_dir.resolve()}")

@@ -14,6 +14,11 @@ from typing import Any
 
 from edge_node.errors import CheckpointError
 
+ROUNDS_LOG = "rounds.jsonl"
+SUMMARY_FILE = "summary.json"
+ACCURACY_PLOT = "accuracy.png"
+COMMUNICATION_PLOT = "communication.png"
+
 CONVENTIONS = (
     "bytes = encoded bitmap+values+headers per node per round (fp32); busiest = max over nodes of recv+sent; "
     "paper MB = 4 B per active received parameter, 1 MB = 1e6 B; FLOPs = E*n*3*F(nnz) (+B*3*F(dense) for "
@@ -23,7 +28,7 @@ CONVENTIONS = (
 
 def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
     """The per-round records of a run directory (``rounds.jsonl``)."""
-    path = run_dir / "rounds.jsonl"
+    path = run_dir / ROUNDS_LOG
     if not path.is_file():
         raise CheckpointError(f"{path} not found: not a simulation output directory")
     records = []
@@ -112,7 +117,7 @@ def plot_run(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    paths.append(out_dir / "accuracy.png")
+    paths.append(out_dir / ACCURACY_PLOT)
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
 
@@ -126,7 +131,7 @@ def plot_run(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    paths.append(out_dir / "communication.png")
+    paths.append(out_dir / COMMUNICATION_PLOT)
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
     return paths

@@ -56,14 +56,19 @@ from edge_node.models import build_model
 from edge_node.seeding import numpy_generator, torch_generator
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from edge_node.sim.config import SimConfig
+from edge_node.sim.report import ACCURACY_PLOT, COMMUNICATION_PLOT, ROUNDS_LOG, SUMMARY_FILE
 from edge_node.sim.topology import neighbours
 from edge_node.wire import ModelSpec, ValueType, encoded_model_size
 
 _LOGGER = logging.getLogger(__name__)
 
-ROUNDS_LOG = "rounds.jsonl"
 ENERGY_LOG = "energy.jsonl"
 CONFIG_FILE = "config.json"
+# Everything a run directory holds (what --fresh discards).
+RUN_FILES = (
+    CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp", ROUNDS_LOG, ENERGY_LOG, CONFIG_FILE, SUMMARY_FILE, ACCURACY_PLOT,
+    COMMUNICATION_PLOT,
+)  # fmt: skip
 SIM_FLEET_ID = "sim"  # header fields the byte count uses: node ids are client-<i>
 PAPER_BYTES_PER_VALUE = 4  # the paper's Comm (MB): fp32 values of the received models, 1 MB = 1e6 B
 CROP_PADDING = 4  # CIFAR augmentation: random 32x32 crop of the image zero-padded by 4, plus flips
@@ -154,11 +159,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def run_simulation(config: SimConfig, dataset: Dataset) -> Path:
+def run_simulation(config: SimConfig, dataset: Dataset, *, fresh: bool = False) -> Path:
     """Run (or resume) a simulation into ``config.output``; returns the output directory.
 
     Writes ``config.json``, ``rounds.jsonl`` (one record per round), ``energy.jsonl`` and
-    ``checkpoint.pt`` (after every round). Everything is validated before the first file is written.
+    ``checkpoint.pt`` (after every round). Everything is validated before the first file is written;
+    ``fresh`` discards a previous run there (only once the new one is known to be valid).
     """
     device = resolve_device(config.device)
     if config.neighbours >= config.clients and config.topology == "random":
@@ -166,6 +172,9 @@ def run_simulation(config: SimConfig, dataset: Dataset) -> Path:
     train_parts, test_parts = partition_clients(config, dataset)
     out = config.output
     ckpt_path = out / CHECKPOINT_NAME
+    if fresh:
+        for name in RUN_FILES:
+            (out / name).unlink(missing_ok=True)
     start_round = 0
     saved = None
     if ckpt_path.exists():

@@ -88,6 +88,15 @@ def test_resume_with_other_settings_is_refused(two_round_run: Path, capsys):
     assert (two_round_run / "rounds.jsonl").read_text() == before
 
 
+def test_fresh_with_invalid_settings_keeps_the_old_run(two_round_run: Path, capsys):
+    before = {f.name: f.read_bytes() for f in two_round_run.iterdir()}
+    # 6 clients x 5000 samples exceed the demo set: refused after --fresh was asked, before it acts
+    args = [*SMALL, "--rounds", "1", "--fresh", "--output", str(two_round_run), "--samples-per-client", "5000"]
+    assert run_cli(args) == 2
+    assert "samples_per_client=5000" in capsys.readouterr().err
+    assert {f.name: f.read_bytes() for f in two_round_run.iterdir()} == before
+
+
 def test_setting_ii_with_gradient_regrowth(tmp_path: Path):
     out = tmp_path / "ii"
     assert run_cli([*SMALL, "--rounds", "1", "--setting", "ii", "--regrow", "gradient", "--output", str(out)]) == 0
