@@ -22,9 +22,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from edge_node.energy import EnergyAccountant, open_meter
+from edge_node.energy.base import Meter
 from edge_node.errors import MeterUnavailable
 
 TOLERANCE = 0.20
@@ -38,11 +41,11 @@ def _no_gpu(reason: str) -> None:
 class SmiPower:
     """Streams ``nvidia-smi`` power readings (W) with monotonic timestamps in a daemon thread."""
 
-    def __init__(self, gpu_index: int, interval_ms: int) -> None:
+    def __init__(self, gpu_index: int, interval_ms: int, executable: str = "nvidia-smi") -> None:
         self.samples: list[tuple[float, float]] = []
         self._proc = subprocess.Popen(
             [
-                "nvidia-smi",
+                executable,
                 f"--id={gpu_index}",
                 "--query-gpu=power.draw",
                 "--format=csv,noheader,nounits",
@@ -81,6 +84,56 @@ class SmiPower:
             self._proc.kill()
             self._proc.wait(timeout=5)
         self._thread.join(timeout=5)
+
+
+def measure(
+    meter: Meter,
+    smi: SmiPower,
+    step: Callable[[], None],
+    sync: Callable[[], None],
+    *,
+    seconds: float,
+    warmup_s: float,
+    settle_s: float,
+) -> dict[str, Any]:
+    """Warm up, then meter ``step`` for ``seconds`` with the accountant and with ``smi``; the figures.
+
+    ``sync`` waits for queued device work so that the window's edges are where the work is.
+    The accountant takes ownership of ``meter`` and closes it; ``smi`` is left running.
+    """
+    end_warmup = time.monotonic() + warmup_s
+    while time.monotonic() < end_warmup:
+        step()
+    sync()
+    steps = 0
+    with EnergyAccountant(meter, None) as acct:
+        t0 = time.monotonic()
+        with acct.phase("train"):
+            while time.monotonic() - t0 < seconds:
+                for _ in range(10):
+                    step()
+                steps += 10
+                sync()
+        t1 = time.monotonic()
+        record = acct.close_round(0, steps=steps)
+    time.sleep(settle_s)  # let the last readings arrive
+    smi_j, smi_n = smi.energy_j(t0, t1)
+    nvml_j = record["joules"]["train"]
+    ratio = nvml_j / smi_j if smi_j > 0 else float("inf")
+    within = abs(ratio - 1) <= TOLERANCE
+    return {
+        "window_s": round(t1 - t0, 3),
+        "steps": steps,
+        "nvml_j": round(nvml_j, 3),
+        "nvml_mean_w": round(nvml_j / (t1 - t0), 3),
+        "nvidia_smi_j": round(smi_j, 3),
+        "nvidia_smi_mean_w": round(smi_j / (t1 - t0), 3),
+        "nvidia_smi_readings": smi_n,
+        "ratio_nvml_over_smi": round(ratio, 4),
+        "within_20pct": within,
+        "ok": within and nvml_j > 0 and record["measured"] and record["source"] == "nvml",
+        "record": record,
+    }
 
 
 def main() -> None:
@@ -134,42 +187,18 @@ def main() -> None:
         optimizer.step()
 
     smi = SmiPower(args.gpu_index, args.smi_interval_ms)
-    steps = 0
     try:
-        end_warmup = time.monotonic() + args.warmup_s
-        while time.monotonic() < end_warmup:
-            step()
-        torch.cuda.synchronize(device)
-        with EnergyAccountant(meter, None) as acct:
-            t0 = time.monotonic()
-            with acct.phase("train"):
-                while time.monotonic() - t0 < args.seconds:
-                    for _ in range(10):
-                        step()
-                    steps += 10
-                    torch.cuda.synchronize(device)
-            t1 = time.monotonic()
-            record = acct.close_round(0, steps=steps)
-        time.sleep(2 * args.smi_interval_ms / 1000)  # let the last readings arrive
+        result = measure(
+            meter, smi, step, lambda: torch.cuda.synchronize(device), seconds=args.seconds, warmup_s=args.warmup_s,
+            settle_s=2 * args.smi_interval_ms / 1000,
+        )  # fmt: skip
     finally:
         smi.stop()
-    smi_j, smi_n = smi.energy_j(t0, t1)
-    nvml_j = record["joules"]["train"]
-    ratio = nvml_j / smi_j if smi_j > 0 else float("inf")
-    result = {
-        "device": torch.cuda.get_device_name(device),
-        "gpu_index": args.gpu_index,
-        "window_s": round(t1 - t0, 3),
-        "steps": steps,
-        "nvml_j": round(nvml_j, 3),
-        "nvml_mean_w": round(nvml_j / (t1 - t0), 3),
-        "nvidia_smi_j": round(smi_j, 3),
-        "nvidia_smi_mean_w": round(smi_j / (t1 - t0), 3),
-        "nvidia_smi_readings": smi_n,
-        "ratio_nvml_over_smi": round(ratio, 4),
-        "within_20pct": abs(ratio - 1) <= TOLERANCE,
-        "record": record,
-    }
+    result = {"device": torch.cuda.get_device_name(device), "gpu_index": args.gpu_index, **result}
+    record, steps, nvml_j, smi_j, smi_n, ratio = (
+        result["record"], result["steps"], result["nvml_j"], result["nvidia_smi_j"], result["nvidia_smi_readings"],
+        result["ratio_nvml_over_smi"],
+    )  # fmt: skip
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     print(
@@ -178,8 +207,7 @@ def main() -> None:
         f"({result['nvidia_smi_mean_w']:.1f} W mean, {smi_n} readings); ratio {ratio:.3f}; "
         f"record label={record['label']} source={record['source']}; written to {args.output}"
     )
-    ok = result["within_20pct"] and nvml_j > 0 and record["measured"] and record["source"] == "nvml"
-    sys.exit(0 if ok else 1)
+    sys.exit(0 if result["ok"] else 1)
 
 
 if __name__ == "__main__":
