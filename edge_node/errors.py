@@ -51,5 +51,9 @@ class TlsError(EdgeNodeError):
     """Certificates or keys are missing, invalid or not signed by the fleet CA."""
 
 
+class StorageError(EdgeNodeError):
+    """State or results could not be written (disk full, read-only, no permission); what was saved before is intact."""
+
+
 class ListenError(EdgeNodeError):
     """A server cannot listen on its address (in use, or not an address of this host)."""

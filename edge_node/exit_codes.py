@@ -10,6 +10,7 @@ class ExitCode(IntEnum):
     UNEXPECTED = 1
     BAD_INPUT = 2
     NETWORK = 3
+    STORAGE = 4
     INTERRUPTED = 130
 
 
@@ -21,5 +22,9 @@ EXIT_CODE_HELP: dict[ExitCode, str] = {
         " config, certificate or run directory. Nothing was written."
     ),
     ExitCode.NETWORK: "A network resource could not be used: a port in use, no usable interface, no peer answered.",
+    ExitCode.STORAGE: (
+        "Results or state could not be written (disk full, read-only, no permission); completed rounds and"
+        " checkpoints are intact: free space and run the same command again to resume."
+    ),
     ExitCode.INTERRUPTED: "Stopped by SIGINT before finishing; completed work (rounds, checkpoints) is kept.",
 }

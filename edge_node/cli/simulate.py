@@ -16,6 +16,7 @@ from edge_node.errors import ConfigError
 from edge_node.sim.config import SimConfig
 from edge_node.sim.report import SUMMARY_FILE, format_summary, plot_run, read_rounds, summarize
 from edge_node.sim.runner import resolve_device, run_simulation
+from edge_node.storage import atomic_write_text
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ def simulate(
     run_dir = run_simulation(config, data, fresh=fresh)
     records = read_rounds(run_dir)
     summary = summarize(records, energy_summary(load_energy_log(run_dir)))
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
     plots = plot_run(records, run_dir)
     click.echo(format_summary(summary))
     click.echo(f"\nrun directory: {run_dir.resolve()}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +20,8 @@ from types import TracebackType
 from typing import Any
 
 from edge_node.energy.base import Clock, Meter, MeterReading
-from edge_node.errors import MeterUnavailable
+from edge_node.errors import MeterUnavailable, StorageError
+from edge_node.storage import append_line, describe_failure
 
 PHASES = ("train", "aggregate", "communicate", "idle")
 IDLE = "idle"
@@ -178,11 +178,11 @@ class EnergyAccountant:
     def _append(self, line: str) -> None:
         """Append one line and fsync, so a killed daemon loses at most the round in progress."""
         assert self.log_path is not None
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("a", encoding="utf-8") as handle:
-            handle.write(line + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(describe_failure(self.log_path, exc)) from exc
+        append_line(self.log_path, line)
 
     def close(self) -> None:
         """Stop the meter's threads and release it. Idempotent; the unclosed round is dropped."""

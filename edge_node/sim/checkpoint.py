@@ -2,18 +2,19 @@
 
 Weights are stored as the values of their active positions only (they are zero elsewhere) next to
 bool masks, so a checkpoint is about (density * 4 + 2) bytes per parameter and client. Written to a
-temp file, fsynced, then renamed: a killed run never leaves a half-written checkpoint.
+temp file, fsynced, then renamed (``storage.atomic_write``): a killed run or a full disk never leaves
+a half-written checkpoint.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from edge_node.errors import CheckpointError
+from edge_node.storage import atomic_write
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
@@ -41,7 +42,11 @@ def save_checkpoint(
     train_masks: list[dict[str, torch.Tensor]],
     next_masks: list[dict[str, torch.Tensor]],
 ) -> None:
-    """Write the state after round ``round_index`` atomically to ``path``."""
+    """Write the state after round ``round_index`` atomically to ``path``.
+
+    Raises:
+        StorageError: it could not be written (disk full, ...); the previous checkpoint is intact.
+    """
     payload = {
         "format": FORMAT_VERSION,
         "round": round_index,
@@ -50,17 +55,7 @@ def save_checkpoint(
         "train_masks": [{k: v.cpu() for k, v in m.items()} for m in train_masks],
         "next_masks": [{k: v.cpu() for k, v in m.items()} for m in next_masks],
     }
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(payload, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    atomic_write(path, lambda handle: torch.save(payload, handle))
 
 
 def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:

@@ -58,6 +58,7 @@ from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_chec
 from edge_node.sim.config import SimConfig
 from edge_node.sim.report import ACCURACY_PLOT, COMMUNICATION_PLOT, ROUNDS_LOG, SUMMARY_FILE
 from edge_node.sim.topology import neighbours
+from edge_node.storage import append_line, atomic_write_text
 from edge_node.wire import ModelSpec, ValueType, encoded_model_size
 
 _LOGGER = logging.getLogger(__name__)
@@ -134,17 +135,23 @@ def _eval_batches(
 
 
 def _truncate_jsonl(path: Path, keep_before_round: int) -> None:
-    """Drop records of rounds that did not complete (a resumed run re-runs them)."""
+    """Drop records of rounds that did not complete (a resumed run re-runs them), atomically."""
     if not path.exists():
         return
     lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line)["round"] < keep_before_round]
-    path.write_text("".join(line + "\n" for line in kept))
-
-
-def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a") as fh:
-        fh.write(json.dumps(record) + "\n")
+    kept = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            round_index = json.loads(line)["round"]
+        except (ValueError, KeyError, TypeError) as exc:
+            if number == len(lines):  # a line torn by a killed process: that round re-runs anyway
+                _LOGGER.warning("dropping a torn last line of %s", path)
+                break
+            raise CheckpointError(f"{path} line {number} is not a round record: {exc}") from exc
+        if round_index < keep_before_round:
+            kept.append(line)
+    if len(kept) != len(lines):
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 def _sync(device: torch.device) -> None:
@@ -186,7 +193,7 @@ def run_simulation(config: SimConfig, dataset: Dataset, *, fresh: bool = False) 
             )
         start_round = saved["round"] + 1
     out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2) + "\n")
+    atomic_write_text(out / CONFIG_FILE, json.dumps(config.to_json(), indent=2) + "\n")
     _truncate_jsonl(out / ROUNDS_LOG, start_round)
     _truncate_jsonl(out / ENERGY_LOG, start_round)
 
@@ -247,7 +254,7 @@ def run_simulation(config: SimConfig, dataset: Dataset, *, fresh: bool = False) 
                 accountant=accountant,
             )
             record["wall_s"] = time.perf_counter() - started
-            _append_jsonl(out / ROUNDS_LOG, record)
+            append_line(out / ROUNDS_LOG, json.dumps(record))
             save_checkpoint(
                 ckpt_path,
                 round_index=t,
