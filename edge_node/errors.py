@@ -51,6 +51,10 @@ class TlsError(EdgeNodeError):
     """Certificates or keys are missing, invalid or not signed by the fleet CA."""
 
 
+class TrainingDiverged(EdgeNodeError):
+    """Local training produced a non-finite loss or weights (usually a learning rate too high)."""
+
+
 class StorageError(EdgeNodeError):
     """State or results could not be written (disk full, read-only, no permission); what was saved before is intact."""
 

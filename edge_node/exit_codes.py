@@ -11,6 +11,7 @@ class ExitCode(IntEnum):
     BAD_INPUT = 2
     NETWORK = 3
     STORAGE = 4
+    DIVERGED = 5
     INTERRUPTED = 130
 
 
@@ -25,6 +26,10 @@ EXIT_CODE_HELP: dict[ExitCode, str] = {
     ExitCode.STORAGE: (
         "Results or state could not be written (disk full, read-only, no permission); completed rounds and"
         " checkpoints are intact: free space and run the same command again to resume."
+    ),
+    ExitCode.DIVERGED: (
+        "Training diverged (a client's loss or weights became NaN or infinite); the run stopped before"
+        " recording that round, earlier rounds are kept. Lower --lr."
     ),
     ExitCode.INTERRUPTED: "Stopped by SIGINT before finishing; completed work (rounds, checkpoints) is kept.",
 }

@@ -21,6 +21,7 @@ from edge_node.algorithm.schedules import learning_rate, prune_rate
 from edge_node.algorithm.training import (
     SGDConfig,
     TrainStats,
+    all_finite,
     count_correct,
     dense_gradients,
     load_weights,
@@ -36,6 +37,7 @@ __all__ = [
     "TrainStats",
     "active_counts",
     "aggregate",
+    "all_finite",
     "check_density",
     "client_densities",
     "count_correct",

@@ -73,6 +73,11 @@ def train_masked(model: nn.Module, masks: TensorDict, batches: Iterable[Batch], 
     return TrainStats(steps=steps, samples=samples, mean_loss=mean_loss)
 
 
+def all_finite(weights: TensorDict) -> bool:
+    """True when no weight is NaN or infinite (one host read for the whole model)."""
+    return bool(torch.stack([torch.isfinite(w).all() for w in weights.values()]).all())
+
+
 def dense_gradients(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
     """Gradient of the loss on one mini-batch w.r.t. every parameter, inactive ones included."""
     names = [name for name, _ in model.named_parameters()]

@@ -9,7 +9,7 @@ import sys
 import click
 
 from edge_node import __version__
-from edge_node.errors import EdgeNodeError, ListenError, PeerUnreachable, StorageError
+from edge_node.errors import EdgeNodeError, ListenError, PeerUnreachable, StorageError, TrainingDiverged
 from edge_node.exit_codes import ExitCode
 
 # Subcommand name -> module that defines it (a click command of the same name registered on ``app``).
@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     except StorageError as exc:
         print(f"edge-node: error: {exc}", file=sys.stderr)
         sys.exit(int(ExitCode.STORAGE))
+    except TrainingDiverged as exc:
+        print(f"edge-node: error: {exc}", file=sys.stderr)
+        sys.exit(int(ExitCode.DIVERGED))
     except EdgeNodeError as exc:
         print(f"edge-node: error: {exc}", file=sys.stderr)
         sys.exit(int(ExitCode.BAD_INPUT))

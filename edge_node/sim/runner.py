@@ -25,6 +25,7 @@ from tqdm import tqdm
 from edge_node.algorithm import (
     SGDConfig,
     aggregate,
+    all_finite,
     client_densities,
     count_correct,
     dense_gradients,
@@ -51,7 +52,7 @@ from edge_node.data import (
 )
 from edge_node.data.augment import crop_flip, draw_crop_flip
 from edge_node.energy import EnergyAccountant, modelled_energy, open_meter
-from edge_node.errors import CheckpointError, ConfigError
+from edge_node.errors import CheckpointError, ConfigError, TrainingDiverged
 from edge_node.models import build_model
 from edge_node.seeding import numpy_generator, torch_generator
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
@@ -366,9 +367,15 @@ def _run_round(
             acc_before.append(accuracy(i))
             gen = torch_generator(config.seed, "train", i, t)
             stats = train_masked(model, clients.train_masks[i], train_batches(i, config.epochs, gen), sgd)
+            trained = read_weights(model)
+            if (stats.samples and not math.isfinite(stats.mean_loss)) or not all_finite(trained):
+                raise TrainingDiverged(
+                    f"training diverged in round {t}: client {i} has loss {stats.mean_loss:.4g}"
+                    f"{'' if all_finite(trained) else ' and non-finite weights'} (lr={lr:g}); the run stops before "
+                    f"recording round {t}, earlier rounds are kept; lower --lr"
+                )
             losses.append(stats.mean_loss)
             acc_after.append(accuracy(i))
-            trained = read_weights(model)
             grads = None
             if config.regrow == "gradient":  # RigL-style: dense gradient of one mini-batch
                 grads = dense_gradients(model, next(train_batches(i, 1, gen)))

@@ -46,3 +46,12 @@ def test_load_weights_copies_in_place():
     w = {n: torch.full_like(p, 0.5) for n, p in model.named_parameters()}
     load_weights(model, w)
     assert model.fc1.weight.data_ptr() == ptr and float(model.fc1.weight.detach()[0, 0]) == 0.5
+
+
+def test_all_finite_spots_nan_and_inf_anywhere():
+    from edge_node.algorithm import all_finite
+
+    ok = {"a": torch.ones(3), "b": torch.zeros(2, 2)}
+    assert all_finite(ok)
+    assert not all_finite({**ok, "b": torch.tensor([[0.0, float("nan")], [0.0, 0.0]])})
+    assert not all_finite({**ok, "a": torch.tensor([1.0, float("-inf"), 0.0])})

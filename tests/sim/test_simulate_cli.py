@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -170,3 +171,15 @@ def test_corrupt_dataset_archive_is_refused(tmp_path: Path):
     assert proc.returncode == 2, proc.stderr
     assert "cifar.tar.gz" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+def test_a_diverging_run_stops_with_exit_5_keeping_earlier_rounds(tmp_path: Path, capsys):
+    """lr=1e20: the loss turns NaN within a round or two. No accuracy of a NaN model is ever recorded."""
+    out = tmp_path / "nan"
+    assert run_cli([*SMALL, "--rounds", "3", "--lr", "1e20", "--output", str(out)]) == 5
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    found = re.match(r"edge-node: error: training diverged in round (\d+): client \d+ has loss nan", err)
+    assert found and "lower --lr" in err, err
+    diverged = int(found.group(1))
+    recorded = rounds(out) if (out / "rounds.jsonl").exists() else []
+    assert [r["round"] for r in recorded] == list(range(diverged))
