@@ -100,38 +100,39 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def plot_run(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     """Write ``accuracy.png`` and ``communication.png`` (against rounds); returns their paths."""
+    rounds = [r["round"] + 1 for r in records]
+    accuracy = [
+        ([100 * r["acc_after_mean"] for r in records], {"marker": "o", "label": "after local training"}),
+        ([100 * r["acc_before_mean"] for r in records], {"marker": ".", "label": "before (aggregated)"}),
+    ]
+    communication = [
+        ([r["busiest_node_bytes"] / 1e6 for r in records], {"marker": "o", "label": "busiest node, recv+sent"}),
+        ([r["bytes_received_mean"] / 1e6 for r in records], {"marker": ".", "label": "mean node, received"}),
+        ([r["paper_comm_mb_busiest"] for r in records], {"ls": "--", "label": "paper convention, busiest"}),
+    ]
+    return [
+        _line_plot(out_dir / ACCURACY_PLOT, rounds, accuracy, "mean client test accuracy (%)"),
+        _line_plot(out_dir / COMMUNICATION_PLOT, rounds, communication, "MB per round (1 MB = 1e6 B)"),
+    ]
+
+
+def _line_plot(path: Path, rounds: list[int], series: list[tuple[list[float], dict[str, Any]]], ylabel: str) -> Path:
+    """One PNG of ``series`` (values, matplotlib line style) against integer rounds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    rounds = [r["round"] + 1 for r in records]
-    paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(rounds, [100 * r["acc_after_mean"] for r in records], marker="o", label="after local training")
-    ax.plot(rounds, [100 * r["acc_before_mean"] for r in records], marker=".", label="before (aggregated)")
+    for values, style in series:
+        ax.plot(rounds, values, **style)
     ax.set_xlabel("round")
-    ax.set_ylabel("mean client test accuracy (%)")
+    ax.set_ylabel(ylabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    paths.append(out_dir / ACCURACY_PLOT)
-    fig.savefig(paths[-1], dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(rounds, [r["busiest_node_bytes"] / 1e6 for r in records], marker="o", label="busiest node, recv+sent")
-    ax.plot(rounds, [r["bytes_received_mean"] / 1e6 for r in records], marker=".", label="mean node, received")
-    ax.plot(rounds, [r["paper_comm_mb_busiest"] for r in records], ls="--", label="paper convention, busiest")
-    ax.set_xlabel("round")
-    ax.set_ylabel("MB per round (1 MB = 1e6 B)")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    paths.append(out_dir / COMMUNICATION_PLOT)
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-    return paths
+    return path
