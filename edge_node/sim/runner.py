@@ -52,7 +52,7 @@ from edge_node.models import build_model
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from edge_node.sim.config import SimConfig
 from edge_node.sim.report import ACCURACY_PLOT, COMMUNICATION_PLOT, ROUNDS_LOG, SUMMARY_FILE
-from edge_node.storage import append_line, atomic_write_text
+from edge_node.storage import append_line, atomic_write_text, truncate_jsonl
 from edge_node.wire import ModelSpec, ValueType, encoded_model_size
 
 _LOGGER = logging.getLogger(__name__)
@@ -80,26 +80,6 @@ def accuracy(model: torch.nn.Module, data: ClientData, batch_size: int) -> float
     """Top-1 accuracy of ``model`` as it is on the client's test samples."""
     correct, total = count_correct(model, data.eval_batches(batch_size))
     return correct / max(total, 1)
-
-
-def _truncate_jsonl(path: Path, keep_before_round: int) -> None:
-    """Drop records of rounds that did not complete (a resumed run re-runs them), atomically."""
-    if not path.exists():
-        return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            round_index = json.loads(line)["round"]
-        except (ValueError, KeyError, TypeError) as exc:
-            if number == len(lines):  # a line torn by a killed process: that round re-runs anyway
-                _LOGGER.warning("dropping a torn last line of %s", path)
-                break
-            raise CheckpointError(f"{path} line {number} is not a round record: {exc}") from exc
-        if round_index < keep_before_round:
-            kept.append(line)
-    if len(kept) != len(lines):
-        atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 def _sync(device: torch.device) -> None:
@@ -152,8 +132,8 @@ def run_simulation(config: SimConfig, dataset: Dataset, *, fresh: bool = False) 
         start_round = 0 if saved is None else saved["round"] + 1
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / CONFIG_FILE, json.dumps(config.to_json(), indent=2) + "\n")
-        _truncate_jsonl(out / ROUNDS_LOG, start_round)
-        _truncate_jsonl(out / ENERGY_LOG, start_round)
+        truncate_jsonl(out / ROUNDS_LOG, start_round)
+        truncate_jsonl(out / ENERGY_LOG, start_round)
     except BaseException:
         meter.close()
         raise
