@@ -217,7 +217,10 @@ class Node:
 
     def shutdown(self) -> None:
         """Goodbye on mDNS, stop serving (in-flight transfers get ``SERVER_GRACE_S``), close; idempotent."""
+        if self.phase == "stopped":
+            return
         self.phase = "stopping"
+        started = time.monotonic()
         sd_notify("STOPPING=1")
         for closer in reversed(self._closers):
             try:
@@ -226,6 +229,7 @@ class Node:
                 _LOGGER.exception("error while stopping %r", closer)
         self._closers.clear()
         self.phase = "stopped"
+        _LOGGER.info("stopped in %.2f s", time.monotonic() - started)
 
     # -- start-up pieces ----------------------------------------------------------------------------
     def _load_tls(self) -> TlsConfig | None:
