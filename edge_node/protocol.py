@@ -25,7 +25,8 @@ def parse_protocol_version(version: str) -> tuple[int, int]:
     """``"MAJOR.MINOR"`` as two ints; ValueError quoting the value when it is not of that form."""
     match = _VERSION_RE.fullmatch(version) if isinstance(version, str) else None
     if match is None:
-        raise ValueError(f"protocol version {version!r} is not of the form MAJOR.MINOR")
+        shown = version[:32] if isinstance(version, str) else version
+        raise ValueError(f"protocol version {shown!r} is not of the form MAJOR.MINOR")
     return int(match.group(1)), int(match.group(2))
 
 

@@ -16,12 +16,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from google.protobuf.message import DecodeError
-from google.protobuf.unknown_fields import UnknownFieldSet
 
 from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
 from edge_node.protocol import MAX_ROUND, NODE_ID_PATTERN, is_valid_node_id
 from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_stream, varint_size
-from edge_node.wire.messages import ProtoModelChunk, ProtoSparseTensor, ProtoStreamHeader, value_type_to_proto
+from edge_node.wire.messages import (
+    ProtoModelChunk,
+    ProtoSparseTensor,
+    ProtoStreamHeader,
+    unknown_field_numbers,
+    value_type_to_proto,
+)
 from edge_node.wire.spec import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MIN_MAX_MESSAGE_BYTES,
@@ -278,19 +283,15 @@ class _TensorState:
         return self.next_element == self.numel
 
 
-def _unknown_field_numbers(message: object) -> list[int]:
-    return [f.field_number for f in UnknownFieldSet(message)]
-
-
 def _check_known_fields(index: int, chunk: ProtoModelChunk) -> None:
     """Refuse fields this protocol version does not define (a server never sends them: padding)."""
-    found = _unknown_field_numbers(chunk)
+    found = unknown_field_numbers(chunk)
     where = f"message {index}"
     if not found and chunk.HasField("header"):
-        found, where = _unknown_field_numbers(chunk.header), f"message {index}, header"
+        found, where = unknown_field_numbers(chunk.header), f"message {index}, header"
     if not found:
         for tensor in chunk.tensors:
-            found = _unknown_field_numbers(tensor)
+            found = unknown_field_numbers(tensor)
             if found:
                 where = f"message {index}, tensor {tensor.name!r}"
                 break
@@ -398,13 +399,17 @@ class ModelDecoder:
             raise HeaderMismatch(f"header: {exc}") from exc
         if major != PROTOCOL_MAJOR:
             raise HeaderMismatch(
-                f"header: protocol version {proto.protocol_version!r} has major {major},"
+                f"header: protocol version {proto.protocol_version[:32]!r} has major {major},"
                 f" this node speaks {PROTOCOL_VERSION}"
             )
         if proto.fleet_id != self.expected_fleet:
-            raise HeaderMismatch(f"header: stream is from fleet {proto.fleet_id!r}, expected {self.expected_fleet!r}")
+            raise HeaderMismatch(
+                f"header: stream is from fleet {proto.fleet_id[:256]!r}, expected {self.expected_fleet!r}"
+            )
         if proto.arch_id != self.spec.arch_id:
-            raise HeaderMismatch(f"header: architecture {proto.arch_id!r} is not this model's {self.spec.arch_id!r}")
+            raise HeaderMismatch(
+                f"header: architecture {proto.arch_id[:256]!r} is not this model's {self.spec.arch_id!r}"
+            )
         if not is_valid_node_id(proto.node_id):
             raise HeaderMismatch(f"header: node id {proto.node_id[:80]!r} does not match {NODE_ID_PATTERN}")
         if self.expected_node_id is not None and proto.node_id != self.expected_node_id:

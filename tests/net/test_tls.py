@@ -61,7 +61,8 @@ def tls_server(tls: TlsConfig) -> Iterator[int]:
     gen = torch.Generator().manual_seed(0)
     weights = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
     masks = {n: torch.rand(s, generator=gen) < 0.5 for n, s in SHAPES.items()}
-    peer.publish(ModelSnapshot(weights, masks, 1, 0.5, "node-a", FLEET, SPEC.arch_id))
+    density = sum(int(m.sum()) for m in masks.values()) / sum(m.numel() for m in masks.values())
+    peer.publish(ModelSnapshot(weights, masks, 1, density, "node-a", FLEET, SPEC.arch_id))
     server, port = create_server("127.0.0.1:0", peer, tls=tls)
     server.start()
     try:
@@ -70,8 +71,8 @@ def tls_server(tls: TlsConfig) -> Iterator[int]:
         server.stop(None).wait(5)
 
 
-def raw_pull(port: int, credentials: grpc.ChannelCredentials | None) -> grpc.StatusCode | None:
-    """GetModel with hand-made credentials (None: plaintext); the status code, None on success."""
+def raw_pull(port: int, credentials: grpc.ChannelCredentials | None, node_id: str = "node-b") -> grpc.StatusCode | None:
+    """GetModel as ``node_id`` with hand-made credentials (None: plaintext); the status code, None on success."""
     options = [("grpc.ssl_target_name_override", "node-a")]
     target = f"127.0.0.1:{port}"
     channel = (
@@ -81,7 +82,7 @@ def raw_pull(port: int, credentials: grpc.ChannelCredentials | None) -> grpc.Sta
         call = channel.unary_stream(
             GET_MODEL_METHOD, request_serializer=GetModelRequest.SerializeToString, response_deserializer=bytes
         )
-        request = GetModelRequest(protocol_version="1.0", fleet_id=FLEET, arch_id=SPEC.arch_id)
+        request = GetModelRequest(protocol_version="1.0", node_id=node_id, fleet_id=FLEET, arch_id=SPEC.arch_id)
         try:
             list(call(request, timeout=5))
         except grpc.RpcError as exc:
@@ -109,7 +110,7 @@ def test_mutual_tls_pull_between_fleet_nodes(fleet: Path) -> None:
             SPEC,
             FLEET,
             tls=node_tls(fleet, "node-b"),
-            timeout_s=5,
+            deadline_s=5,
             retries=0,
         )
     assert list(result.received) == ["node-a"] and not result.failures
@@ -129,6 +130,9 @@ def test_clients_without_a_fleet_certificate_are_refused(fleet: Path) -> None:
             ca, (fleet / "node-b.key").read_bytes(), (fleet / "node-b.pem").read_bytes()
         )
         assert raw_pull(port, fleet_cert) is None  # and the server still serves its fleet
+        # ... when the node id in the request is its certificate's: node-b cannot pull as node-c
+        assert raw_pull(port, fleet_cert, node_id="node-c") is grpc.StatusCode.PERMISSION_DENIED
+        assert raw_pull(port, fleet_cert, node_id="") is grpc.StatusCode.PERMISSION_DENIED
 
 
 def test_client_refuses_server_of_another_node_or_ca(fleet: Path) -> None:
@@ -141,10 +145,11 @@ def test_client_refuses_server_of_another_node_or_ca(fleet: Path) -> None:
                 SPEC,
                 FLEET,
                 tls=node_tls(fleet, "node-a"),
-                timeout_s=5,
+                deadline_s=5,
                 retries=0,
             )
-        assert not result.received and result.failures[expected_name].startswith("UNAVAILABLE")
+        failure = result.failures[expected_name]
+        assert not result.received and failure.kind == "tls" and failure.detail.startswith("UNAVAILABLE"), failure
 
 
 def test_tls_config_checks_material_up_front(fleet: Path, tmp_path: Path) -> None:
