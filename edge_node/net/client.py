@@ -351,8 +351,11 @@ def _pull(
     last = ""
 
     def fail(kind: str, detail: str, cause: BaseException | None = None) -> NoReturn:
-        if stop.kind is not None:  # whatever broke, it broke because the caller stopped the pull
+        if stop.kind == "cancelled":  # whatever broke, it broke because the caller stopped the pull
             kind, detail = stop.kind, stop.detail
+        elif stop.kind == "timeout":  # the batch's deadline: say what the pull was waiting for
+            kind = "not-ready" if polls else "timeout"
+            detail = f"{stop.detail}; last: {last}" if last else stop.detail
         raise _Failed(PullFailure(kind, detail, wire_bytes), cause)
 
     if stop.kind is not None:
