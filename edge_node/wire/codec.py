@@ -302,10 +302,11 @@ def _check_known_fields(index: int, chunk: ProtoModelChunk) -> None:
 class ModelDecoder:
     """Validates a model stream message by message, then builds the model in ``finish``.
 
-    ``feed`` refuses a message as soon as it breaks a rule or a limit, so a caller reading from the
-    network can stop (and cancel the call) without receiving the rest; ``complete`` says when every
-    message the header announced has arrived, so the caller need not wait for the sender to end the
-    stream. The rules, beyond each chunk's own consistency: no unknown or repeated fields (a message's
+    ``feed`` refuses a message as soon as it breaks a rule or a limit (by default
+    ``WireLimits.for_spec(spec)``: about the largest valid stream of the model), so a caller reading
+    from the network can stop (and cancel the call) without receiving the rest; ``complete`` says when
+    every message the header announced has arrived, so the caller need not wait for the sender to end
+    the stream. The rules, beyond each chunk's own consistency: no unknown or repeated fields (a message's
     bytes are exactly its fields' canonical encoding); tensors in the spec's order, the chunks of one
     tensor contiguous and in order; one value type per stream; a header whose node id, round and
     density are valid (and, when given, the expected node id and round), its density within
@@ -325,7 +326,7 @@ class ModelDecoder:
         self.expected_fleet = _check_id("expected_fleet", expected_fleet)
         self.expected_node_id = None if expected_node_id is None else check_node_id(expected_node_id)
         self.expected_round = None if expected_round is None else check_round(expected_round)
-        self.limits = limits or WireLimits()
+        self.limits = limits or WireLimits.for_spec(spec)
         self.header: StreamHeader | None = None
         self.messages = 0
         self.chunks = 0
