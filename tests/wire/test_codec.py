@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from edge_node.errors import HeaderMismatch, WireDecodeError, WireLimitError
+from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
 from edge_node.wire import (
+    ModelDecoder,
     ModelSpec,
     ValueType,
     WireLimits,
@@ -296,3 +297,57 @@ def test_model_spec_arch_id_hashes_names_and_shapes() -> None:
     assert ValueType.parse("bf16") is ValueType.BFLOAT16 and ValueType.parse("fp16").itemsize == 2
     with pytest.raises(ValueError, match="value_type='int8'"):
         ValueType.parse("int8")
+
+
+@pytest.mark.parametrize("budget", [4096, 9000, 1 << 20])
+def test_limits_for_spec_admit_every_valid_stream_and_little_more(budget: int) -> None:
+    limits = WireLimits.for_spec(SPEC)
+    dense_fp32 = SPEC.total_numel * 4
+    assert limits.max_total_bytes <= dense_fp32 * 1.15 + (64 << 10) + 1024
+    for density in (0.0, 0.3, 0.99, 1.0):
+        for value_type in ValueType:
+            weights, masks = random_model(int(density * 1000) + budget, density)
+            if density == 0.99:  # all but one weight of every tensor: the largest sparse encoding
+                for mask in masks.values():
+                    mask.fill_(True).view(-1)[0] = False
+            long_ids = {"node_id": "n" * 63, "fleet_id": "f" * 255, "round": 10**15 - 1}
+            messages = encode(weights, masks, value_type=value_type, max_message_bytes=budget, **long_ids)
+            assert sum(m.ByteSize() for m in messages) <= limits.max_total_bytes
+            assert sum(len(m.tensors) for m in messages) <= limits.max_chunks
+            assert max(m.ByteSize() for m in messages) <= limits.max_message_bytes
+            decode_model(messages, SPEC, "f" * 255)  # the default limits are these
+
+
+def test_decoder_is_complete_at_the_announced_message_count() -> None:
+    weights, masks = random_model(11)
+    messages = [m.SerializeToString() for m in encode(weights, masks, max_message_bytes=SMALL)]
+    decoder = ModelDecoder(SPEC, "fleet-1", expected_node_id="node-a", expected_round=7)
+    for i, raw in enumerate(messages):
+        assert not decoder.complete
+        decoder.feed(raw)
+        assert decoder.complete == (i == len(messages) - 1)
+    assert decoder.finish().header.round == 7
+
+
+def test_decoder_refuses_what_a_canonical_sender_never_sends() -> None:
+    weights, masks = random_model(12)
+    messages = [m.SerializeToString() for m in encode(weights, masks, max_message_bytes=SMALL)]
+    with pytest.raises(WireDecodeError, match="message 1: unknown field number\\(s\\) \\[15\\]"):
+        decode_model([messages[0], messages[1] + b"\x78\x01", *messages[2:]], SPEC, "fleet-1")
+    tensor = ProtoModelChunk.FromString(messages[1]).tensors[0].SerializeToString()
+    inner = tensor + b"\xa0\x06\x01"  # field 100 (varint 1) inside the tensor
+    padded_tensor = b"\x12" + bytes([len(inner) & 0x7F | 0x80, len(inner) >> 7]) + inner
+    with pytest.raises(WireDecodeError, match="tensor 'conv1.weight': unknown field number\\(s\\) \\[100\\]"):
+        decode_model([messages[0], padded_tensor], SPEC, "fleet-1")
+    with pytest.raises(WireDecodeError, match="non-canonically encoded"):
+        decode_model([messages[0] + messages[0], *messages[1:]], SPEC, "fleet-1")  # the header field twice
+    with pytest.raises(PeerIdentityMismatch, match="from node 'node-a', but it was pulled from 'node-b'"):
+        decode_model(messages, SPEC, "fleet-1", expected_node_id="node-b")
+    with pytest.raises(HeaderMismatch, match="round 7, round 8 was asked for"):
+        decode_model(messages, SPEC, "fleet-1", expected_round=8)
+    lying = copies([ProtoModelChunk.FromString(m) for m in messages])
+    lying[0].header.density = 0.9
+    with pytest.raises(HeaderMismatch, match="density 0.9, but the masks keep 0.5"):
+        decode_model(lying, SPEC, "fleet-1")
+    with pytest.raises(ValueError, match="density=0.9 but the masks keep"):
+        encode(weights, masks, density=0.9)
