@@ -346,7 +346,8 @@ def _pull(
 ) -> DecodedModel:
     """Pull one peer's model by ``deadline`` (monotonic); raises ``_Failed`` with the reason."""
     wire_bytes = 0
-    attempts = 0
+    attempts = 0  # calls made
+    retried = 0  # of them, retries after a transient failure (polls for a round do not count)
     polls = 0
     last = ""
 
@@ -395,8 +396,9 @@ def _pull(
                 if kind == "not-ready" and round is not None:
                     polls += 1
                     wait_s = min(NOT_READY_MAX_WAIT_S, NOT_READY_FIRST_WAIT_S * 1.5 ** (polls - 1))
-                elif transient and attempts <= retries:
-                    wait_s = min(MAX_BACKOFF_S, backoff_s * 2 ** (attempts - 1))
+                elif transient and retried < retries:
+                    retried += 1
+                    wait_s = min(MAX_BACKOFF_S, backoff_s * 2 ** (retried - 1))
                 else:
                     fail(kind, last + (f" (after {attempts} attempts)" if attempts > 1 else ""), exc)
                 wait_s *= _jitter.uniform(0.5, 1.0)
