@@ -105,19 +105,11 @@ class _Published:
 REFUSAL_KINDS = ("bad-request", "protocol", "fleet", "arch", "identity", "not-ready", "gone", "busy")
 
 
-def _check_tier(tier: object) -> str:
+def _check_tier(tier: str) -> str:
     """Empty (not measured) or a known tier name/density (``heterogeneous.parse_tier``); ValueError otherwise."""
-    if tier == "":
-        return ""
-    parse_tier(tier)  # type: ignore[arg-type]  # raises ConfigError (a ValueError) for anything else
-    assert isinstance(tier, str)
+    if tier != "":
+        parse_tier(tier)  # raises ConfigError (a ValueError) for anything else
     return tier
-
-
-def _kept_fraction(spec: ModelSpec, masks: Mapping[str, torch.Tensor]) -> float:
-    total = spec.total_numel
-    active = sum(int(masks[n].sum()) if n in masks else spec.numel(n) for n in spec.shapes)
-    return active / total if total else 0.0
 
 
 def _tls_names(context: grpc.ServicerContext) -> list[str] | None:
