@@ -28,3 +28,16 @@ def test_sim_memory_bench_measures_both_layouts(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     figures = json.loads(out.read_text())
     assert figures["ours_peak_rss_gib"] > 0 and figures["naive_peak_rss_gib"] > 0
+
+
+def test_hostile_bench_quick_measures_every_attack(tmp_path: Path):
+    out = tmp_path / "hostile.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "hostile.py"), "--quick", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = {row["attack"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows["honest"]["outcome"] == "accepted" and rows["3e38 values"]["outcome"] == "screen: refused"
+    assert all(row["outcome"] != "accepted" for name, row in rows.items() if name not in ("honest", "never-ending"))
+    assert "slow-loris" in proc.stdout and "peak RSS" in proc.stdout

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from edge_node import __version__
-from edge_node.algorithm import count_correct, load_weights, read_weights, tier_name
+from edge_node.algorithm import count_correct, load_weights, read_weights, screen_peer_models, tier_name
 from edge_node.algorithm.dispfl import (
     DisPFLParams,
     aggregate_peers,
@@ -88,6 +88,8 @@ def client_index_of(node_id: str) -> int:
 @dataclass
 class _Totals:
     bytes_in: int = 0
+    bytes_out: int = 0  # served bytes as counted at the end of the last round
+    streams_served: int = 0
     rounds_run: int = 0
     acc_before: float | None = None
     acc_after: float | None = None
@@ -319,7 +321,7 @@ class Node:
                 chosen = self._lockstep_neighbours(t)
             else:
                 chosen = self._pick_peers(t)
-            received, refused = self._pull(chosen, t)
+            received, refused, bytes_in = self._pull(chosen, t)
         self._check_stop()
         snapshots = [(m.weights, m.masks) for m in received.values()]
         self.phase = "aggregate"
@@ -345,7 +347,8 @@ class Node:
             )  # fmt: skip
         self._check_stop()
         energy = acct.close_round(t)
-        bytes_in = sum(m.wire_bytes for m in received.values())
+        served_streams, served_bytes = self.server_state.served()
+        bytes_out = served_bytes - self._totals.bytes_out
         record = {
             "round": t,
             "node_id": self.node_id,
@@ -359,6 +362,9 @@ class Node:
             "peers_refused": {k: {"kind": kind, "detail": detail} for k, (kind, detail) in sorted(refused.items())},
             "refusals": _count_kinds(refused),
             "bytes_in": bytes_in,
+            "bytes_out": bytes_out,
+            "streams_served": served_streams - self._totals.streams_served,
+            "server_refusals": self.server_state.refusals(),
             "acc_before": acc_before,
             "acc_after": acc_after,
             "train_loss": trained.stats.mean_loss,
@@ -376,6 +382,7 @@ class Node:
         self._publish()
         totals = self._totals
         totals.bytes_in += bytes_in
+        totals.bytes_out, totals.streams_served = served_bytes, served_streams
         totals.rounds_run += 1
         totals.acc_before, totals.acc_after = acc_before, acc_after
         totals.energy_j += energy["total_j"]
@@ -387,9 +394,9 @@ class Node:
             write_onnx(self.config.state_dir / ONNX_FILE, self.model, new_state.weights, data.pool.input_shape)
         refused_text = f", refused {_count_kinds(refused)}" if refused else ""
         _LOGGER.info(
-            "round %d: %d/%d peers answered%s, accuracy %.1f%% -> %.1f%%, in %.2f MB, %.1f s, %.3g J (%s)",
+            "round %d: %d/%d peers answered%s, accuracy %.1f%% -> %.1f%%, in %.2f MB, out %.2f MB, %.1f s, %.3g J (%s)",
             t, len(received), len(chosen), refused_text, 100 * acc_before, 100 * acc_after, bytes_in / 1e6,
-            energy["duration_s"], energy["total_j"], energy["label"],
+            bytes_out / 1e6, energy["duration_s"], energy["total_j"], energy["label"],
         )  # fmt: skip
         if not chosen and not self.config.lockstep:
             self.should_exit.wait(IDLE_WITHOUT_PEERS_S)  # nobody found yet: trained locally, keep looking
@@ -523,30 +530,43 @@ class Node:
                 return
             self.should_exit.wait(LOCKSTEP_POLL_S)
 
-    def _pull(self, chosen: list[PeerAddress], t: int) -> tuple[dict[str, DecodedModel], dict[str, tuple[str, str]]]:
-        """Pull ``chosen`` in parallel; returns the snapshots kept and (kind, detail) for every refusal."""
+    def _pull(
+        self, chosen: list[PeerAddress], t: int
+    ) -> tuple[dict[str, DecodedModel], dict[str, tuple[str, str]], int]:
+        """Pull ``chosen`` in parallel and screen what arrived.
+
+        Returns the snapshots kept, ``(kind, detail)`` for every peer refused (a failed pull, a stale
+        snapshot, or one the screen refused), and the bytes received (refused streams included).
+        """
         if not chosen:
-            return {}, {}
+            return {}, {}, 0
+        lockstep = self.config.lockstep
         result = pull_models(
-            chosen, self.spec, self.config.fleet, node_id=self.node_id, timeout_s=self.config.pull_timeout_s,
-            retries=1, tls=self.tls, insecure=self.config.insecure,
+            chosen, self.spec, self.config.fleet, node_id=self.node_id, round=t if lockstep else None,
+            deadline_s=self.config.round_budget_s if lockstep else self.config.pull_timeout_s,
+            tls=self.tls, insecure=self.config.insecure, cancel=self.should_exit,
         )  # fmt: skip
-        refused: dict[str, tuple[str, str]] = {k: _failure_kind(v) for k, v in result.failures.items()}
-        received: dict[str, DecodedModel] = {}
+        refused: dict[str, tuple[str, str]] = {k: (f.kind, f.detail) for k, f in result.failures.items()}
+        bytes_in = sum(m.wire_bytes for m in result.received.values())
+        bytes_in += sum(f.wire_bytes for f in result.failures.values())
+        fresh: dict[str, DecodedModel] = {}
         for node_id, model in result.received.items():
             behind = t - model.header.round
-            if self.config.lockstep and model.header.round != t:
-                refused[node_id] = ("stale", f"lockstep round {t} needs snapshot {t}, got {model.header.round}")
-            elif behind > self.config.staleness:
+            if behind > self.config.staleness:
                 refused[node_id] = ("stale", f"snapshot of round {model.header.round} is {behind} rounds behind")
             else:
-                received[node_id] = model
+                fresh[node_id] = model
+        weights, mask = published(self.state)
+        screen = screen_peer_models(weights, mask, [(k, m.weights, m.masks) for k, m in fresh.items()])
+        for node_id, reason in screen.refused.items():
+            refused[node_id] = ("screened", reason)
+        received = {k: fresh[k] for k in screen.accepted}
         for node_id, model in received.items():
             self.tracker.success(node_id, model.header.round)
         for node_id, (kind, detail) in refused.items():
-            if kind != "stale":
+            if kind not in ("stale", "cancelled"):
                 self.tracker.failure(node_id, kind, detail)
-        return received, refused
+        return received, refused, bytes_in
 
     # -- status -------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -578,6 +598,8 @@ class Node:
             "accuracy_before": totals.acc_before,
             "accuracy_after": totals.acc_after,
             "bytes_in_total": totals.bytes_in,
+            "bytes_out_total": self.server_state.served()[1] if hasattr(self, "server_state") else 0,
+            "server_refusals": self.server_state.refusals() if hasattr(self, "server_state") else {},
             "rounds_this_run": totals.rounds_run,
             "energy_j_this_run": round(totals.energy_j, 3),
             "energy_label": totals.energy_label,
@@ -613,16 +635,6 @@ def _parse_id_endpoint(entry: str) -> tuple[str, str, int]:
     if not sep or not host or not port.isdigit():
         raise ConfigError(f"lockstep peer {entry!r} must be ID@HOST:PORT")
     return node_id, host.strip("[]"), int(port)
-
-
-def _failure_kind(reason: str) -> tuple[str, str]:
-    """(kind, detail) of a pull failure's one-line reason."""
-    head = reason.split(":", 1)[0].strip()
-    kinds = {
-        "UNAVAILABLE": "unreachable", "DEADLINE_EXCEEDED": "timeout", "FAILED_PRECONDITION": "refused",
-        "WireDecodeError": "decode", "WireLimitError": "limit", "HeaderMismatch": "header",
-    }  # fmt: skip
-    return kinds.get(head, "other"), reason
 
 
 def _count_kinds(refused: dict[str, tuple[str, str]]) -> dict[str, int]:

@@ -35,7 +35,7 @@ from edge_node.net.discovery.mdns import _usable_order, parse_default_routes
 from edge_node.protocol import PROTOCOL_VERSION, protocol_major
 
 FIELDS = TxtFields(
-    protocol_version="1.0",
+    protocol_version=PROTOCOL_VERSION,
     node_id="pi-07",
     fleet="lab",
     arch="cnn:10:3f2a",
