@@ -31,7 +31,8 @@ from edge_node.net.discovery import (
     read_peers_file,
     resolve_interfaces,
 )
-from edge_node.net.discovery.mdns import _usable_order, parse_default_routes
+from edge_node.net.discovery.mdns import parse_default_routes
+from edge_node.net.discovery.peer_book import usable_order as _usable_order
 from edge_node.protocol import PROTOCOL_VERSION, protocol_major
 
 FIELDS = TxtFields(
@@ -230,9 +231,9 @@ def test_format_table_lists_the_operator_columns() -> None:
 # -- static discovery ------------------------------------------------------------------------------
 def test_parse_peers_accepts_hosts_ipv4_and_bracketed_ipv6() -> None:
     assert parse_peers("pi-1.lan:7000, 10.0.0.3:7001,[fd00::4]:7002 10.0.0.3:7001") == [
-        ("pi-1.lan", 7000),
-        ("10.0.0.3", 7001),
-        ("fd00::4", 7002),
+        ("pi-1.lan", 7000, None),
+        ("10.0.0.3", 7001, None),
+        ("fd00::4", 7002, None),
     ]
 
 
@@ -247,7 +248,12 @@ def test_parse_peers_refuses_bad_items_quoting_them(spec: str) -> None:
 def test_peers_file_with_comments(tmp_path: Path) -> None:
     path = tmp_path / "peers.txt"
     path.write_text("# the lab fleet\npi-1:7000\n\n10.0.0.3:7001  # spare\n[fd00::4]:7002,pi-5:7000\n")
-    assert read_peers_file(path) == [("pi-1", 7000), ("10.0.0.3", 7001), ("fd00::4", 7002), ("pi-5", 7000)]
+    assert read_peers_file(path) == [
+        ("pi-1", 7000, None),
+        ("10.0.0.3", 7001, None),
+        ("fd00::4", 7002, None),
+        ("pi-5", 7000, None),
+    ]
     path.write_text("pi-1:7000\nnonsense\n")
     with pytest.raises(ConfigError, match="peers.txt.*nonsense"):
         read_peers_file(path)
