@@ -492,9 +492,11 @@ class MdnsDiscovery(Discovery):
                     self._announce()
                 if now >= next_sweep or woken:
                     if now - last_sweep >= _MIN_SWEEP_GAP_S:
-                        self._apply(self._book.sweep(current_time_millis(), bucket))
+                        sweep = self._book.sweep(current_time_millis(), bucket)
+                        self._apply(sweep)
                         last_sweep = now
-                        next_sweep = now + self.sweep_interval_s
+                        # at the interval, or sooner when a resolve, refresh or expiry falls due
+                        next_sweep = max(now + _MIN_SWEEP_GAP_S, min(now + self.sweep_interval_s, sweep.next_due_s))
                     else:
                         next_sweep = min(next_sweep, last_sweep + _MIN_SWEEP_GAP_S)
                 due = browse_at[0] if browse_at else last_browse + _BROWSE_EVERY_S

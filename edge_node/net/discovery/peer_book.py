@@ -26,6 +26,7 @@ import collections
 import dataclasses
 import ipaddress
 import logging
+import math
 import random
 import socket
 import threading
@@ -199,6 +200,10 @@ class Sweep:
     upserts: list[tuple[str, PeerInfo]] = field(default_factory=list)
     removals: list[Removal] = field(default_factory=list)
     queries: list[DNSOutgoing] = field(default_factory=list)
+    next_due_s: float = math.inf  # when (monotonic) the next resolve, refresh or expiry falls due
+
+    def due(self, at_s: float) -> None:
+        self.next_due_s = min(self.next_due_s, at_s)
 
 
 class PeerBook:
@@ -521,7 +526,7 @@ class PeerBook:
                         self._drop(key, "error", now_s, cooldown=True)
             out.removals.extend(self._removals)
             self._removals.clear()
-            out.queries = self._queries(refresh, resolve, now_ms, now_s, bucket)
+            out.queries = self._queries(refresh, resolve, now_ms, now_s, bucket, out)
         return out
 
     def _sweep_one(
@@ -549,8 +554,10 @@ class PeerBook:
             if now_s >= entry.next_query_s:
                 if entry.attempts > len(_RESOLVE_GAPS_S):
                     self._drop(key, "unresolved", now_s, cooldown=True)
-                else:
-                    resolve.append(entry)
+                    return
+                resolve.append(entry)
+            else:
+                out.due(entry.next_query_s)
             return
         peer, refusal = self._peer(entry, now_ms, now_s)
         if refusal is not None:
@@ -564,6 +571,10 @@ class PeerBook:
         out.upserts.append((entry.name, peer))
         if self._refresh_due(entry, now_ms, now_s):
             refresh.append(entry)
+        ttl_ms = entry.srv_ttl_s * 1000.0
+        expires_s = now_s + (entry.srv_created_ms + ttl_ms - now_ms) / 1000.0
+        refresh_s = now_s + (entry.srv_created_ms + ttl_ms * _REFRESH_FROM - now_ms) / 1000.0
+        out.due(expires_s if refresh_s <= now_s else min(expires_s, refresh_s))
 
     def _peer(self, entry: _Entry, now_ms: float, now_s: float) -> tuple[PeerInfo | None, tuple[str, str] | None]:
         assert entry.txt is not None
@@ -602,23 +613,34 @@ class PeerBook:
         return now_s - entry.last_refresh_s >= gap_s * random.uniform(0.9, 1.0)
 
     def _queries(
-        self, refresh: list[_Entry], resolve: list[_Entry], now_ms: float, now_s: float, bucket: TokenBucket
+        self,
+        refresh: list[_Entry],
+        resolve: list[_Entry],
+        now_ms: float,
+        now_s: float,
+        bucket: TokenBucket,
+        out: Sweep,
     ) -> list[DNSOutgoing]:
-        """Query packets for the due names (refreshes of listed peers first), one token each."""
+        """Query packets for the due names (refreshes of listed peers first), one token each.
+
+        Names the budget cannot cover now are due again when the next token is; each packet that
+        could not be sent counts once as ``query_budget``.
+        """
         packets: list[DNSOutgoing] = []
         due = refresh + resolve
         for start in range(0, len(due), _NAMES_PER_QUERY):
             chunk = due[start : start + _NAMES_PER_QUERY]
             if not bucket.take():
-                self.refusals.add("query_budget", len(due) - start)
+                self.refusals.add("query_budget", math.ceil((len(due) - start) / _NAMES_PER_QUERY))
+                out.due(now_s + max(0.0, 1.0 - bucket.available()) / bucket.rate_per_s)
                 break
-            out = DNSOutgoing(_FLAGS_QUERY)
+            query = DNSOutgoing(_FLAGS_QUERY)
             for entry in chunk:
-                out.add_question(DNSQuestion(entry.name, _TYPE_SRV, _CLASS_IN))
-                out.add_question(DNSQuestion(entry.name, _TYPE_TXT, _CLASS_IN))
+                query.add_question(DNSQuestion(entry.name, _TYPE_SRV, _CLASS_IN))
+                query.add_question(DNSQuestion(entry.name, _TYPE_TXT, _CLASS_IN))
                 if entry.server is not None:
-                    out.add_question(DNSQuestion(entry.server, _TYPE_A, _CLASS_IN))
-                    out.add_question(DNSQuestion(entry.server, _TYPE_AAAA, _CLASS_IN))
+                    query.add_question(DNSQuestion(entry.server, _TYPE_A, _CLASS_IN))
+                    query.add_question(DNSQuestion(entry.server, _TYPE_AAAA, _CLASS_IN))
                 if entry.listed:
                     entry.last_refresh_s = now_s
                 else:
@@ -626,7 +648,8 @@ class PeerBook:
                     gap = gaps[entry.attempts] if entry.attempts < len(gaps) else _RESOLVE_GIVE_UP_S
                     entry.attempts += 1
                     entry.next_query_s = now_s + gap * random.uniform(0.9, 1.1)
-            packets.append(out)
+                    out.due(entry.next_query_s)
+            packets.append(query)
         return packets
 
     def browse_query(self, now_ms: float) -> DNSOutgoing:
