@@ -103,10 +103,7 @@ def response_packets(groups: Iterable[list[Any]], per_packet: int) -> list[bytes
 def burst_packets(n: int, *, fleet: str, subnet: str, per_packet: int = 8, ttl: int = 4500) -> list[bytes]:
     """``n`` complete fake services of ``fleet`` (addresses ``subnet``.10-.249), ``per_packet`` a packet."""
     return response_packets(
-        (
-            service_records(f"fake-{i:05d}", fleet=fleet, address=f"{subnet}.{10 + i % 240}", ttl=ttl)
-            for i in range(n)
-        ),
+        (service_records(f"fake-{i:05d}", fleet=fleet, address=f"{subnet}.{10 + i % 240}", ttl=ttl) for i in range(n)),
         per_packet,
     )
 
