@@ -100,10 +100,15 @@ def response_packets(groups: Iterable[list[Any]], per_packet: int) -> list[bytes
     return packets
 
 
-def burst_packets(n: int, *, fleet: str, subnet: str, per_packet: int = 8, ttl: int = 4500) -> list[bytes]:
-    """``n`` complete fake services of ``fleet`` (addresses ``subnet``.10-.249), ``per_packet`` a packet."""
+def burst_packets(
+    n: int, *, fleet: str, subnet: str, per_packet: int = 8, ttl: int = 4500, first: int = 0
+) -> list[bytes]:
+    """``n`` complete fake services ``fake-<first>``... of ``fleet`` (addresses ``subnet``.10-.249)."""
     return response_packets(
-        (service_records(f"fake-{i:05d}", fleet=fleet, address=f"{subnet}.{10 + i % 240}", ttl=ttl) for i in range(n)),
+        (
+            service_records(f"fake-{i:06d}", fleet=fleet, address=f"{subnet}.{10 + i % 240}", ttl=ttl)
+            for i in range(first, first + n)
+        ),
         per_packet,
     )
 
@@ -272,7 +277,13 @@ def run_attacker(address: str) -> None:
         op = cmd["op"]
         pace_s = float(cmd.get("pace_s", 0.0))
         if op == "burst":
-            packets = burst_packets(cmd["n"], fleet=cmd["fleet"], subnet=cmd["subnet"], per_packet=cmd["per_packet"])
+            packets = burst_packets(
+                cmd["n"],
+                fleet=cmd["fleet"],
+                subnet=cmd["subnet"],
+                per_packet=cmd["per_packet"],
+                first=cmd.get("first", 0),
+            )
             _emit({"event": "sent", **send(packets, pace_s)})
         elif op == "ptr_only":
             _emit({"event": "sent", **send(ptr_only_packets(cmd["n"], per_packet=cmd["per_packet"]), pace_s)})

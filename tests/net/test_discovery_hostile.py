@@ -117,7 +117,7 @@ def test_a_burst_of_5000_fake_services_keeps_the_real_peers_and_bounds_the_cost(
     assert len(after["peers"]) <= max_peers and after["book"]["tracked"] <= max_peers
     assert rss_growth_mb < 15.0
     assert cpu_after_s < 0.5, "the victim kept working after the burst"
-    assert queries <= rate * (after["t"] - sent["t0"]) + burst
+    assert queries <= rate * (after["t"] - sent["t0"]) + burst + 1  # +1: sent just before the window, heard in it
 
 
 @pytest.mark.netns

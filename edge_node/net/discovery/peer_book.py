@@ -57,7 +57,9 @@ DEFAULT_QUERY_BURST = 8
 _RESOLVE_FIRST_S = 0.25  # a newcomer's records usually arrive with its PTR; ask only if they did not
 _RESOLVE_GAPS_S = (1.0, 2.0, 4.0)  # then ask again after these gaps (per-name backoff) ...
 _RESOLVE_GIVE_UP_S = 3.0  # ... and drop the name this long after the last attempt
-_REFRESH_FROM = 0.5  # fraction of a peer's TTL after which its records are re-queried
+_REFRESH_FROM = 0.5  # fraction of a peer's TTL after which its records are re-queried ...
+_REFRESH_JITTER = 0.1  # ... plus a random part of up to this fraction, drawn per record (RFC 6762 5.2): the
+# first node to ask refreshes every listener on the link, so the others, later, need not ask at all
 _REFRESH_EVERY = 0.1  # ... and again every this fraction of the TTL until they are fresh
 _MIN_QUERY_GAP_S = 0.5  # never query one peer more often than this
 _NAMES_PER_QUERY = 6  # names asked in one query packet (4 questions each; < 1460 bytes with 63-char ids)
@@ -166,6 +168,7 @@ class _Entry:
     port: int = 0
     srv_created_ms: float = 0.0
     srv_ttl_s: int = 0
+    refresh_from: float = _REFRESH_FROM  # this SRV record's refresh point, a fraction of its TTL
     txt: bytes | None = None
     addresses: dict[str, float] = field(default_factory=dict)  # address -> created (ms)
     address_refusal: str | None = None  # why the last refused address was refused
@@ -386,6 +389,8 @@ class PeerBook:
                 entry.addresses.clear()
                 self._by_server.setdefault(server_key, set()).add(record.key)
             entry.server, entry.server_key, entry.port = server, server_key, port
+            if record.created != entry.srv_created_ms:
+                entry.refresh_from = _REFRESH_FROM + random.uniform(0.0, _REFRESH_JITTER)
             entry.srv_created_ms, entry.srv_ttl_s = record.created, record.ttl
             return material
         if record.is_expired(now_ms):  # a TXT goodbye: the SRV's (or PTR's) decides
@@ -573,7 +578,7 @@ class PeerBook:
             refresh.append(entry)
         ttl_ms = entry.srv_ttl_s * 1000.0
         expires_s = now_s + (entry.srv_created_ms + ttl_ms - now_ms) / 1000.0
-        refresh_s = now_s + (entry.srv_created_ms + ttl_ms * _REFRESH_FROM - now_ms) / 1000.0
+        refresh_s = now_s + (entry.srv_created_ms + ttl_ms * entry.refresh_from - now_ms) / 1000.0
         out.due(expires_s if refresh_s <= now_s else min(expires_s, refresh_s))
 
     def _peer(self, entry: _Entry, now_ms: float, now_s: float) -> tuple[PeerInfo | None, tuple[str, str] | None]:
@@ -607,7 +612,7 @@ class PeerBook:
     @staticmethod
     def _refresh_due(entry: _Entry, now_ms: float, now_s: float) -> bool:
         ttl_ms = entry.srv_ttl_s * 1000.0
-        if ttl_ms <= 0 or now_ms - entry.srv_created_ms < ttl_ms * _REFRESH_FROM:
+        if ttl_ms <= 0 or now_ms - entry.srv_created_ms < ttl_ms * entry.refresh_from:
             return False
         gap_s = max(_MIN_QUERY_GAP_S, entry.srv_ttl_s * _REFRESH_EVERY)
         return now_s - entry.last_refresh_s >= gap_s * random.uniform(0.9, 1.0)
