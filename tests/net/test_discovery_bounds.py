@@ -164,6 +164,18 @@ def test_a_cache_flush_address_replaces_the_old_one() -> None:
     assert peer.addresses == ["10.0.0.9"]
 
 
+def test_a_listed_peer_whose_address_is_withdrawn_keeps_its_listing_and_is_asked_again() -> None:
+    clock = Clock()
+    book = make_book(clock)
+    book.observe(announce(clock, "pi-1", address="10.0.0.5"), clock.ms)
+    sweep(book, clock)
+    clock.t += 1
+    gone = DNSAddress("pi-1.local.", _A, _IN | _UNIQUE, 0, socket.inet_aton("10.0.0.5"), created=clock.ms)
+    assert book.observe([gone], clock.ms)
+    result = sweep(book, clock)
+    assert not result.upserts and not result.removals and asked(result) == {"pi-1"}
+
+
 # -- the bound ---------------------------------------------------------------------------------------
 def test_newcomers_beyond_the_bound_are_refused_and_never_resolved() -> None:
     clock = Clock()

@@ -552,6 +552,10 @@ class PeerBook:
             if not live:
                 self._drop(key, None, now_s, why="its records expired (TTL)")
                 return
+            if not entry.addresses:  # withdrawn (TTL 0) or its server changed: keep what was listed, ask
+                if self._refresh_due(entry, now_ms, now_s, now=True):
+                    refresh.append(entry)
+                return
         elif not (live and entry.txt is not None and entry.addresses):
             if live and entry.txt is not None and entry.address_refusal is not None:
                 self._drop(key, None, now_s, why=_WHY[entry.address_refusal])  # counted as each came
@@ -610,9 +614,10 @@ class PeerBook:
         return (None, rejection) if rejection is not None else (peer, None)
 
     @staticmethod
-    def _refresh_due(entry: _Entry, now_ms: float, now_s: float) -> bool:
+    def _refresh_due(entry: _Entry, now_ms: float, now_s: float, *, now: bool = False) -> bool:
+        """Past the entry's refresh point (or ``now``), and not asked within the last tenth of its TTL."""
         ttl_ms = entry.srv_ttl_s * 1000.0
-        if ttl_ms <= 0 or now_ms - entry.srv_created_ms < ttl_ms * entry.refresh_from:
+        if ttl_ms <= 0 or (not now and now_ms - entry.srv_created_ms < ttl_ms * entry.refresh_from):
             return False
         gap_s = max(_MIN_QUERY_GAP_S, entry.srv_ttl_s * _REFRESH_EVERY)
         return now_s - entry.last_refresh_s >= gap_s * random.uniform(0.9, 1.0)
