@@ -51,7 +51,7 @@ from edge_node.energy import EnergyAccountant, open_meter
 from edge_node.errors import ConfigError, ListenError, PeerUnreachable, TlsError, TrainingDiverged
 from edge_node.models import build_model
 from edge_node.net import PeerAddress, PeerServer, TlsConfig, create_server, hello, pull_models
-from edge_node.net.discovery import Discovery, MdnsDiscovery, PeerInfo, StaticDiscovery
+from edge_node.net.discovery import Discovery, MdnsDiscovery, PeerInfo, StaticDiscovery, parse_peers
 from edge_node.net.server import ModelSnapshot
 from edge_node.node import capacity
 from edge_node.node.config import NodeConfig
@@ -151,6 +151,11 @@ class Node:
         self._lock.acquire()
         self._closers.append(self._lock.release)
         check_listen_free(config.listen)  # fail fast, before the data is loaded
+        if config.lockstep and self._lockstep_fleet()[self.client_index][0] != self.node_id:
+            raise ConfigError(
+                f"lockstep: peers entry {self.client_index} (this node's client index) is "
+                f"{self._lockstep_fleet()[self.client_index][0]!r}, not this node {self.node_id!r}"
+            )
         self.local: LocalData = load_local_data(config, self.client_index, self.device)
         self.model = build_model(config.model, self.local.num_classes, seed=config.seed).to(self.device)
         init_weights = read_weights(self.model)
@@ -301,7 +306,7 @@ class Node:
             density=self.density, round=self.rounds_done, fingerprint=self.tls.fingerprint if self.tls else None,
         )  # fmt: skip
         if config.discovery in ("static", "both"):
-            found.append(StaticDiscovery([_endpoint_of(p) for p in config.peers], **common))
+            found.append(StaticDiscovery(list(config.peers), require_node_ids=self.tls is not None, **common))
         if config.discovery in ("mdns", "both"):
             found.append(MdnsDiscovery(interfaces=list(config.interfaces) or None, **common))
         for discovery in found:
@@ -495,8 +500,8 @@ class Node:
         return [_address(live[node_id]) for node_id in chosen]
 
     def _lockstep_fleet(self) -> list[tuple[str, str, int]]:
-        """The fleet in client-index order: (node id, host, port) of each ``peers`` entry."""
-        return [_parse_id_endpoint(entry) for entry in self.config.peers]
+        """The fleet in client-index order: (node id, host, port) of each ``peers`` entry (checked by the config)."""
+        return [(p.node_id or "", p.host, p.port) for p in parse_peers(list(self.config.peers))]
 
     def _lockstep_neighbours(self, t: int) -> list[PeerAddress]:
         fleet = self._lockstep_fleet()
@@ -566,6 +571,12 @@ class Node:
         for node_id, (kind, detail) in refused.items():
             if kind not in ("stale", "cancelled"):
                 self.tracker.failure(node_id, kind, detail)
+        for discovery in self.discoveries:  # proven peers are never evicted from a bounded table for newcomers
+            for node_id in received:
+                discovery.record_pull(node_id, True)
+            for node_id, (kind, _) in refused.items():
+                if kind != "cancelled":
+                    discovery.record_pull(node_id, kind == "stale")
         return received, refused, bytes_in
 
     # -- status -------------------------------------------------------------------------------------
@@ -622,19 +633,6 @@ def check_listen_free(listen: str) -> None:
 
 def _address(peer: PeerInfo) -> PeerAddress:
     return PeerAddress(node_id=peer.node_id, host=peer.addresses[0], port=peer.port)
-
-
-def _endpoint_of(entry: str) -> str:
-    """``HOST:PORT`` of a static peer entry (``ID@HOST:PORT`` or ``HOST:PORT``)."""
-    return entry.split("@", 1)[1] if "@" in entry else entry
-
-
-def _parse_id_endpoint(entry: str) -> tuple[str, str, int]:
-    node_id, sep, endpoint = entry.partition("@")
-    host, _, port = endpoint.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(f"lockstep peer {entry!r} must be ID@HOST:PORT")
-    return node_id, host.strip("[]"), int(port)
 
 
 def _count_kinds(refused: dict[str, tuple[str, str]]) -> dict[str, int]:

@@ -364,6 +364,10 @@ def test_cli_announce_and_json_listing(lo_ns: str) -> None:
             assert peer["fleet"] == FLEET and peer["protocol_version"] == PROTOCOL_VERSION
             assert peer["tier"] == "probe" and peer["density"] == 1.0 and peer["round"] == 0
             assert peer["fingerprint"] is None and peer["arch"] == ""
+        # --static: ID@HOST:PORT lines, the syntax of --peers and peers files
+        static = run_in_netns(lo_ns, [*base, "--fleet", FLEET, "--static", "--timeout", "3"], timeout_s=60)
+        assert static.returncode == 0, static.stderr
+        assert sorted(static.stdout.split()) == ["A@127.0.0.1:5001", "B@127.0.0.1:5002"]
         # each announcer lists the other one (table rows start with the id)
         assert announcers[0].wait_for(lambda lines: any(line.startswith("B ") for line in lines), FIND_S)
         assert announcers[1].wait_for(lambda lines: any(line.startswith("A ") for line in lines), FIND_S)
