@@ -164,9 +164,9 @@ class Node:
         self.checkpoint_path = config.state_dir / CHECKPOINT_FILE
         saved = load_checkpoint(self.checkpoint_path, identity, self.device)
         self.capacity = self._decide_capacity(saved)
+        self.resumed = saved is not None
         if saved is not None:
             self.state, self.rounds_done = saved.state, saved.rounds_done
-            _LOGGER.info("resuming from %s: %d rounds done", self.checkpoint_path, self.rounds_done)
         else:
             self.state = start(
                 init_weights, self.capacity.density, seed=config.seed, client=self.client_index,
@@ -207,7 +207,7 @@ class Node:
             f"node {self.node_id} of fleet {self.config.fleet}: {self.spec.arch_id}, tier {self.tier} "
             f"({self.capacity.decided_by}), serving on port {self.port} "
             f"({'mutual TLS' if self.tls else 'INSECURE plaintext'}), {self.local.description}, "
-            f"{self.rounds_done} rounds done"
+            f"{self.rounds_done} rounds done" + (f", resumed from {self.checkpoint_path}" if self.resumed else "")
         )
 
     def main_loop(self) -> None:
