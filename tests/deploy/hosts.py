@@ -100,7 +100,9 @@ def build_rootfs(cache_dir: Path = CACHE_DIR) -> Path:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=DEBOOTSTRAP_TIMEOUT_S)
         if result.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(f"debootstrap failed ({result.returncode}): {result.stdout[-2000:]}{result.stderr[-2000:]}")
+            raise RuntimeError(
+                f"debootstrap failed ({result.returncode}): {result.stdout[-2000:]}{result.stderr[-2000:]}"
+            )
         _customise_rootfs(tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -290,8 +292,9 @@ def test_fleet(rootfs: Path, count: int, workdir: Path) -> Iterator[Fleet]:
             log = open(base / name / "console.log", "wb")  # noqa: SIM115 (closed by the callback below)
             stack.callback(log.close)
             cmd = [
-                "systemd-nspawn", "--boot", "--register=no", "--keep-unit", f"--network-bridge={bridge}", f"--directory={host.merged}", f"--machine={tag}-{name}",
-                f"--hostname={name}", "--console=pipe", "--quiet",
+                "systemd-nspawn", "--boot", "--register=no", "--keep-unit", f"--network-bridge={bridge}",
+                f"--directory={host.merged}", f"--machine={tag}-{name}", f"--hostname={name}",
+                "--console=pipe", "--quiet",
             ]  # fmt: skip
             host.process = subprocess.Popen(
                 cmd,

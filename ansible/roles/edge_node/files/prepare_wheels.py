@@ -127,7 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         requirements = [r for r in args.requirement if r]
         result = fill_wheelhouse(
-            args.wheel.resolve(), args.dest.resolve(), args.machine, args.glibc, args.python, requirements, args.pip_args
+            args.wheel.resolve(),
+            args.dest.resolve(),
+            args.machine,
+            args.glibc,
+            args.python,
+            requirements,
+            args.pip_args,
         )
     print(json.dumps(result))
     return 0
