@@ -7,13 +7,14 @@ reaches them over SSH exactly as it would reach a fleet. One rootfs and one cont
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,16 +109,24 @@ def fleet(rootfs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[de
         assert not left, f"test hosts left behind: {left}"
 
 
-def write_inventory(fleet: deploy_hosts.Fleet, path: Path, extra_vars: Sequence[str] = (), **host_vars: dict) -> Path:
-    """An inventory of the fleet's hosts in groups ``test`` with the test settings, plus ``extra_vars`` lines."""
-    settings = [
-        "edge_node_fleet=deploy-test",
-        "edge_node_install_from=wheelhouse",  # the hosts have no route to a package index
-        "edge_node_apt_update_cache=false",
-        "edge_node_torch_requirement=torch==2.13.0+cpu",  # the CPU build; the plain name pulls CUDA
-        f"edge_node_controller_dir={CONTROLLER_CACHE}",
-        *extra_vars,
-    ]
-    text = fleet.inventory(host_vars=host_vars) + "\n[all:vars]\n" + "\n".join(settings) + "\n"
-    path.write_text(text)
+def write_inventory(
+    fleet: deploy_hosts.Fleet, path: Path, extra_vars: dict[str, object] | None = None, **host_vars: dict
+) -> Path:
+    """An inventory of the fleet's hosts with the test settings in ``group_vars/all.yml`` beside it.
+
+    Group variables go in YAML (typed: lists stay lists) rather than an INI ``[all:vars]`` section,
+    where every value is a string. ``host_vars`` (per host name) go on the host lines.
+    """
+    settings: dict[str, object] = {
+        "edge_node_fleet": "deploy-test",
+        "edge_node_install_from": "wheelhouse",  # the hosts have no route to a package index
+        "edge_node_apt_update_cache": False,
+        "edge_node_torch_requirement": "torch==2.13.0+cpu",  # the CPU build; the plain name pulls CUDA
+        "edge_node_controller_dir": str(CONTROLLER_CACHE),
+        "edge_node_interfaces": ["host0"],  # the hosts have no default route, which the daemon's default wants
+        **(extra_vars or {}),
+    }
+    (path.parent / "group_vars").mkdir(exist_ok=True)
+    (path.parent / "group_vars" / "all.yml").write_text(json.dumps(settings, indent=2) + "\n")  # JSON is YAML
+    path.write_text(fleet.inventory(host_vars=host_vars))
     return path

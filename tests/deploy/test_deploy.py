@@ -121,7 +121,7 @@ def test_converge_starts_a_fleet_that_trades_models_and_second_run_changes_nothi
     inventory = write_inventory(
         fleet,
         tmp_path / "inventory.ini",
-        extra_vars=["edge_node_tls=true", f"edge_node_tls_ca_dir={tls_dir}", "edge_node_health_retries=60"],
+        extra_vars={"edge_node_tls": True, "edge_node_tls_ca_dir": str(tls_dir), "edge_node_health_retries": 60},
     )
 
     first = run_playbook(inventory)

@@ -11,7 +11,8 @@
                                  [--requirement torch==2.13.0] [--pip-args "..."]
         Put W and every wheel it needs on that target (CPU, glibc, CPython version) into DIR with
         pip download --only-binary=:all:. When DIR already has them (checked offline first) nothing
-        is downloaded. Prints JSON: {"dir": DIR, "files": [...], "changed": BOOL}.
+        is downloaded. Prints JSON: {"dir": DIR, "files": [...], "manifest": "SHA256  NAME\\n...",
+        "changed": BOOL}.
 
 Run with the controller's Python (it needs pip). Exit 1 with the failing command's output on error.
 """
@@ -68,7 +69,10 @@ def build_wheel(source: Path, dest: Path) -> dict[str, object]:
         scratch.mkdir()
         _copy_sources(source, scratch)
         env = {**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(scratch)], env=env)
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(scratch)]
+        # The controller's own setuptools when it is new enough (seconds faster), else an isolated build.
+        if subprocess.run([*cmd, "--no-build-isolation"], capture_output=True, env=env).returncode != 0:
+            _run(cmd, env=env)
         (built,) = out.glob("edge_node-*.whl")
         target = dest / built.name
         changed = not target.exists() or _sha256(target) != _sha256(built)
@@ -104,7 +108,10 @@ def fill_wheelhouse(
     if offline.returncode != 0:
         _run([*cmd, *target, *shlex.split(pip_args), *wanted])
     after = {p.name: p.stat().st_mtime_ns for p in dest.glob("*.whl")}
-    return {"dir": str(dest), "files": sorted(after), "changed": after != before}
+    # What the host must hold: it compares this with the manifest it kept from the last copy, so an
+    # unchanged wheelhouse costs one stat instead of a checksum of every wheel on both sides.
+    manifest = "".join(f"{_sha256(dest / name)}  {name}\n" for name in sorted(after))
+    return {"dir": str(dest), "files": sorted(after), "manifest": manifest, "changed": after != before}
 
 
 def main(argv: list[str] | None = None) -> int:
