@@ -60,7 +60,7 @@ class PlaybookRun:
         """PLAY RECAP counters per host: {"node1": {"ok": 30, "changed": 0, "failed": 0, ...}}."""
         recap: dict[str, dict[str, int]] = {}
         for line in self.output.split("PLAY RECAP", 1)[-1].splitlines():
-            match = re.match(r"^(\S+)\s+:\s+(.*)$", line)
+            match = re.match(r"^(\S+)\s+:\s+(ok=.*)$", line)
             if match:
                 recap[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
         return recap

@@ -11,8 +11,8 @@
                                  [--requirement torch==2.13.0] [--pip-args "..."]
         Put W and every wheel it needs on that target (CPU, glibc, CPython version) into DIR with
         pip download --only-binary=:all:. When DIR already has them (checked offline first) nothing
-        is downloaded. Prints JSON: {"dir": DIR, "files": [...], "manifest": "SHA256  NAME\\n...",
-        "changed": BOOL}.
+        is downloaded; DIR.tar holds them all (for one transfer). Prints JSON: {"dir": DIR,
+        "archive": DIR.tar, "files": [...], "manifest": "SHA256  NAME\\n...", "changed": BOOL}.
 
 Run with the controller's Python (it needs pip). Exit 1 with the failing command's output on error.
 """
@@ -27,6 +27,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -111,7 +112,31 @@ def fill_wheelhouse(
     # What the host must hold: it compares this with the manifest it kept from the last copy, so an
     # unchanged wheelhouse costs one stat instead of a checksum of every wheel on both sides.
     manifest = "".join(f"{_sha256(dest / name)}  {name}\n" for name in sorted(after))
-    return {"dir": str(dest), "files": sorted(after), "manifest": manifest, "changed": after != before}
+    archive = _archive(dest, sorted(after), manifest)
+    return {
+        "dir": str(dest),
+        "archive": str(archive),
+        "files": sorted(after),
+        "manifest": manifest,
+        "changed": after != before,
+    }
+
+
+def _archive(dest: Path, names: list[str], manifest: str) -> Path:
+    """``DEST.tar``: the wheels in one file (one transfer instead of one per wheel), rebuilt on change."""
+    archive, stamp = dest.with_suffix(".tar"), dest.with_suffix(".tar.manifest")
+    if archive.exists() and stamp.exists() and stamp.read_text() == manifest:
+        return archive
+    tmp = archive.with_suffix(".tar.tmp")
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name in names:
+            info = tar.gettarinfo(str(dest / name), arcname=name)
+            info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = 0, 0o644, 0, 0, "root", "root"
+            with open(dest / name, "rb") as handle:
+                tar.addfile(info, handle)
+    tmp.replace(archive)
+    stamp.write_text(manifest)
+    return archive
 
 
 def main(argv: list[str] | None = None) -> int:
