@@ -1,7 +1,9 @@
 """edge-node: decentralized personalized federated learning (DisPFL) on fleets of edge devices.
 
-Layers (nothing below imports from above): ``algorithm`` (pure tensor math), ``models``/``data``,
-``wire`` (protobuf codec), ``net`` (gRPC, discovery), ``node`` (daemon), ``energy``, ``sim``, ``cli``.
+Layers, lowest first (a module imports only from its own layer or below; docs/ARCHITECTURE.md): foundations
+(``errors``, ``protocol``, ``seeding``, ``storage``), ``algorithm`` (pure tensor math, one client's round),
+``models``/``data``, ``energy``, ``wire`` (protobuf codec), ``net`` (gRPC, discovery), ``node`` (daemon),
+``sim``/``fleet``, ``cli``.
 """
 
 from edge_node.errors import EdgeNodeError

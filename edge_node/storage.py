@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
+import logging
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from edge_node.errors import StorageError
+from edge_node.errors import CheckpointError, StorageError
+
+_LOGGER = logging.getLogger(__name__)
 
 
 def describe_failure(path: Path, exc: BaseException) -> str:
@@ -89,3 +93,27 @@ def append_line(path: Path, line: str) -> None:
         with contextlib.suppress(OSError):  # best effort: shrinking needs no free space
             os.truncate(path, size)
         raise StorageError(describe_failure(path, exc)) from exc
+
+
+def truncate_jsonl(path: Path, keep_before_round: int) -> None:
+    """Drop the records of rounds >= ``keep_before_round`` from a per-round JSONL log, atomically.
+
+    A resumed run or restarted node re-runs the rounds its checkpoint does not hold; their records (and
+    a last line torn by a killed process) go. Raises CheckpointError for a damaged line that is not last.
+    """
+    if not path.exists():
+        return
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            round_index = json.loads(line)["round"]
+        except (ValueError, KeyError, TypeError) as exc:
+            if number == len(lines):  # a line torn by a killed process: that round re-runs anyway
+                _LOGGER.warning("dropping a torn last line of %s", path)
+                break
+            raise CheckpointError(f"{path} line {number} is not a round record: {exc}") from exc
+        if round_index < keep_before_round:
+            kept.append(line)
+    if len(kept) != len(lines):
+        atomic_write_text(path, "".join(line + "\n" for line in kept))

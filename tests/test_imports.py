@@ -1,7 +1,9 @@
 """Each subpackage imports on its own, and the algorithm layer pulls in no I/O stack."""
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +32,56 @@ def test_algorithm_imports_no_network_or_os_probes():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# The layer order of docs/ARCHITECTURE.md, lowest first: a module imports only from its own layer or below.
+LAYERS = [
+    {"errors", "exit_codes", "protocol", "seeding", "storage", "tomlconf", "checkpoint_io", "v1"},
+    {"algorithm"},
+    {"models", "data"},
+    {"energy"},
+    {"wire"},
+    {"net"},
+    {"node"},
+    {"sim", "fleet"},
+    {"cli"},
+]
+
+
+def _layer_of(top: str) -> int:
+    for index, names in enumerate(LAYERS):
+        if top in names:
+            return index
+    raise AssertionError(f"edge_node.{top} is in no layer of LAYERS (tests/test_imports.py); add it")
+
+
+def _imported_tops(path: Path) -> set[str]:
+    """First component after ``edge_node.`` of every import in ``path``, lazy ones inside functions included."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "edge_node" and len(parts) > 1:
+                found.add(parts[1])
+    for node in ast.walk(ast.parse(path.read_text())):  # importlib.import_module("edge_node.x...") strings
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("edge_node."):
+            found.add(node.value.split(".")[1])
+    return found
+
+
+def test_no_module_imports_from_a_higher_layer():
+    package = Path(__file__).resolve().parents[1] / "edge_node"
+    violations = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        if len(rel.parts) == 1 and rel.stem in ("__init__", "__main__"):
+            continue  # the package root re-exports and the entry point calls cli
+        top = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        own = _layer_of(top)
+        violations += [f"{rel} imports edge_node.{t}" for t in _imported_tops(path) if _layer_of(t) > own]
+    assert not violations, violations

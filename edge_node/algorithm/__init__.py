@@ -5,7 +5,7 @@ The simulation (``edge_node.sim``) and the device daemon (``edge_node.node``) ca
 
 from edge_node.algorithm.aggregation import aggregate
 from edge_node.algorithm.flops import dense_nnz, forward_flops, round_training_flops, weight_positions
-from edge_node.algorithm.heterogeneous import TIER_DENSITIES, client_densities, tier_of_density
+from edge_node.algorithm.heterogeneous import TIER_DENSITIES, client_densities, tier_name, tier_of_density
 from edge_node.algorithm.masks import (
     MASK_METHODS,
     active_counts,
@@ -53,6 +53,7 @@ __all__ = [
     "prune_rate",
     "read_weights",
     "round_training_flops",
+    "tier_name",
     "tier_of_density",
     "train_masked",
     "uniform_densities",

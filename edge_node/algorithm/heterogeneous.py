@@ -31,3 +31,8 @@ def tier_of_density(density: float) -> int:
     """The index of the largest tier density not above ``density`` (0 for anything below 0.2)."""
     eligible = [i for i, d in enumerate(TIER_DENSITIES) if d <= density + 1e-9]
     return eligible[-1] if eligible else 0
+
+
+def tier_name(density: float) -> str:
+    """The tier's name as advertised (TXT ``tier``, Hello): its density with one decimal, e.g. ``"0.6"``."""
+    return f"{TIER_DENSITIES[tier_of_density(density)]:.1f}"

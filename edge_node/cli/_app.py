@@ -9,15 +9,26 @@ import sys
 import click
 
 from edge_node import __version__
-from edge_node.errors import EdgeNodeError, ListenError, PeerUnreachable, StorageError, TrainingDiverged
+from edge_node.errors import (
+    DiscoveryError,
+    EdgeNodeError,
+    ListenError,
+    PeerUnreachable,
+    StorageError,
+    TrainingDiverged,
+)
 from edge_node.exit_codes import ExitCode
 
 # Subcommand name -> module that defines it (a click command of the same name registered on ``app``).
 SUBCOMMANDS = {
+    "capacity": "edge_node.cli.capacity",
     "certs": "edge_node.cli.certs",
     "energy": "edge_node.cli.energy",
+    "export": "edge_node.cli.export",
     "peers": "edge_node.cli.peers",
     "simulate": "edge_node.cli.simulate",
+    "start": "edge_node.cli.start",
+    "status": "edge_node.cli.status",
 }
 
 
@@ -60,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     except (click.exceptions.Abort, KeyboardInterrupt):
         print("edge-node: interrupted", file=sys.stderr)
         sys.exit(int(ExitCode.INTERRUPTED))
-    except (PeerUnreachable, ListenError) as exc:
+    except (PeerUnreachable, ListenError, DiscoveryError) as exc:
         print(f"edge-node: error: {exc}", file=sys.stderr)
         sys.exit(int(ExitCode.NETWORK))
     except StorageError as exc:

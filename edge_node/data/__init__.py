@@ -1,11 +1,13 @@
-"""Data sets, client partitions and batch augmentation.
+"""Data sets, client partitions and batches.
 
 ``load_dataset(name, data_dir)`` returns a :class:`Dataset` of uint8 NCHW arrays (CIFAR-10/100 python
-batches, image-folder trees or tarballs, Tiny-ImageNet, or the built-in ``demo``), decoded once and cached;
-``partition_dir`` / ``partition_path`` / ``client_test_indices`` split it among clients as ALGORITHM.md
-specifies; ``augment_batch`` / ``normalize_batch`` turn uint8 batches into normalised float32 on their
-device. The torch-based functions are imported on first use, so that decoding workers and array-only
-users do not pay for importing torch.
+batches, image-folder trees or tarballs, Tiny-ImageNet, or the built-in ``demo``), decoded once and
+cached; ``partition_dir`` / ``partition_path`` / ``client_test_indices`` split it among clients as
+ALGORITHM.md specifies (``partition_clients`` all clients, ``client_slice`` one of them);
+``ClientData`` is one client's slice on a device with its training and evaluation batches;
+``augment_batch`` / ``normalize_batch`` turn uint8 batches into normalised float32 on their device.
+The torch-based names are imported on first use, so that decoding workers and array-only users do
+not pay for importing torch.
 """
 
 from __future__ import annotations
@@ -14,22 +16,34 @@ from typing import TYPE_CHECKING, Any
 
 from edge_node.data.cache import default_cache_dir
 from edge_node.data.datasets import DATASET_NAMES, Dataset, channel_stats, default_data_dir, load_dataset
-from edge_node.data.partition import client_test_indices, parse_partition, partition_dir, partition_path
+from edge_node.data.partition import (
+    client_slice,
+    client_test_indices,
+    parse_partition,
+    partition_clients,
+    partition_dir,
+    partition_path,
+)
 
 if TYPE_CHECKING:
     from edge_node.data.augment import augment_batch, normalize_batch
+    from edge_node.data.batches import ClientData, ImagePool
 
 __all__ = [
     "DATASET_NAMES",
+    "ClientData",
     "Dataset",
+    "ImagePool",
     "augment_batch",
     "channel_stats",
+    "client_slice",
     "client_test_indices",
     "default_cache_dir",
     "default_data_dir",
     "load_dataset",
     "normalize_batch",
     "parse_partition",
+    "partition_clients",
     "partition_dir",
     "partition_path",
 ]
@@ -40,4 +54,8 @@ def __getattr__(name: str) -> Any:
         from edge_node.data import augment
 
         return getattr(augment, name)
+    if name in ("ClientData", "ImagePool"):
+        from edge_node.data import batches
+
+        return getattr(batches, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

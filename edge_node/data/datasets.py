@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -231,25 +232,46 @@ def load_dataset(
         return _to_dataset(name, len(demo.DEMO_CLASSES), _with_stats(demo.make_demo()))
     spec = _SPECS[name]
     data_dir = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
-    cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else cache.default_cache_dir()
     source = _resolve_source(name, spec, data_dir, download)
 
+    def layout_identity(tree: Tree) -> tuple[str, ...]:
+        found = _detect(tree, name, spec)
+        assert found is not None, "_resolve_source returned a folder without a layout"
+        layout, prefix = found
+        files = _layout_files(tree, name, layout, prefix)
+        return layout, prefix, cache.tree_fingerprint(source, files)
+
+    return _load_cached(
+        name, source, cache_dir, lambda tree: _decode(tree, name, spec), spec.num_classes, layout_identity
+    )
+
+
+def _load_cached(
+    name: str,
+    source: Path,
+    cache_dir: Path | None,
+    decode: Callable[[Tree], dict[str, Any]],
+    num_classes: int | None,
+    folder_identity: Callable[[Tree], tuple[str, ...]],
+) -> Dataset:
+    """``decode(tree)`` of ``source`` (a folder or tarball), through the cache.
+
+    The cache entry is keyed by the tarball's sha256, or by the folder's path and ``folder_identity``
+    (which files, sizes and times make up the data).
+    """
+    cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else cache.default_cache_dir()
     tree: Tree
     identity: tuple[str, ...]
     if source.is_file():
         identity = ("tar", cache.file_sha256(source))
     else:
         tree = DirTree(source)
-        found = _detect(tree, name, spec)
-        assert found is not None, "_resolve_source returned a folder without a layout"
-        layout, prefix = found
-        files = _layout_files(tree, name, layout, prefix)
-        identity = ("dir", str(source.resolve()), layout, prefix, cache.tree_fingerprint(source, files))
+        identity = ("dir", str(source.resolve()), *folder_identity(tree))
     entry = cache_dir / f"{name}-{cache.cache_key(name, _CACHE_FORMAT, *identity)}.npz"
     cached = cache.load_arrays(entry, _ARRAY_KEYS)
     if cached is not None:
         try:
-            ds = _to_dataset(name, spec.num_classes, cached)
+            ds = _to_dataset(name, num_classes or len(cached["class_names"]), cached)
         except DataError as exc:
             _LOG.warning("ignoring inconsistent cache entry %s: %s", entry, exc)
         else:
@@ -258,10 +280,52 @@ def load_dataset(
 
     started = time.perf_counter()
     if source.is_file():
-        cifar.check_official_tarball(source)
+        if name in cifar.CIFAR_SPECS:
+            cifar.check_official_tarball(source)
         tree = TarTree(source)
-    arrays = _with_stats(_decode(tree, name, spec))
-    ds = _to_dataset(name, spec.num_classes, arrays)  # validates before anything is written
+    arrays = _with_stats(decode(tree))
+    ds = _to_dataset(name, num_classes or len(arrays["class_names"]), arrays)  # validates before anything is written
     _LOG.info("decoded %s from %s in %.1f s", name, source, time.perf_counter() - started)
     cache.save_arrays(entry, {k: arrays[k] for k in _ARRAY_KEYS})
     return ds
+
+
+def load_local_dataset(path: Path, *, cache_dir: Path | None = None) -> Dataset:
+    """A device's own data: CIFAR-10/100 python batches, or an image-folder tree of any classes and size.
+
+    ``path`` is a folder or a ``.tar.gz`` holding ``cifar-10-batches-py/`` / ``cifar-100-python/`` (or their
+    files), or ``train/<class>/*`` + ``test/<class>/*``. Labels of an image-folder tree are its sorted class
+    folder names; decoded arrays are cached like :func:`load_dataset`'s.
+
+    Raises:
+        DataError: nothing usable at ``path`` (the message says what was looked for), or corrupt files.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DataError(f"no data at {path}: it does not exist")
+    tree: Tree = TarTree(path) if path.is_file() else DirTree(path)
+    for name in ("cifar10", "cifar100"):
+        spec = _SPECS[name]
+        found = _detect(tree, name, spec)
+        if found is not None and found[0].endswith("-batches"):
+            return load_dataset(name, path, cache_dir=cache_dir)
+    prefixes = [""] + [top for top in tree.subdirs("") if top not in ("train", "test")][:1]
+    prefix = next((p for p in prefixes if tree.is_dir(join(p, "train"))), None)
+    if prefix is None:
+        raise DataError(
+            f"no data at {path}: expected CIFAR python batches (cifar-10-batches-py/, cifar-100-python/) or an"
+            " image-folder tree train/<class>/* + test/<class>/* (or a .tar.gz of either)"
+        )
+
+    def folder_identity(t: Tree) -> tuple[str, ...]:
+        files = t.files_under(join(prefix, "train")) + t.files_under(join(prefix, "test"))
+        return prefix, cache.tree_fingerprint(path, files)
+
+    return _load_cached(
+        "local",
+        path,
+        cache_dir,
+        lambda t: image_folder.load_image_folder(t, prefix, num_classes=None, size=None),
+        None,
+        folder_identity,
+    )

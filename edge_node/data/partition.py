@@ -27,6 +27,7 @@ import math
 import numpy as np
 
 from edge_node.errors import ConfigError
+from edge_node.seeding import Stream, numpy_generator
 
 _CHUNK_SLOTS = 4096  # draws made at once by partition_dir; any value gives the same distribution
 
@@ -222,3 +223,56 @@ def parse_partition(spec: str) -> tuple[str, float]:
     if k < 1:
         raise ConfigError(f"partition {spec!r}: k must be >= 1")
     return "path", k
+
+
+def partition_clients(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    num_classes: int,
+    partition: str,
+    num_clients: int,
+    seed: int,
+    samples_per_client: int | None = None,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Training and test index arrays of every client of a benchmark partition (ALGORITHM.md "Data partitions").
+
+    A function of (labels, partition, number of clients, seed) alone: a device computes it and keeps
+    its own client's slice, and gets the slice the simulation gives that client.
+    """
+    kind, arg = parse_partition(partition)
+    rng = numpy_generator(seed, Stream.PARTITION)
+    if kind == "dir":
+        if samples_per_client is not None and samples_per_client * num_clients > len(train_labels):
+            raise ConfigError(
+                f"samples_per_client={samples_per_client} x clients={num_clients} exceeds the "
+                f"{len(train_labels)} training samples"
+            )
+        train = partition_dir(train_labels, num_clients, float(arg), rng, samples_per_client)
+    else:
+        if samples_per_client is not None:
+            raise ConfigError("samples_per_client applies to dir partitions only (path splits classes evenly)")
+        train = partition_path(train_labels, num_clients, int(arg), rng)
+    test_rng = numpy_generator(seed, Stream.TEST_SPLIT)
+    test = [client_test_indices(train_labels[idx], test_labels, num_classes, test_rng) for idx in train]
+    return train, test
+
+
+def client_slice(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    num_classes: int,
+    partition: str,
+    num_clients: int,
+    client_index: int,
+    seed: int,
+    samples_per_client: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Client ``client_index``'s (training, test) indices of the partition :func:`partition_clients` makes."""
+    if isinstance(client_index, bool) or not isinstance(client_index, (int, np.integer)):
+        raise ConfigError(f"client_index={client_index!r} must be an integer")
+    if not 0 <= client_index < num_clients:
+        raise ConfigError(f"client_index={client_index} must be in 0..{num_clients - 1} for {num_clients} clients")
+    train, test = partition_clients(
+        train_labels, test_labels, num_classes, partition, num_clients, seed, samples_per_client
+    )
+    return train[client_index], test[client_index]

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge_node.algorithm.masks import MASK_METHODS, check_density
-from edge_node.algorithm.prune_regrow import REGROW_RULES
+from edge_node.algorithm.dispfl import DisPFLParams
+from edge_node.algorithm.masks import check_density
+from edge_node.algorithm.topology import check_topology
 from edge_node.data import parse_partition
+from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError
 from edge_node.models import MODEL_NAMES
-from edge_node.sim.topology import check_topology
 
 METHODS = ("dispfl",)
 SETTINGS = ("i", "ii")
@@ -62,25 +62,16 @@ class SimConfig:
         check_density(self.density)
         if self.setting not in SETTINGS:
             raise ConfigError(f"setting {self.setting!r} must be one of {', '.join(SETTINGS)}")
-        if self.mask_init not in MASK_METHODS:
-            raise ConfigError(f"mask init {self.mask_init!r} must be one of {', '.join(MASK_METHODS)}")
-        if self.regrow not in REGROW_RULES:
-            raise ConfigError(f"regrow {self.regrow!r} must be one of {', '.join(REGROW_RULES)}")
         if self.device not in DEVICES:
             raise ConfigError(f"device {self.device!r} must be one of {', '.join(DEVICES)}")
-        for name in ("clients", "rounds", "epochs", "batch_size", "eval_batch_size"):
+        for name in ("clients", "rounds", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
         if self.planned_rounds is not None and self.planned_rounds < 1:
             raise ConfigError(f"planned_rounds={self.planned_rounds} must be at least 1")
-        for name in ("lr", "lr_decay", "clip_norm"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"{name}={value} must be a positive number")
-        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
-            raise ConfigError(f"weight_decay={self.weight_decay} must be >= 0")
-        if not 0.0 <= self.prune_alpha <= 1.0:
-            raise ConfigError(f"prune_alpha={self.prune_alpha} must be in [0, 1]")
+        self.dispfl_params()  # the round's own checks: epochs, batch size, lr, decay, clipping, regrow, mask init
+        if self.energy_backend not in BACKENDS:
+            raise ConfigError(f"energy backend {self.energy_backend!r} must be one of {', '.join(BACKENDS)}")
         check_topology(self.topology, self.clients, self.neighbours, self.max_in_degree)
         kind, _ = parse_partition(self.partition)
         if self.samples_per_client is not None:
@@ -92,6 +83,21 @@ class SimConfig:
     @property
     def schedule_rounds(self) -> int:
         return self.planned_rounds or self.rounds
+
+    def dispfl_params(self) -> DisPFLParams:
+        """The shared client round's hyper-parameters."""
+        return DisPFLParams(
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            lr_decay=self.lr_decay,
+            weight_decay=self.weight_decay,
+            clip_norm=self.clip_norm,
+            planned_rounds=self.schedule_rounds,
+            prune_alpha=self.prune_alpha,
+            regrow=self.regrow,
+            mask_init=self.mask_init,
+        )
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

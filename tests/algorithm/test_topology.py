@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from edge_node.algorithm.topology import check_topology, neighbours
 from edge_node.errors import ConfigError
-from edge_node.sim.topology import check_topology, neighbours
 
 
 def test_random_picks_k_distinct_others():

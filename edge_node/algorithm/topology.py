@@ -1,10 +1,18 @@
-"""Who each simulated client pulls from in a round (ALGORITHM.md "Topology")."""
+"""Who a client pulls from in a round (ALGORITHM.md "Topology"): the rules the simulation and the daemon share.
+
+``round_neighbours`` is the synchronous algorithm's seeded choice (the simulation, and a lock-step
+fleet, where every node computes the same lists); ``pick_peers`` is an asynchronous node's choice
+among the peers it currently sees.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
 from edge_node.errors import ConfigError
+from edge_node.seeding import Stream, numpy_generator
 
 TOPOLOGIES = ("random", "ring", "full")
 _MAX_ATTEMPTS = 200  # restarts of the capped random draw before giving up
@@ -59,3 +67,20 @@ def neighbours(
         others = np.delete(np.arange(num_clients), i)
         result.append(sorted(int(c) for c in rng.choice(others, size=k, replace=False)))
     return result
+
+
+def round_neighbours(
+    topology: str, num_clients: int, k: int, seed: int, round_index: int, max_in_degree: int | None = None
+) -> list[list[int]]:
+    """The neighbour lists of round ``round_index``, drawn from the seeded topology stream of ``seed``."""
+    return neighbours(topology, num_clients, k, numpy_generator(seed, Stream.TOPOLOGY, round_index), max_in_degree)
+
+
+def pick_peers(candidates: Sequence[str], k: int, rng: np.random.Generator) -> list[str]:
+    """Up to ``k`` distinct candidates uniformly at random, in the order drawn (all of them when fewer)."""
+    if k < 0:
+        raise ValueError(f"k={k} must be >= 0")
+    unique = sorted(set(candidates))
+    if len(unique) <= k:
+        return [unique[i] for i in rng.permutation(len(unique))]
+    return [unique[int(i)] for i in rng.choice(len(unique), size=k, replace=False)]

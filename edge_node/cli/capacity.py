@@ -1,0 +1,65 @@
+"""``edge-node capacity``: measure this device and show the tier ``--capacity auto`` would pick, and why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edge_node.cli._app import app
+from edge_node.cli._node_options import load_node_config, node_options
+
+
+def format_decision(decision: Any) -> str:
+    m = decision.measurements
+    lines = [
+        f"training throughput  {m.train_samples_per_s:.1f} samples/s ({m.probe_steps} steps in {m.probe_s:.1f} s)",
+        f"activation memory    {m.activation_bytes / 2**20:.0f} MiB (resident growth during the probe)",
+        f"available memory     {m.available_memory_bytes / 2**30:.2f} GiB",
+        f"CPUs                 {m.cpu_count}",
+        f"accelerator          {m.accelerator}",
+        f"link speed           {m.link_detail}",
+        "",
+        "density  train s  transfer s  round s  memory MiB  fits",
+    ]
+    for c in decision.checks:
+        transfer = "-" if c.transfer_s is None else f"{c.transfer_s:.1f}"
+        lines.append(
+            f"{c.density:7.1f}  {c.train_s:7.1f}  {transfer:>10}  {c.round_s:7.1f}  {c.memory_bytes / 2**20:10.0f}  "
+            + ("yes" if c.fits else f"no: {c.failed}")
+        )
+    lines += ["", f"tier {decision.tier}: {decision.decided_by}"]
+    return "\n".join(lines)
+
+
+@app.command(context_settings={"max_content_width": 120})
+@click.option("--json", "as_json", is_flag=True, help="Print the measurements and decision as JSON.")
+@node_options
+def capacity(as_json: bool, config_file: Path | None, **flags: Any) -> None:
+    """Measure throughput, memory, CPUs, accelerator and link; print every tier's check and the one chosen.
+
+    Takes the node's settings (model, data, epochs, neighbours, round budget) like ``start``, and starts
+    nothing. A dense-kernel device's tiers differ only in the bytes on the wire (see the README).
+    """
+    import torch
+
+    from edge_node.models import build_model
+    from edge_node.node import capacity as cap
+    from edge_node.node.daemon import client_index_of
+    from edge_node.node.local_data import load_local_data
+    from edge_node.wire import ModelSpec, ValueType
+
+    config = load_node_config(config_file, flags)
+    device = torch.device(config.device)
+    client = config.client_index if config.client_index is not None else client_index_of(config.resolved_node_id)
+    local = load_local_data(config, client, device)
+    model = build_model(config.model, local.num_classes, seed=config.seed).to(device)
+    spec = ModelSpec.from_tensors(config.model, local.num_classes, dict(model.named_parameters()))
+    measured = cap.probe(model, local.data, config.batch_size, interfaces=config.interfaces)
+    decision = cap.choose_tier(
+        measured, spec, epochs=config.epochs, samples=local.data.num_train, neighbours=config.neighbours,
+        round_budget_s=config.round_budget_s, value_type=ValueType.parse(config.value_type),
+    )  # fmt: skip
+    click.echo(json.dumps(decision.to_json(), indent=1) if as_json else format_decision(decision))

@@ -1,0 +1,79 @@
+"""``edge-node start``: run this device's node until stopped (or for ``--rounds``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from edge_node.cli._app import app
+from edge_node.cli._node_options import load_node_config, node_options
+
+_LOGGER = logging.getLogger(__name__)
+
+
+def configure_daemon_logging(level: int) -> None:
+    """Lines to stderr at ``level`` (or lower if -v asked); no own timestamps under journald (``JOURNAL_STREAM``)."""
+    root = logging.getLogger()
+    if root.level > level or root.level == logging.NOTSET:
+        root.setLevel(level)
+    fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("JOURNAL_STREAM") else (
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )  # fmt: skip
+    handlers = root.handlers or [logging.StreamHandler(sys.stderr)]
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter(fmt))
+    if not root.handlers:
+        root.addHandler(handlers[0])
+
+
+@app.command(context_settings={"max_content_width": 120})
+@click.option("--print-config", is_flag=True, help="Print the effective config (TOML) and exit.")
+@node_options
+def start(print_config: bool, config_file: Path | None, **flags: Any) -> None:
+    """Run this device's DisPFL node: discover peers, pull their models, train, publish, log.
+
+    Every setting is a key of the TOML config file (--config) and a flag; flags win. Logs go to stderr
+    (one line per round), per-round records to STATE_DIR/rounds.jsonl, energy to STATE_DIR/energy.jsonl.
+    SIGTERM or Ctrl-C stops it within seconds (the round in progress is dropped; exit 0).
+    """
+    config = load_node_config(config_file, flags)
+    if print_config:
+        from edge_node.node.config import node_id_from_hostname
+        from edge_node.tomlconf import to_toml
+
+        resolved = dataclasses.replace(config, node_id=config.node_id or node_id_from_hostname())
+        config.check_runnable()
+        click.echo(to_toml(resolved, header="# effective edge-node config (defaults < file < flags)"), nl=False)
+        return
+    from edge_node.node.daemon import Node
+
+    configure_daemon_logging(logging.WARNING)  # start-up failures are one line (exit 2, 3 or 4)
+    node = Node(config)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if node.should_exit.is_set():
+            _LOGGER.warning("second %s: stopping now", signal.Signals(signum).name)
+            raise KeyboardInterrupt
+        _LOGGER.info("%s: finishing the current step and stopping", signal.Signals(signum).name)
+        node.handle_exit()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            node.startup()
+            configure_daemon_logging(logging.INFO)  # serving: one line per round from here
+            _LOGGER.info("%s", node.describe())
+            node.main_loop()
+        finally:
+            node.shutdown()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,79 @@
+"""``edge-node status``: the running node's state, asked of the daemon itself (or its last file when it is gone)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edge_node.cli._app import app
+from edge_node.exit_codes import ExitCode
+
+DEFAULT_STATE_DIR = Path("/var/lib/edge-node")  # = node.config.DEFAULT_STATE_DIR (kept import-free: fast help)
+
+
+def _state_dir(state_dir: Path | None, config_file: Path | None) -> Path:
+    if state_dir is not None:
+        return state_dir
+    from edge_node.node.config import DEFAULT_CONFIG_FILE
+    from edge_node.tomlconf import read_toml
+
+    path = config_file or (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None)
+    if path is not None:
+        value = read_toml(path).get("state_dir")
+        if isinstance(value, str) and value:
+            return Path(value).expanduser()
+    return DEFAULT_STATE_DIR
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """A few aligned lines for a terminal."""
+    if status.get("source") == "file":
+        head = f"NOT RUNNING: last status from {status['file']}, written {status['file_age_s']:.0f} s ago"
+    else:
+        head = f"running (pid {status.get('pid')}), {'healthy' if status.get('healthy') else 'NOT healthy'}"
+    acc = status.get("accuracy_after")
+    peers = status.get("peers") or []
+    rows = [
+        ("status", head),
+        ("node", f"{status.get('node_id')} of fleet {status.get('fleet')}, port {status.get('port')}"),
+        ("model", f"{status.get('model')}, tier {status.get('tier')} (density {status.get('density')})"),
+        ("round", f"{status.get('round')} done, phase {status.get('phase')}"),
+        ("accuracy", "-" if acc is None else f"{100 * acc:.1f}% after local training (last round)"),
+        ("peers known", ", ".join(status.get("peers_known") or []) or "none"),
+        ("bytes in", f"{status.get('bytes_in_total', 0) / 1e6:.2f} MB this run"),
+        ("energy", f"{status.get('energy_j_this_run', 0):.4g} J this run ({status.get('energy_label') or '-'})"),
+    ]
+    rows += [
+        (f"  {p['node_id']}", f"{p['last_result']} round {p['last_round']}"
+         + (f", backoff {p['backoff_s']} s" if p.get("backoff_s") else ""))
+        for p in peers
+    ]  # fmt: skip
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+@app.command()
+@click.option("--state-dir", type=click.Path(path_type=Path), default=None, help="The node's state dir.")
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None, help="Find state_dir here.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document (source: live or file).")
+def status(state_dir: Path | None, config_file: Path | None, as_json: bool) -> None:
+    """Ask the running node how it is: id, tier, round, phase, peers, accuracy, bytes, energy.
+
+    Live from the daemon's socket; when no daemon answers, its last status.json is shown as such.
+    Exit 0 when a live node reports healthy, 3 when no node answers or it is not healthy.
+    """
+    from edge_node.node.status import query, read_status_file
+
+    where = _state_dir(state_dir, config_file)
+    found = query(where)
+    if found is None:
+        found = read_status_file(where)
+    if found is None:
+        click.echo(f"edge-node: no node answers in {where} and it holds no status.json", err=True)
+        raise click.exceptions.Exit(int(ExitCode.NETWORK))
+    click.echo(json.dumps(found, sort_keys=True) if as_json else format_status(found))
+    if found.get("source") != "live" or not found.get("healthy"):
+        raise click.exceptions.Exit(int(ExitCode.NETWORK))

@@ -1,0 +1,122 @@
+"""One client's data on a device, and its training and evaluation batches (shared by simulation and daemon).
+
+An :class:`ImagePool` holds a decoded data set's uint8 images and labels on a device, once; a
+:class:`ClientData` is a client's slice of it (training and test indices). Training batches are
+shuffled and augmented (ALGORITHM.md: random 32x32 crop of the zero-padded image, horizontal flip, then
+per-channel normalisation) from the caller's generator, an epoch's order and offsets crossing to the
+device in one copy; evaluation batches are normalised only, in index order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from edge_node.data.augment import crop_flip, draw_crop_flip, normalize_batch
+from edge_node.data.datasets import Dataset
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+CROP_PADDING = 4  # CIFAR augmentation: random crop of the image zero-padded by 4, plus flips
+EVAL_BATCH_SIZE = 1000
+
+
+@dataclass(frozen=True, eq=False)
+class ImagePool:
+    """A data set's images (uint8 NCHW) and labels (int64) on one device, with its normalisation."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    num_classes: int
+
+    @classmethod
+    def from_dataset(cls, dataset: Dataset, device: torch.device | str = "cpu") -> ImagePool:
+        """Move ``dataset``'s arrays to ``device`` once."""
+        return cls(
+            torch.as_tensor(dataset.train_x).to(device),
+            torch.as_tensor(dataset.train_y).to(device),
+            torch.as_tensor(dataset.test_x).to(device),
+            torch.as_tensor(dataset.test_y).to(device),
+            dataset.mean,
+            dataset.std,
+            dataset.num_classes,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.train_x.device
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one image."""
+        c, h, w = self.train_x.shape[1:]
+        return int(c), int(h), int(w)
+
+
+@dataclass(frozen=True, eq=False)
+class ClientData:
+    """One client's training and test samples: indices into a shared :class:`ImagePool`."""
+
+    pool: ImagePool
+    train_idx: torch.Tensor  # int64, on the pool's device
+    test_idx: torch.Tensor
+
+    @classmethod
+    def from_indices(cls, pool: ImagePool, train_idx: np.ndarray, test_idx: np.ndarray) -> ClientData:
+        device = pool.device
+        return cls(
+            pool,
+            torch.as_tensor(train_idx, dtype=torch.long, device=device),
+            torch.as_tensor(test_idx, dtype=torch.long, device=device),
+        )
+
+    def compact(self) -> ClientData:
+        """A copy holding only this client's samples (a device keeps its slice, not the whole set).
+
+        Batches are the same as the full pool's: batch ``k`` of an epoch picks the same samples.
+        """
+        pool = ImagePool(
+            self.pool.train_x[self.train_idx].clone(),
+            self.pool.train_y[self.train_idx].clone(),
+            self.pool.test_x[self.test_idx].clone(),
+            self.pool.test_y[self.test_idx].clone(),
+            self.pool.mean,
+            self.pool.std,
+            self.pool.num_classes,
+        )
+        device = pool.device
+        n_train, n_test = self.train_idx.numel(), self.test_idx.numel()
+        return ClientData(pool, torch.arange(n_train, device=device), torch.arange(n_test, device=device))
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_idx.numel())
+
+    @property
+    def num_test(self) -> int:
+        return int(self.test_idx.numel())
+
+    def train_batches(self, epochs: int, generator: torch.Generator, batch_size: int) -> Iterator[Batch]:
+        """Shuffled, augmented mini-batches over ``epochs`` epochs, drawn from ``generator`` (a CPU one)."""
+        pool, idx = self.pool, self.train_idx
+        n = idx.numel()
+        for _ in range(epochs):
+            order = idx[torch.randperm(n, generator=generator).to(idx.device)]
+            top, left, mirror = (v.to(idx.device) for v in draw_crop_flip(n, generator, crop_padding=CROP_PADDING))
+            for start in range(0, n, batch_size):
+                sl = slice(start, start + batch_size)
+                x = crop_flip(pool.train_x[order[sl]], top[sl], left[sl], mirror[sl], CROP_PADDING)
+                yield normalize_batch(x, pool.mean, pool.std), pool.train_y[order[sl]]
+
+    def eval_batches(self, batch_size: int = EVAL_BATCH_SIZE) -> Iterator[Batch]:
+        """The client's test samples, normalised, in index order."""
+        pool, idx = self.pool, self.test_idx
+        for start in range(0, idx.numel(), batch_size):
+            batch = idx[start : start + batch_size]
+            yield normalize_batch(pool.test_x[batch], pool.mean, pool.std), pool.test_y[batch]

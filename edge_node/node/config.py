@@ -1,0 +1,225 @@
+"""``NodeConfig``: every setting of a device's daemon, from a TOML file and flags, checked once at start.
+
+Layers, later ones winning: the defaults below, the config file (``--config``, default
+``/etc/edge-node/config.toml`` when it exists), the flags given. Keys are the flag names with
+underscores (``--round-budget-s`` is ``round_budget_s``). ``edge-node start --print-config`` prints the
+effective config as TOML that reads back.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import socket
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from edge_node.algorithm.dispfl import DisPFLParams
+from edge_node.algorithm.heterogeneous import TIER_DENSITIES
+from edge_node.data import DATASET_NAMES, parse_partition
+from edge_node.energy.detect import BACKENDS
+from edge_node.errors import ConfigError
+from edge_node.models import MODEL_NAMES
+from edge_node.protocol import NODE_ID_PATTERN, is_valid_node_id
+
+DEFAULT_CONFIG_FILE = Path("/etc/edge-node/config.toml")
+DEFAULT_STATE_DIR = Path("/var/lib/edge-node")
+DEFAULT_PORT = 7878
+DISCOVERY_MODES = ("mdns", "static", "both")
+DEVICES = ("cpu", "cuda")
+VALUE_TYPES = ("float32", "float16", "bfloat16")
+_FLEET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def node_id_from_hostname(hostname: str | None = None) -> str:
+    """This host's name as a node id: its first label, characters outside [A-Za-z0-9_-] as ``-``, <= 63."""
+    name = (hostname if hostname is not None else socket.gethostname()).split(".")[0]
+    candidate = re.sub(r"[^A-Za-z0-9_-]", "-", name)[:63].strip("-_")
+    if not is_valid_node_id(candidate):
+        raise ConfigError(
+            f"cannot derive a node id from the host name {name!r}; set node_id (pattern {NODE_ID_PATTERN})"
+        )
+    return candidate
+
+
+def _key(default: Any, help: str) -> Any:
+    """A config key: its default and the help its flag shows (``edge-node start --help``)."""
+    return field(default=default, metadata={"help": help})
+
+
+def key_help(name: str) -> str:
+    """The help text of config key ``name``."""
+    return str(next(f for f in fields(NodeConfig) if f.name == name).metadata["help"])
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything ``edge-node start`` needs; see the module docstring for where values come from."""
+
+    # Identity: who this node is, in which fleet, and the fleet-wide seed (same initial weights everywhere).
+    node_id: str = _key("", "This node's id, mDNS name and TLS name [default: from the host name].")
+    fleet: str = _key("", "Fleet id (required): nodes of other fleets are ignored.")
+    seed: int = _key(0, "Fleet seed: every node starts from the same initial weights.")
+    client_index: int | None = _key(None, "Its random streams and data slice [default: from the node id].")
+    # Model and local data.
+    model: str = _key("cnn", "Model: cnn, resnet18 or vgg11 (the same on every node of a fleet).")
+    num_classes: int | None = _key(None, "Fleet-wide number of classes [default: from the data].")
+    classes: tuple[str, ...] = _key((), "Fleet-wide class names; an image folder's class folders map onto them.")
+    data: Path | None = _key(None, "Own data: image-folder tree (train/, test/), CIFAR batches, or a .tar.gz.")
+    dataset: str = _key("demo", "Without --data: cifar10, cifar100, tiny-imagenet or demo, sliced by --partition.")
+    data_dir: Path | None = _key(None, "Where --dataset's files are.")
+    partition: str = _key("dir:0.3", "How --dataset is split among --num-clients: dir:ALPHA or path:K.")
+    num_clients: int = _key(1, "Clients --dataset is split among (1: all of it is this node's).")
+    # State, network, discovery.
+    state_dir: Path = _key(DEFAULT_STATE_DIR, "Checkpoint, rounds.jsonl, energy.jsonl, status socket, model.onnx.")
+    listen: str = _key(f"0.0.0.0:{DEFAULT_PORT}", "HOST:PORT of the peer gRPC service (port 0: any free port).")
+    discovery: str = _key("mdns", "mdns, static (--peers) or both.")
+    interfaces: tuple[str, ...] = _key((), "mDNS interfaces, names or addresses [default: those with a default route].")
+    peers: tuple[str, ...] = _key((), "Static peers: HOST:PORT,... (ID@HOST:PORT with TLS or lockstep).")
+    # Rounds.
+    neighbours: int = _key(3, "Peers pulled per round.")
+    rounds: int = _key(0, "Stop after this many completed rounds (0: run until stopped).")
+    planned_rounds: int = _key(500, "T of the prune schedule.")
+    round_budget_s: float = _key(600.0, "Target seconds per round (capacity rule, lockstep wait).")
+    pull_timeout_s: float = _key(60.0, "Longest wait for a round's pulls; the round goes on with what arrived.")
+    staleness: int = _key(5, "Drop snapshots more than this many rounds behind this node's round.")
+    lockstep: bool = _key(False, "The synchronous algorithm: wait for the fleet each round, seeded neighbours.")
+    # Capacity (DisPFL setting ii).
+    capacity: str | float = _key("auto", "auto (measure) or a tier density: 0.2, 0.4, 0.6, 0.8, 1.0.")
+    # Training.
+    epochs: int = _key(5, "Local epochs per round.")
+    batch_size: int = _key(128, "Training batch size.")
+    lr: float = _key(0.1, "Initial learning rate (times --lr-decay per round).")
+    lr_decay: float = _key(0.998, "Learning-rate decay per round.")
+    weight_decay: float = _key(5e-4, "Weight decay.")
+    clip_norm: float = _key(10.0, "Gradient-norm clipping.")
+    prune_alpha: float = _key(0.5, "Initial prune fraction of the cosine schedule.")
+    regrow: str = _key("random", "Regrowth: random (reference code) or gradient (paper).")
+    mask_init: str = _key("erk", "Initial mask: erk or uniform.")
+    device: str = _key("cpu", "cpu or cuda.")
+    threads: int | None = _key(None, "Torch intra-op threads [default: torch's].")
+    # Security.
+    tls_ca: Path | None = _key(None, "Fleet CA certificate (PEM).")
+    tls_cert: Path | None = _key(None, "This node's certificate, issued for its node id.")
+    tls_key: Path | None = _key(None, "This node's private key (mode 0600).")
+    insecure: bool = _key(False, "Plaintext, unauthenticated peer traffic (logged as a warning).")
+    # Measurement and outputs.
+    energy_backend: str = _key("auto", "Energy meter: auto, nvml, rapl, jetson, rpi5 or estimate.")
+    value_type: str = _key("float32", "How published values travel: float32, float16 or bfloat16.")
+    export_onnx: bool = _key(True, "Keep the latest personalized model as model.onnx.")
+
+    def __post_init__(self) -> None:
+        if self.node_id and not is_valid_node_id(self.node_id):
+            raise ConfigError(f"node_id={self.node_id!r} must match {NODE_ID_PATTERN}")
+        if self.fleet and not _FLEET_RE.fullmatch(self.fleet):
+            raise ConfigError(f"fleet={self.fleet!r} must be 1-63 characters of [A-Za-z0-9_.-], starting alphanumeric")
+        if self.model not in MODEL_NAMES:
+            raise ConfigError(f"model={self.model!r} must be one of {', '.join(MODEL_NAMES)}")
+        if self.dataset not in DATASET_NAMES:
+            raise ConfigError(f"dataset={self.dataset!r} must be one of {', '.join(DATASET_NAMES)}")
+        parse_partition(self.partition)
+        _at_least("num_clients", self.num_clients, 1)
+        if self.client_index is not None and not 0 <= self.client_index < max(self.num_clients, 2**31):
+            raise ConfigError(f"client_index={self.client_index} must be >= 0")
+        if self.data is None and self.num_clients > 1 and self.client_index is None:
+            raise ConfigError(f"num_clients={self.num_clients} needs client_index: which slice is this node's")
+        if self.client_index is not None and self.data is None and self.client_index >= self.num_clients:
+            raise ConfigError(f"client_index={self.client_index} must be < num_clients={self.num_clients}")
+        if self.num_classes is not None:
+            _at_least("num_classes", self.num_classes, 2)
+        if self.classes and self.num_classes is not None and len(self.classes) != self.num_classes:
+            raise ConfigError(f"classes lists {len(self.classes)} names but num_classes={self.num_classes}")
+        if self.discovery not in DISCOVERY_MODES:
+            raise ConfigError(f"discovery={self.discovery!r} must be one of {', '.join(DISCOVERY_MODES)}")
+        if self.discovery in ("static", "both") and not self.peers:
+            raise ConfigError(f"discovery={self.discovery!r} needs peers (--peers HOST:PORT,...)")
+        _check_listen(self.listen)
+        _at_least("neighbours", self.neighbours, 1)
+        _at_least("rounds", self.rounds, 0)
+        _at_least("staleness", self.staleness, 0)
+        if not math.isfinite(self.pull_timeout_s) or self.pull_timeout_s <= 0:
+            raise ConfigError(f"pull_timeout_s={self.pull_timeout_s} must be a positive number of seconds")
+        if not math.isfinite(self.round_budget_s) or self.round_budget_s <= 0:
+            raise ConfigError(f"round_budget_s={self.round_budget_s} must be a positive number of seconds")
+        self.fixed_density  # noqa: B018 -- checks `capacity`
+        if self.lockstep and (self.client_index is None or self.discovery != "static"):
+            raise ConfigError(
+                "lockstep needs client_index and discovery = \"static\" with peers listing the whole fleet in"
+                " client-index order (this node included)"
+            )
+        if self.device not in DEVICES:
+            raise ConfigError(f"device={self.device!r} must be one of {', '.join(DEVICES)}")
+        if self.threads is not None:
+            _at_least("threads", self.threads, 1)
+        if self.energy_backend not in BACKENDS:
+            raise ConfigError(f"energy_backend={self.energy_backend!r} must be one of {', '.join(BACKENDS)}")
+        if self.value_type not in VALUE_TYPES:
+            raise ConfigError(f"value_type={self.value_type!r} must be one of {', '.join(VALUE_TYPES)}")
+        tls = [self.tls_ca, self.tls_cert, self.tls_key]
+        if any(tls) and not all(tls):
+            raise ConfigError("TLS needs all three of tls_ca, tls_cert and tls_key")
+        if all(tls) and self.insecure:
+            raise ConfigError("tls_* files and insecure exclude each other")
+        self.dispfl_params()  # the round's own checks: epochs, batch size, lr, schedule, regrow, mask init
+
+    def check_runnable(self) -> None:
+        """What a running node needs beyond valid values: a fleet, and TLS material or an explicit --insecure."""
+        if not self.fleet:
+            raise ConfigError("fleet is required (--fleet, or fleet = \"...\" in the config file)")
+        if not self.tls_enabled and not self.insecure:
+            raise ConfigError(
+                "no TLS material: give tls_ca, tls_cert and tls_key (see edge-node certs), or run plaintext"
+                " with --insecure"
+            )
+
+    @property
+    def fixed_density(self) -> float | None:
+        """The density ``capacity`` names, or None for ``auto``."""
+        text = str(self.capacity).strip().lower()
+        if text == "auto":
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        tier = next((d for d in TIER_DENSITIES if math.isclose(d, value)), None)
+        if tier is None:
+            choices = ", ".join(f"{d:g}" for d in TIER_DENSITIES)
+            raise ConfigError(f"capacity={self.capacity!r} must be auto or one of the tier densities {choices}")
+        return tier
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_ca is not None
+
+    @property
+    def resolved_node_id(self) -> str:
+        """``node_id``, or the one derived from the host name."""
+        return self.node_id or node_id_from_hostname()
+
+    def dispfl_params(self) -> DisPFLParams:
+        """The shared client round's hyper-parameters."""
+        return DisPFLParams(
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            lr_decay=self.lr_decay,
+            weight_decay=self.weight_decay,
+            clip_norm=self.clip_norm,
+            planned_rounds=self.planned_rounds,
+            prune_alpha=self.prune_alpha,
+            regrow=self.regrow,
+            mask_init=self.mask_init,
+        )
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    if value < low:
+        raise ConfigError(f"{name}={value} must be at least {low}")
+
+
+def _check_listen(address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"listen={address!r} must be HOST:PORT with PORT in 0..65535 (0 picks a free port)")

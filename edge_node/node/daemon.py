@@ -1,0 +1,628 @@
+"""The device daemon: one DisPFL client per device, ``startup()`` -> ``main_loop()`` -> ``shutdown()``.
+
+Each round (no global barrier: every node keeps its own round counter)::
+
+    communicate  pick up to k live peers at random (skipping peers in backoff), pull their latest
+                 snapshots in parallel with deadlines, drop stale or refused ones
+    aggregate    aggregate_peers(state, snapshots)                      (edge_node.algorithm.dispfl)
+    train        accuracy before, train_local, accuracy after, update_mask
+    then         append the round's record to rounds.jsonl, checkpoint atomically, publish the
+                 snapshot (served to peers, advertised over mDNS), write status.json and model.onnx
+
+A node that finds nobody trains locally and keeps looking. A diverged round is never published: the
+state stays at the last checkpoint, and three divergences in a row end the daemon (exit 5). With
+``lockstep`` the fleet runs the synchronous algorithm of ALGORITHM.md: a node starts round t once every
+node has published round t, and pulls exactly round t's snapshots of the simulation's seeded neighbours.
+
+The first SIGTERM/SIGINT sets ``should_exit``: training stops at the next batch, pulls are abandoned,
+the round in progress is dropped (the checkpoint holds the last completed one), mDNS says goodbye and
+the server stops; all within a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from edge_node import __version__
+from edge_node.algorithm import count_correct, load_weights, read_weights, tier_name
+from edge_node.algorithm.dispfl import (
+    DisPFLParams,
+    aggregate_peers,
+    published,
+    start,
+    train_local,
+    update_mask,
+)
+from edge_node.algorithm.topology import pick_peers, round_neighbours
+from edge_node.algorithm.training import Batch
+from edge_node.energy import EnergyAccountant, open_meter
+from edge_node.errors import ConfigError, ListenError, PeerUnreachable, TlsError, TrainingDiverged
+from edge_node.models import build_model
+from edge_node.net import PeerAddress, PeerServer, TlsConfig, create_server, hello, pull_models
+from edge_node.net.discovery import Discovery, MdnsDiscovery, PeerInfo, StaticDiscovery
+from edge_node.net.server import ModelSnapshot
+from edge_node.node import capacity
+from edge_node.node.config import NodeConfig
+from edge_node.node.export import ONNX_FILE, write_onnx
+from edge_node.node.local_data import LocalData, load_local_data
+from edge_node.node.notify import Watchdog, sd_notify, watchdog_interval_s
+from edge_node.node.peers import PeerTracker
+from edge_node.node.state import CHECKPOINT_FILE, Checkpoint, Identity, StateDirLock, load_checkpoint, save_checkpoint
+from edge_node.node.status import StatusServer, write_status_file
+from edge_node.seeding import Stream, numpy_generator
+from edge_node.storage import append_line, truncate_jsonl
+from edge_node.wire import DecodedModel, ModelSpec, ValueType
+
+_LOGGER = logging.getLogger(__name__)
+
+ROUNDS_LOG = "rounds.jsonl"
+ENERGY_LOG = "energy.jsonl"
+MAX_DIVERGED_IN_A_ROW = 3
+SERVER_GRACE_S = 1.0  # in-flight transfers get this long at shutdown
+HELLO_TIMEOUT_S = 2.0
+LOCKSTEP_POLL_S = 0.2
+IDLE_WITHOUT_PEERS_S = 1.0  # a node that found nobody pauses this long before its next (local) round
+
+
+class _Stop(Exception):
+    """Raised inside a round when the daemon is told to stop: the round is dropped."""
+
+
+def client_index_of(node_id: str) -> int:
+    """The client index a node without one configured uses: a stable hash of its id."""
+    return zlib.crc32(node_id.encode()) & 0x7FFFFFFF
+
+
+@dataclass
+class _Totals:
+    bytes_in: int = 0
+    rounds_run: int = 0
+    acc_before: float | None = None
+    acc_after: float | None = None
+    energy_j: float = 0.0
+    energy_label: str = ""
+    diverged_in_a_row: int = 0
+
+
+class Node:
+    """One device's daemon. Construct with a checked :class:`NodeConfig`; ``run()`` until done or stopped."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.should_exit = threading.Event()
+        self.force_exit = threading.Event()
+        self.node_id = config.resolved_node_id
+        self.client_index = config.client_index if config.client_index is not None else client_index_of(self.node_id)
+        self.params: DisPFLParams = config.dispfl_params()
+        self.phase = "starting"
+        self.rounds_done = 0
+        self.port: int | None = None
+        self._heartbeat = time.monotonic()
+        self._started_unix = time.time()
+        self._totals = _Totals()
+        self._lock = StateDirLock(config.state_dir)
+        self._closers: list[Any] = []  # started services, stopped in reverse order
+        self.tracker = PeerTracker(numpy_generator(config.seed, Stream.PEERS, self.client_index, 2**31 - 1))
+
+    # -- signals ------------------------------------------------------------------------------------
+    def handle_exit(self) -> None:
+        """First call: stop after the current step; second: stop at once (the caller's signal handler)."""
+        if self.should_exit.is_set():
+            self.force_exit.set()
+        self.should_exit.set()
+
+    def beat(self) -> None:
+        """The main loop is alive (the systemd watchdog pings only while this is recent)."""
+        self._heartbeat = time.monotonic()
+
+    # -- life ---------------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Start, run rounds until ``rounds`` are done or a signal arrives, then shut down cleanly."""
+        try:
+            self.startup()
+            self.main_loop()
+        finally:
+            self.shutdown()
+
+    def startup(self) -> None:
+        """Everything that can fail on bad input happens here, before the node serves or trains."""
+        config = self.config
+        config.check_runnable()
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        if config.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device 'cuda' asked for but torch.cuda.is_available() is False")
+        self.device = torch.device(config.device)
+        self.tls = self._load_tls()
+        self._lock.acquire()
+        self._closers.append(self._lock.release)
+        check_listen_free(config.listen)  # fail fast, before the data is loaded
+        self.local: LocalData = load_local_data(config, self.client_index, self.device)
+        self.model = build_model(config.model, self.local.num_classes, seed=config.seed).to(self.device)
+        init_weights = read_weights(self.model)
+        self.spec = ModelSpec.from_tensors(config.model, self.local.num_classes, init_weights)
+        identity = Identity(self.node_id, config.fleet, self.spec.arch_id, config.seed, self.client_index)
+        self.checkpoint_path = config.state_dir / CHECKPOINT_FILE
+        saved = load_checkpoint(self.checkpoint_path, identity, self.device)
+        self.capacity = self._decide_capacity(saved)
+        if saved is not None:
+            self.state, self.rounds_done = saved.state, saved.rounds_done
+            _LOGGER.info("resuming from %s: %d rounds done", self.checkpoint_path, self.rounds_done)
+        else:
+            self.state = start(
+                init_weights, self.capacity.density, seed=config.seed, client=self.client_index,
+                mask_init=config.mask_init,
+            )  # fmt: skip
+        self.identity = identity
+        self.density = self.state.density
+        self.tier = tier_name(self.density)
+        rounds_log = config.state_dir / ROUNDS_LOG
+        energy_log = config.state_dir / ENERGY_LOG
+        truncate_jsonl(rounds_log, self.rounds_done)  # rounds the checkpoint does not hold are run again
+        truncate_jsonl(energy_log, self.rounds_done)
+        self.rounds_log = rounds_log
+        try:
+            meter = open_meter(config.energy_backend)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        self.accountant = EnergyAccountant(meter, energy_log)
+        self._closers.append(self.accountant.close)
+        self._start_server()
+        self.discoveries = self._start_discovery()
+        self.status_server = StatusServer(config.state_dir, self.status)
+        self.status_server.start()
+        self._closers.append(self.status_server.stop)
+        interval = watchdog_interval_s()
+        if interval is not None:
+            max_age = max(config.pull_timeout_s, config.round_budget_s if config.lockstep else 0) + 60
+            watchdog = Watchdog(interval, lambda: self._heartbeat, max_age)
+            watchdog.start()
+            self._closers.append(watchdog.stop)
+        self.phase = "idle"
+        sd_notify(f"READY=1\nSTATUS=serving on port {self.port}, {self.rounds_done} rounds done")
+        _LOGGER.info("%s", self.describe())
+
+    def describe(self) -> str:
+        """One line saying who this node is and how it runs (logged once it serves)."""
+        return (
+            f"node {self.node_id} of fleet {self.config.fleet}: {self.spec.arch_id}, tier {self.tier} "
+            f"({self.capacity.decided_by}), serving on port {self.port} "
+            f"({'mutual TLS' if self.tls else 'INSECURE plaintext'}), {self.local.description}, "
+            f"{self.rounds_done} rounds done"
+        )
+
+    def main_loop(self) -> None:
+        while not self.should_exit.is_set():
+            if self.config.rounds and self.rounds_done >= self.config.rounds:
+                _LOGGER.info("%d rounds done, stopping", self.rounds_done)
+                break
+            try:
+                self.run_round(self.rounds_done)
+            except _Stop:
+                _LOGGER.info("stopping: round %d abandoned, the checkpoint holds round %d", self.rounds_done,
+                             self.rounds_done - 1)  # fmt: skip
+                break
+
+    def shutdown(self) -> None:
+        """Goodbye on mDNS, stop serving (in-flight transfers get ``SERVER_GRACE_S``), close; idempotent."""
+        self.phase = "stopping"
+        sd_notify("STOPPING=1")
+        for closer in reversed(self._closers):
+            try:
+                closer()
+            except Exception:  # keep closing the rest: a half-stopped daemon is worse
+                _LOGGER.exception("error while stopping %r", closer)
+        self._closers.clear()
+        self.phase = "stopped"
+
+    # -- start-up pieces ----------------------------------------------------------------------------
+    def _load_tls(self) -> TlsConfig | None:
+        config = self.config
+        if not config.tls_enabled:
+            return None
+        assert config.tls_ca is not None and config.tls_cert is not None and config.tls_key is not None
+        tls = TlsConfig.from_files(config.tls_ca, config.tls_cert, config.tls_key)
+        if self.node_id not in tls.node_names:
+            raise TlsError(
+                f"certificate {config.tls_cert} is issued for {tls.node_names}, not this node's id {self.node_id!r}"
+            )
+        return tls
+
+    def _decide_capacity(self, saved: Checkpoint | None) -> capacity.CapacityDecision:
+        """The tier: configured, or measured; a checkpoint's density wins over a new measurement."""
+        fixed = self.config.fixed_density
+        if fixed is not None:
+            decision = capacity.configured(fixed)
+            if saved is not None and not math.isclose(saved.state.density, fixed):
+                raise ConfigError(
+                    f"the checkpoint in {self.config.state_dir} trains at density {saved.state.density:g} but "
+                    f"--capacity is {fixed:g}: its mask cannot change tier; pass --capacity {saved.state.density:g} "
+                    "or move the state dir away to start over"
+                )
+            return decision
+        scratch = build_model(self.config.model, self.local.num_classes, seed=self.config.seed).to(self.device)
+        measured = capacity.probe(
+            scratch, self.local.data, self.params.batch_size, interfaces=self.config.interfaces,
+            generator=torch.Generator().manual_seed(self.config.seed),
+        )  # fmt: skip
+        decision = capacity.choose_tier(
+            measured, self.spec, epochs=self.params.epochs, samples=self.local.data.num_train,
+            neighbours=self.config.neighbours, round_budget_s=self.config.round_budget_s,
+            value_type=ValueType.parse(self.config.value_type),
+        )  # fmt: skip
+        _LOGGER.info(
+            "capacity: %.1f samples/s training, %s available, %d CPUs, accelerator %s, link %s -> tier %s (%s)",
+            measured.train_samples_per_s, f"{measured.available_memory_bytes / 2**30:.1f} GiB", measured.cpu_count,
+            measured.accelerator, measured.link_detail, decision.tier, decision.decided_by,
+        )  # fmt: skip
+        if saved is not None and not math.isclose(saved.state.density, decision.density):
+            _LOGGER.warning(
+                "measured tier %s differs from the checkpoint's density %g; keeping %g (a mask cannot change tier; "
+                "move the state dir away to start over at the new tier)",
+                decision.tier, saved.state.density, saved.state.density,
+            )  # fmt: skip
+        return decision
+
+    def _start_server(self) -> None:
+        config = self.config
+        self.server_state = PeerServer(
+            self.spec, node_id=self.node_id, fleet_id=config.fleet, tier=tier_name(self.density),
+            value_type=ValueType.parse(config.value_type),
+        )  # fmt: skip
+        server, port = create_server(config.listen, self.server_state, tls=self.tls, insecure=config.insecure)
+        server.start()
+        self.port = port
+        self._closers.append(lambda: server.stop(SERVER_GRACE_S).wait(SERVER_GRACE_S + 1))
+        self._publish()
+
+    def _start_discovery(self) -> list[Discovery]:
+        config = self.config
+        found: list[Discovery] = []
+        common: dict[str, Any] = dict(
+            node_id=self.node_id, port=self.port, fleet=config.fleet, arch=self.spec.arch_id, tier=self.tier,
+            density=self.density, round=self.rounds_done, fingerprint=self.tls.fingerprint if self.tls else None,
+        )  # fmt: skip
+        if config.discovery in ("static", "both"):
+            found.append(StaticDiscovery([_endpoint_of(p) for p in config.peers], **common))
+        if config.discovery in ("mdns", "both"):
+            found.append(MdnsDiscovery(interfaces=list(config.interfaces) or None, **common))
+        for discovery in found:
+            discovery.start()
+            self._closers.append(discovery.stop)
+        return found
+
+    # -- one round ----------------------------------------------------------------------------------
+    def run_round(self, t: int) -> None:
+        """Run round ``t`` (= rounds done); on success the node has published snapshot ``t + 1``."""
+        self.beat()
+        acct = self.accountant
+        self.phase = "communicate"
+        with acct.phase("communicate"):
+            if self.config.lockstep:
+                self._wait_for_fleet(t)
+                chosen = self._lockstep_neighbours(t)
+            else:
+                chosen = self._pick_peers(t)
+            received, refused = self._pull(chosen, t)
+        self._check_stop()
+        snapshots = [(m.weights, m.masks) for m in received.values()]
+        self.phase = "aggregate"
+        with acct.phase("aggregate"):
+            aggregated = aggregate_peers(self.state, snapshots)
+        self.phase = "train"
+        with acct.phase("train"):
+            data = self.local.data
+            load_weights(self.model, aggregated.weights)
+            acc_before = self._accuracy()
+            try:
+                trained = train_local(
+                    aggregated, self.model, self._batches, t, self.params, seed=self.config.seed,
+                    client=self.client_index,
+                )  # fmt: skip
+            except TrainingDiverged as exc:
+                self._diverged(t, exc, chosen, received, refused)
+                return
+            acc_after = self._accuracy()
+            new_state = update_mask(
+                trained.state, t, self.params, seed=self.config.seed, client=self.client_index,
+                gradients=trained.gradients,
+            )  # fmt: skip
+        self._check_stop()
+        energy = acct.close_round(t)
+        bytes_in = sum(m.wire_bytes for m in received.values())
+        record = {
+            "round": t,
+            "node_id": self.node_id,
+            "time_unix": round(time.time(), 3),
+            "tier": self.tier,
+            "density": round(new_state.mask_density, 6),
+            "lockstep": self.config.lockstep,
+            "peers_asked": [p.node_id for p in chosen],
+            "peers_answered": sorted(received),
+            "peer_rounds": {k: m.header.round for k, m in sorted(received.items())},
+            "peers_refused": {k: {"kind": kind, "detail": detail} for k, (kind, detail) in sorted(refused.items())},
+            "refusals": _count_kinds(refused),
+            "bytes_in": bytes_in,
+            "acc_before": acc_before,
+            "acc_after": acc_after,
+            "train_loss": trained.stats.mean_loss,
+            "samples": data.num_train,
+            "lr": trained.lr,
+            "seconds": energy["seconds"],
+            "joules": energy["joules"],
+            "energy_total_j": energy["total_j"],
+            "energy_label": energy["label"],
+            "energy_source": energy["source"],
+        }
+        append_line(self.rounds_log, json.dumps(record))
+        save_checkpoint(self.checkpoint_path, Checkpoint(self.identity, t + 1, new_state))
+        self.state, self.rounds_done = new_state, t + 1
+        self._publish()
+        totals = self._totals
+        totals.bytes_in += bytes_in
+        totals.rounds_run += 1
+        totals.acc_before, totals.acc_after = acc_before, acc_after
+        totals.energy_j += energy["total_j"]
+        totals.energy_label = energy["label"]
+        totals.diverged_in_a_row = 0
+        self.phase = "idle"
+        write_status_file(self.config.state_dir, self.status())
+        if self.config.export_onnx:
+            write_onnx(self.config.state_dir / ONNX_FILE, self.model, new_state.weights, data.pool.input_shape)
+        refused_text = f", refused {_count_kinds(refused)}" if refused else ""
+        _LOGGER.info(
+            "round %d: %d/%d peers answered%s, accuracy %.1f%% -> %.1f%%, in %.2f MB, %.1f s, %.3g J (%s)",
+            t, len(received), len(chosen), refused_text, 100 * acc_before, 100 * acc_after, bytes_in / 1e6,
+            energy["duration_s"], energy["total_j"], energy["label"],
+        )  # fmt: skip
+        if not chosen and not self.config.lockstep:
+            self.should_exit.wait(IDLE_WITHOUT_PEERS_S)  # nobody found yet: trained locally, keep looking
+
+    def _check_stop(self) -> None:
+        if self.should_exit.is_set():
+            raise _Stop
+
+    def _batches(self, epochs: int, generator: torch.Generator) -> Iterator[Batch]:
+        """Training batches that beat the heartbeat and stop the round when the daemon is told to."""
+        for batch in self.local.data.train_batches(epochs, generator, self.params.batch_size):
+            self._check_stop()
+            self.beat()
+            yield batch
+
+    def _accuracy(self) -> float:
+        correct, total = count_correct(self.model, self.local.data.eval_batches())
+        return correct / max(total, 1)
+
+    def _diverged(
+        self, t: int, exc: TrainingDiverged, chosen: list[PeerAddress], received: dict[str, DecodedModel],
+        refused: dict[str, tuple[str, str]],
+    ) -> None:  # fmt: skip
+        """Roll back (keep the checkpointed state), log, and give up after three in a row."""
+        totals = self._totals
+        totals.diverged_in_a_row += 1
+        energy = self.accountant.close_round(t)
+        append_line(
+            self.rounds_log,
+            json.dumps({
+                "round": t, "node_id": self.node_id, "time_unix": round(time.time(), 3), "diverged": True,
+                "reason": str(exc), "peers_asked": [p.node_id for p in chosen], "peers_answered": sorted(received),
+                "refusals": _count_kinds(refused), "seconds": energy["seconds"], "joules": energy["joules"],
+                "energy_label": energy["label"],
+            }),
+        )  # fmt: skip
+        _LOGGER.error(
+            "%s; rolled back to the checkpoint of round %d, nothing published (%d of %d in a row)",
+            exc, t - 1, totals.diverged_in_a_row, MAX_DIVERGED_IN_A_ROW,
+        )  # fmt: skip
+        if totals.diverged_in_a_row >= MAX_DIVERGED_IN_A_ROW:
+            raise TrainingDiverged(
+                f"training diverged {MAX_DIVERGED_IN_A_ROW} rounds in a row (last: {exc}); lower --lr"
+            ) from exc
+
+    def _publish(self) -> None:
+        weights, mask = published(self.state)
+        self.server_state.publish(
+            ModelSnapshot(
+                weights=weights, masks=mask, round=self.rounds_done, density=self.density, node_id=self.node_id,
+                fleet_id=self.config.fleet, arch_id=self.spec.arch_id, tier=self.tier,
+            )
+        )  # fmt: skip
+        for discovery in getattr(self, "discoveries", []):
+            discovery.update(round=self.rounds_done)
+
+    # -- peers --------------------------------------------------------------------------------------
+    def _live_peers(self) -> dict[str, PeerInfo]:
+        """Peers every discovery lists now (not this node), by node id; static placeholders get a Hello."""
+        peers: dict[str, PeerInfo] = {}
+        for discovery in self.discoveries:
+            for peer in discovery.peers():
+                if isinstance(discovery, StaticDiscovery) and peer.node_id == peer.endpoint:
+                    peer = self._hello_static(discovery, peer) or peer
+                    if peer.node_id == peer.endpoint:
+                        continue  # not identified yet
+                if peer.node_id != self.node_id and peer.addresses:
+                    peers.setdefault(peer.node_id, peer)
+        self.tracker.forget_except(set(peers))
+        return peers
+
+    def _hello_static(self, discovery: StaticDiscovery, placeholder: PeerInfo) -> PeerInfo | None:
+        """Learn a static peer's identity from its Hello (None when it does not answer)."""
+        host, port = placeholder.addresses[0], placeholder.port
+        address = PeerAddress(node_id=placeholder.node_id, host=host, port=port)
+        try:
+            reply = hello(
+                address, node_id=self.node_id, fleet_id=self.config.fleet, timeout_s=HELLO_TIMEOUT_S, tls=self.tls,
+                insecure=self.config.insecure,
+            )  # fmt: skip
+        except PeerUnreachable as exc:
+            _LOGGER.debug("static peer %s: %s", placeholder.endpoint, exc)
+            return None
+        peer = PeerInfo(
+            node_id=reply.node_id, addresses=[host], port=port, fleet=reply.fleet_id, arch=reply.arch_id,
+            tier=reply.tier or "unknown", density=reply.density if 0 < reply.density <= 1 else 1.0,
+            round=reply.round, protocol_version=reply.protocol_version, fingerprint=None, last_seen=time.monotonic(),
+        )  # fmt: skip
+        return peer if discovery.record_hello(host, port, peer) else None
+
+    def _pick_peers(self, t: int) -> list[PeerAddress]:
+        live = self._live_peers()
+        eligible = self.tracker.eligible(sorted(live))
+        rng = numpy_generator(self.config.seed, Stream.PEERS, self.client_index, t)
+        chosen = pick_peers(eligible, self.config.neighbours, rng)
+        return [_address(live[node_id]) for node_id in chosen]
+
+    def _lockstep_fleet(self) -> list[tuple[str, str, int]]:
+        """The fleet in client-index order: (node id, host, port) of each ``peers`` entry."""
+        return [_parse_id_endpoint(entry) for entry in self.config.peers]
+
+    def _lockstep_neighbours(self, t: int) -> list[PeerAddress]:
+        fleet = self._lockstep_fleet()
+        k = min(self.config.neighbours, len(fleet) - 1)
+        lists = round_neighbours("random", len(fleet), k, self.config.seed, t)
+        return [PeerAddress(node_id=fleet[j][0], host=fleet[j][1], port=fleet[j][2]) for j in lists[self.client_index]]
+
+    def _wait_for_fleet(self, t: int) -> None:
+        """Lockstep barrier: wait until every other node has published snapshot ``t`` (bounded)."""
+        deadline = time.monotonic() + self.config.round_budget_s
+        waiting = {node_id: (host, port) for node_id, host, port in self._lockstep_fleet() if node_id != self.node_id}
+        while waiting:
+            for node_id, (host, port) in list(waiting.items()):
+                try:
+                    reply = hello(
+                        PeerAddress(node_id=node_id, host=host, port=port), node_id=self.node_id,
+                        fleet_id=self.config.fleet, timeout_s=HELLO_TIMEOUT_S, tls=self.tls,
+                        insecure=self.config.insecure,
+                    )  # fmt: skip
+                except PeerUnreachable:
+                    continue
+                if reply.has_model and reply.round >= t:
+                    del waiting[node_id]
+            if not waiting:
+                return
+            self._check_stop()
+            self.beat()
+            if time.monotonic() > deadline:
+                _LOGGER.warning("lockstep: %s not at round %d after %.0f s; going on", sorted(waiting), t,
+                                self.config.round_budget_s)  # fmt: skip
+                return
+            self.should_exit.wait(LOCKSTEP_POLL_S)
+
+    def _pull(self, chosen: list[PeerAddress], t: int) -> tuple[dict[str, DecodedModel], dict[str, tuple[str, str]]]:
+        """Pull ``chosen`` in parallel; returns the snapshots kept and (kind, detail) for every refusal."""
+        if not chosen:
+            return {}, {}
+        result = pull_models(
+            chosen, self.spec, self.config.fleet, node_id=self.node_id, timeout_s=self.config.pull_timeout_s,
+            retries=1, tls=self.tls, insecure=self.config.insecure,
+        )  # fmt: skip
+        refused: dict[str, tuple[str, str]] = {k: _failure_kind(v) for k, v in result.failures.items()}
+        received: dict[str, DecodedModel] = {}
+        for node_id, model in result.received.items():
+            behind = t - model.header.round
+            if self.config.lockstep and model.header.round != t:
+                refused[node_id] = ("stale", f"lockstep round {t} needs snapshot {t}, got {model.header.round}")
+            elif behind > self.config.staleness:
+                refused[node_id] = ("stale", f"snapshot of round {model.header.round} is {behind} rounds behind")
+            else:
+                received[node_id] = model
+        for node_id, model in received.items():
+            self.tracker.success(node_id, model.header.round)
+        for node_id, (kind, detail) in refused.items():
+            if kind != "stale":
+                self.tracker.failure(node_id, kind, detail)
+        return received, refused
+
+    # -- status -------------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """What ``edge-node status`` shows (live from the socket, or from status.json)."""
+        totals = self._totals
+        discoveries = getattr(self, "discoveries", [])
+        known = sorted({p.node_id for d in discoveries for p in d.peers() if p.node_id != self.node_id})
+        age = time.monotonic() - self._heartbeat
+        max_age = max(self.config.pull_timeout_s, self.config.round_budget_s) * 2
+        return {
+            "source": "live",
+            "healthy": self.phase not in ("starting", "stopping", "stopped") and age < max_age,
+            "node_id": self.node_id,
+            "fleet": self.config.fleet,
+            "version": __version__,
+            "pid": os.getpid(),
+            "state_dir": str(self.config.state_dir),
+            "port": self.port,
+            "tls": self.tls is not None,
+            "model": getattr(self, "spec", None) and self.spec.arch_id,
+            "tier": getattr(self, "tier", None),
+            "density": getattr(self, "density", None),
+            "capacity": self.capacity.to_json() if hasattr(self, "capacity") else None,
+            "round": self.rounds_done,
+            "phase": self.phase,
+            "heartbeat_age_s": round(age, 1),
+            "peers_known": known,
+            "peers": self.tracker.to_json(),
+            "accuracy_before": totals.acc_before,
+            "accuracy_after": totals.acc_after,
+            "bytes_in_total": totals.bytes_in,
+            "rounds_this_run": totals.rounds_run,
+            "energy_j_this_run": round(totals.energy_j, 3),
+            "energy_label": totals.energy_label,
+            "started_unix": round(self._started_unix, 3),
+            "uptime_s": round(time.time() - self._started_unix, 1),
+        }
+
+
+def check_listen_free(listen: str) -> None:
+    """Raise ListenError (one line, exit 3) when ``HOST:PORT`` cannot be bound, before anything is started."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, int(port)))
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {listen!r}: {exc.strerror or exc}") from None
+
+
+def _address(peer: PeerInfo) -> PeerAddress:
+    return PeerAddress(node_id=peer.node_id, host=peer.addresses[0], port=peer.port)
+
+
+def _endpoint_of(entry: str) -> str:
+    """``HOST:PORT`` of a static peer entry (``ID@HOST:PORT`` or ``HOST:PORT``)."""
+    return entry.split("@", 1)[1] if "@" in entry else entry
+
+
+def _parse_id_endpoint(entry: str) -> tuple[str, str, int]:
+    node_id, sep, endpoint = entry.partition("@")
+    host, _, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"lockstep peer {entry!r} must be ID@HOST:PORT")
+    return node_id, host.strip("[]"), int(port)
+
+
+def _failure_kind(reason: str) -> tuple[str, str]:
+    """(kind, detail) of a pull failure's one-line reason."""
+    head = reason.split(":", 1)[0].strip()
+    kinds = {
+        "UNAVAILABLE": "unreachable", "DEADLINE_EXCEEDED": "timeout", "FAILED_PRECONDITION": "refused",
+        "WireDecodeError": "decode", "WireLimitError": "limit", "HeaderMismatch": "header",
+    }  # fmt: skip
+    return kinds.get(head, "other"), reason
+
+
+def _count_kinds(refused: dict[str, tuple[str, str]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for kind, _ in refused.values():
+        counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items()))

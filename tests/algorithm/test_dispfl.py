@@ -1,0 +1,126 @@
+"""One client's round (edge_node.algorithm.dispfl): the steps the simulation and the daemon share."""
+
+import math
+
+import pytest
+import torch
+
+from edge_node.algorithm import read_weights
+from edge_node.algorithm.dispfl import (
+    ClientState,
+    DisPFLParams,
+    aggregate_peers,
+    published,
+    start,
+    train_local,
+    update_mask,
+)
+from edge_node.errors import ConfigError, TrainingDiverged
+from edge_node.models import build_model
+
+
+def _batches(epochs, generator, n=96, batch=32):
+    """Toy local data: a class-dependent stripe; shuffled from the round's generator."""
+    g = torch.Generator().manual_seed(7)
+    y = torch.randint(0, 10, (n,), generator=g)
+    x = torch.randn(n, 3, 32, 32, generator=g) * 0.1
+    for i, label in enumerate(y.tolist()):
+        x[i, :, 3 * label : 3 * label + 3, :] += 2.0
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=generator)
+        for s in range(0, n, batch):
+            yield x[order[s : s + batch]], y[order[s : s + batch]]
+
+
+def _nnz(masks):
+    return {k: int(v.sum()) for k, v in masks.items()}
+
+
+@pytest.fixture(scope="module")
+def init():
+    return read_weights(build_model("cnn", seed=3))
+
+
+def test_start_shares_weights_but_not_masks(init):
+    a = start(init, 0.5, seed=1, client=0)
+    b = start(init, 0.5, seed=1, client=1)
+    again = start(init, 0.5, seed=1, client=0)
+    assert all(torch.equal(a.train_mask[k], again.train_mask[k]) for k in init)  # a function of (seed, client)
+    assert any(not torch.equal(a.train_mask[k], b.train_mask[k]) for k in init)  # own positions
+    assert _nnz(a.train_mask) == _nnz(b.train_mask)  # same ERK counts at the same density
+    for state in (a, b):
+        assert all(torch.equal(state.weights[k], init[k] * state.train_mask[k]) for k in init)
+        assert state.next_mask == state.train_mask
+        assert state.mask_density == pytest.approx(0.5, abs=0.01)
+    with pytest.raises(ConfigError, match="density=1.5"):
+        start(init, 1.5, seed=1, client=0)
+
+
+def test_aggregate_peers_of_other_densities_lands_on_next_mask(init):
+    me = start(init, 0.4, seed=0, client=0)
+    sparse = start(init, 0.2, seed=0, client=1)
+    dense = start(init, 1.0, seed=0, client=2)
+    out = aggregate_peers(me, [published(sparse), published(dense)])
+    assert out.train_mask is me.next_mask and out.next_mask is me.next_mask
+    for k in init:
+        assert torch.count_nonzero(out.weights[k][~me.next_mask[k]]) == 0
+        # Everyone starts from the same weights, so any holder's mean is the initial weight.
+        assert torch.allclose(out.weights[k], init[k] * me.next_mask[k])
+    alone = aggregate_peers(me, [])
+    assert all(torch.equal(alone.weights[k], me.weights[k]) for k in init)
+    assert all(torch.equal(me.weights[k], init[k] * me.train_mask[k]) for k in init)  # input untouched
+
+
+def test_train_then_update_keeps_counts_and_is_reproducible(init):
+    params = DisPFLParams(epochs=2, batch_size=32, lr=0.05, planned_rounds=10, regrow="random")
+    model = build_model("cnn", seed=3)
+    state = start(init, 0.5, seed=0, client=4)
+    first = train_local(state, model, _batches, 0, params, seed=0, client=4)
+    second = train_local(state, model, _batches, 0, params, seed=0, client=4)
+    assert first.stats.steps == 6 and math.isfinite(first.stats.mean_loss)
+    assert all(torch.equal(first.state.weights[k], second.state.weights[k]) for k in init)
+    assert first.lr == pytest.approx(0.05) and first.gradients is None
+    for k in init:  # trained on the training mask only; the input state is untouched
+        assert torch.count_nonzero(first.state.weights[k][~state.train_mask[k]]) == 0
+        assert torch.equal(state.weights[k], init[k] * state.train_mask[k])
+    updated = update_mask(first.state, 0, params, seed=0, client=4)
+    assert _nnz(updated.next_mask) == _nnz(state.train_mask)
+    assert updated.train_mask is first.state.train_mask
+    moved = sum(int((updated.next_mask[k] != updated.train_mask[k]).sum()) for k in init)
+    assert moved > 0  # prune rate 0.25 at round 0
+    again = update_mask(first.state, 0, params, seed=0, client=4)
+    assert all(torch.equal(updated.next_mask[k], again.next_mask[k]) for k in init)
+
+
+def test_gradient_regrowth_takes_one_more_batch(init):
+    params = DisPFLParams(epochs=1, batch_size=32, lr=0.05, planned_rounds=10, regrow="gradient")
+    model = build_model("cnn", seed=3)
+    trained = train_local(start(init, 0.5, seed=0, client=0), model, _batches, 2, params, seed=0, client=0)
+    assert trained.gradients is not None and set(trained.gradients) == set(init)
+    assert trained.lr == pytest.approx(0.05 * 0.998**2)
+    updated = update_mask(trained.state, 2, params, seed=0, client=0, gradients=trained.gradients)
+    assert _nnz(updated.next_mask) == _nnz(trained.state.train_mask)
+
+
+def test_divergence_raises_and_leaves_the_state(init):
+    params = DisPFLParams(epochs=1, batch_size=32, lr=1e20, planned_rounds=10)
+    state = start(init, 0.5, seed=0, client=0)
+    with pytest.raises(TrainingDiverged, match=r"training diverged in round 3: client 0 has loss"):
+        train_local(state, build_model("cnn", seed=3), _batches, 3, params, seed=0, client=0)
+    assert all(torch.equal(state.weights[k], init[k] * state.train_mask[k]) for k in init)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("epochs", 0), ("lr", float("nan")), ("regrow", "magic"), ("prune_alpha", 2.0), ("weight_decay", -1.0)],
+)
+def test_params_are_checked_once(field, value):
+    with pytest.raises(ConfigError, match=field):
+        DisPFLParams(**{field: value})
+
+
+def test_state_is_a_plain_record(init):
+    state = start(init, 0.5, seed=0, client=0)
+    assert isinstance(state, ClientState) and state.density == 0.5
+    weights, mask = published(state)
+    assert weights is state.weights and mask is state.train_mask
