@@ -63,9 +63,10 @@ def _assert_not_installed(fleet: deploy_hosts.Fleet, host: deploy_hosts.Host) ->
 
 BAD_INVENTORIES = {
     "unknown-model": (["edge_node_model=transformer"], 'node2: edge_node_model="transformer" is not one of'),
-    "capacity-zero": (["edge_node_capacity=0"], "node2: edge_node_capacity=0 must be auto or a number in (0, 1]"),
+    "capacity-zero": (["edge_node_capacity=0"], "node2: edge_node_capacity=0 must be auto or a density in (0, 1]"),
     "capacity-above-one": (["edge_node_capacity=1.5"], "node2: edge_node_capacity=1.5 must be auto"),
     "capacity-word": (["edge_node_capacity=fast"], 'node2: edge_node_capacity="fast" must be auto'),
+    "capacity-not-a-tier": (["edge_node_capacity=0.5"], "node2: edge_node_capacity=0.5 must be auto"),
     "no-fleet-id": (["edge_node_fleet=''"], 'node2: edge_node_fleet="" must be a fleet id'),
     "tls-cert-without-key": (
         ["edge_node_tls=True", "edge_node_tls_cert_file=/etc/ssl/node.pem"],
@@ -124,10 +125,21 @@ def test_converge_starts_a_fleet_that_trades_models_and_second_run_changes_nothi
     fleet: deploy_hosts.Fleet, tmp_path: Path
 ) -> None:
     tls_dir = tmp_path / "fleet-ca"
+    settings = {
+        "edge_node_tls": True,  # a fleet CA made on the controller, a certificate per host
+        "edge_node_tls_ca_dir": str(tls_dir),
+        "edge_node_health_retries": 60,
+        # A quarter of the built-in demo set per node and one epoch: rounds of seconds, not minutes.
+        "edge_node_dataset": "demo",
+        "edge_node_num_clients": 4,
+        "edge_node_extra_config": {"epochs": 1},
+    }
     inventory = write_inventory(
         fleet,
         tmp_path / "inventory.ini",
-        extra_vars={"edge_node_tls": True, "edge_node_tls_ca_dir": str(tls_dir), "edge_node_health_retries": 60},
+        extra_vars=settings,
+        node1={"edge_node_client_index": 0},
+        node2={"edge_node_client_index": 1},
     )
 
     first = run_playbook(inventory)
