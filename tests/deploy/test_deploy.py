@@ -132,7 +132,9 @@ def test_converge_starts_a_fleet_that_trades_models_and_second_run_changes_nothi
         # A quarter of the built-in demo set per node and one epoch: rounds of seconds, not minutes.
         "edge_node_dataset": "demo",
         "edge_node_num_clients": 4,
-        "edge_node_extra_config": {"epochs": 1},
+        # The rollout is serial: node1 trains alone while node2 installs and is many rounds ahead when
+        # node2 starts; with the default staleness (5 rounds) it would refuse node2's snapshots as stale.
+        "edge_node_extra_config": {"epochs": 1, "staleness": 1000},
     }
     inventory = write_inventory(
         fleet,
