@@ -28,11 +28,19 @@ class WireLimitError(WireDecodeError):
 
 
 class HeaderMismatch(WireDecodeError):
-    """A peer's stream header is for another fleet, architecture or protocol version."""
+    """A peer's stream header is invalid or not what was asked for (fleet, architecture, version, round, density)."""
+
+
+class PeerIdentityMismatch(HeaderMismatch):
+    """A peer's header or certificate names another node than the one pulled from."""
 
 
 class PeerUnreachable(EdgeNodeError):
-    """A peer did not answer within its deadline and retries."""
+    """A peer did not deliver: no answer in time, a refusal or a TLS failure (``kind``: one of ``FAILURE_KINDS``)."""
+
+    def __init__(self, message: str, kind: str = "unreachable") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class DiscoveryError(EdgeNodeError):

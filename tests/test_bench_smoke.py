@@ -28,3 +28,47 @@ def test_sim_memory_bench_measures_both_layouts(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     figures = json.loads(out.read_text())
     assert figures["ours_peak_rss_gib"] > 0 and figures["naive_peak_rss_gib"] > 0
+
+
+def test_hostile_bench_quick_measures_every_attack(tmp_path: Path):
+    out = tmp_path / "hostile.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "hostile.py"), "--quick", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = {row["attack"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows["honest"]["outcome"] == "accepted" and rows["3e38 values"]["outcome"] == "screen: refused"
+    assert all(row["outcome"] != "accepted" for name, row in rows.items() if name not in ("honest", "never-ending"))
+    assert "slow-loris" in proc.stdout and "peak RSS" in proc.stdout
+
+
+def test_hostile_mdns_bench_says_it_needs_root():
+    """Without root it stops at once with a clear message and exit 2 (it never falls back to real interfaces)."""
+    import os
+    import shutil
+
+    import pytest
+
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is missing: cannot drop root to check the message")
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+    proc = subprocess.run(
+        [*drop, sys.executable, str(BENCH / "hostile_mdns.py"), "--quick"],
+        capture_output=True, text=True, timeout=60, cwd="/",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "needs root" in proc.stderr and "network namespaces" in proc.stderr
+
+
+def test_hostile_mdns_bench_quick_burst_prints_the_victims_costs(tmp_path: Path, require_root: None):
+    out = tmp_path / "hostile_mdns.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "hostile_mdns.py"), "--quick", "--only", "burst", "--window", "2",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "burst" in proc.stdout and "reals kept" in proc.stdout
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["scenario"] == "burst" and row["packets_sent_by_attacker"] > 0 and "cpu_s" in row

@@ -22,6 +22,11 @@ def random_model(
     return weights, masks
 
 
+def kept_fraction(masks: Mapping[str, torch.Tensor]) -> float:
+    """The fraction of weights ``masks`` keep: the density a stream header must carry for them."""
+    return sum(int(m.sum()) for m in masks.values()) / sum(m.numel() for m in masks.values())
+
+
 def find_tensor(messages: Iterable[ProtoModelChunk], name: str) -> ProtoSparseTensor:
     """The first chunk of tensor ``name`` in a stream (to edit it in place)."""
     return next(t for m in messages for t in m.tensors if t.name == name)

@@ -5,7 +5,14 @@ The simulation (``edge_node.sim``) and the device daemon (``edge_node.node``) ca
 
 from edge_node.algorithm.aggregation import aggregate
 from edge_node.algorithm.flops import dense_nnz, forward_flops, round_training_flops, weight_positions
-from edge_node.algorithm.heterogeneous import TIER_DENSITIES, client_densities, tier_name, tier_of_density
+from edge_node.algorithm.heterogeneous import (
+    TIER_DENSITIES,
+    TIER_NAMES,
+    client_densities,
+    parse_tier,
+    tier_name,
+    tier_of_density,
+)
 from edge_node.algorithm.masks import (
     MASK_METHODS,
     active_counts,
@@ -17,6 +24,7 @@ from edge_node.algorithm.masks import (
     uniform_densities,
 )
 from edge_node.algorithm.prune_regrow import REGROW_RULES, update_masks
+from edge_node.algorithm.robust import ScreenResult, screen_peer_models
 from edge_node.algorithm.schedules import learning_rate, prune_rate
 from edge_node.algorithm.training import (
     SGDConfig,
@@ -33,7 +41,9 @@ __all__ = [
     "MASK_METHODS",
     "REGROW_RULES",
     "TIER_DENSITIES",
+    "TIER_NAMES",
     "SGDConfig",
+    "ScreenResult",
     "TrainStats",
     "active_counts",
     "aggregate",
@@ -50,9 +60,11 @@ __all__ = [
     "load_weights",
     "mask_density",
     "nnz_per_tensor",
+    "parse_tier",
     "prune_rate",
     "read_weights",
     "round_training_flops",
+    "screen_peer_models",
     "tier_name",
     "tier_of_density",
     "train_masked",

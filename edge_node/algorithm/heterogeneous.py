@@ -11,6 +11,10 @@ from collections.abc import Sequence
 from edge_node.errors import ConfigError
 
 TIER_DENSITIES: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
+# How a tier is named where it is advertised (Hello, TXT) and configured (``--capacity t3``): tier
+# ``TIER_NAMES[i]`` trains at ``TIER_DENSITIES[i]``. Its density as written here ("0.6") names it too.
+TIER_NAMES: tuple[str, ...] = ("t1", "t2", "t3", "t4", "t5")
+_TIER_DENSITY_TEXT: tuple[str, ...] = tuple(f"{d:.1f}" for d in TIER_DENSITIES)
 
 
 def client_densities(num_clients: int, tiers: Sequence[int] | None = None) -> list[float]:
@@ -36,3 +40,20 @@ def tier_of_density(density: float) -> int:
 def tier_name(density: float) -> str:
     """The tier's name as advertised (TXT ``tier``, Hello): its density with one decimal, e.g. ``"0.6"``."""
     return f"{TIER_DENSITIES[tier_of_density(density)]:.1f}"
+
+
+def parse_tier(name: str) -> int:
+    """The tier index named by ``name``: ``"t1"`` .. ``"t5"`` or its density ``"0.2"`` .. ``"1.0"``.
+
+    Raises:
+        ConfigError: any other text (the known names are listed).
+    """
+    if isinstance(name, str):
+        if name in TIER_NAMES:
+            return TIER_NAMES.index(name)
+        if name in _TIER_DENSITY_TEXT:
+            return _TIER_DENSITY_TEXT.index(name)
+    shown = name if not isinstance(name, str) or len(name) <= 40 else name[:40] + "..."
+    raise ConfigError(
+        f"tier {shown!r} is not one of {', '.join(TIER_NAMES)} (or the densities {', '.join(_TIER_DENSITY_TEXT)})"
+    )

@@ -2,6 +2,9 @@
 
 Browses ``_edge-node._tcp.local.`` and prints the live peer table; ``--announce ID`` also advertises
 this host, so running it on two machines shows whether they see each other before a deployment.
+``--static`` prints the peers as ``ID@HOST:PORT`` lines, the syntax of ``--peers`` and peers files.
+What discovery refused (bad records, addresses outside the subnets, more peers than ``--max-peers``)
+is summarised on stderr.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
     from edge_node.net.discovery import PeerInfo
 
 DEFAULT_TTL_S = 120  # = edge_node.net.discovery.DEFAULT_TTL_S, imported lazily: `edge-node --help` stays fast
+DEFAULT_MAX_PEERS = 64  # = edge_node.net.discovery.DEFAULT_MAX_PEERS (same reason)
 DEFAULT_BROWSE_S = 3.0  # without --timeout/--watch: long enough for the startup queries and answers
 ANNOUNCE_TIER = "probe"  # what an operator's announcement carries: it serves no model
 _COLUMNS = ("ID", "ADDRESS", "FLEET", "TIER", "DENSITY", "ROUND", "VERSION")
@@ -40,10 +44,23 @@ def format_table(peers: list[PeerInfo]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
-def _render(peers: list[PeerInfo], as_json: bool) -> str:
+def format_static(peers: list[PeerInfo]) -> str:
+    """One ``ID@HOST:PORT`` line per peer (``ID@[v6]:PORT``): a peers file for static discovery."""
+    return "\n".join(f"{p.node_id}@{p.endpoint}" for p in peers)
+
+
+def _render(peers: list[PeerInfo], as_json: bool, as_static: bool = False) -> str:
     if as_json:
         return json.dumps([p.to_json() for p in peers], sort_keys=True)
+    if as_static:
+        return format_static(peers)
     return format_table(peers)
+
+
+def _report_refusals(refusals: dict[str, int]) -> None:
+    if refusals:
+        counts = ", ".join(f"{reason}={n}" for reason, n in refusals.items())
+        print(f"edge-node: discovery refused: {counts}", file=sys.stderr, flush=True)
 
 
 @contextmanager
@@ -79,6 +96,20 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
 )
 @click.option("--watch", is_flag=True, help="Print the table on every change until SIGINT/SIGTERM.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of peer objects instead of a table.")
+@click.option(
+    "--static",
+    "as_static",
+    is_flag=True,
+    help="Print ID@HOST:PORT lines instead of a table: the syntax of --peers and of peers files.",
+)
+@click.option(
+    "--max-peers",
+    type=click.IntRange(1, 100_000),
+    default=DEFAULT_MAX_PEERS,
+    show_default=True,
+    metavar="N",
+    help="List at most N peers (discovery's bound; further newcomers are refused and counted).",
+)
 @click.option("--announce", "announce_id", metavar="ID", help="Also advertise this host under node id ID.")
 @click.option("--port", type=click.IntRange(1, 65535), metavar="P", help="Port advertised with --announce.")
 @click.option("--ipv6", is_flag=True, help="Use IPv6 (addresses of the named interfaces); IPv4 by default.")
@@ -97,6 +128,8 @@ def peers(
     timeout_s: float | None,
     watch: bool,
     as_json: bool,
+    as_static: bool,
+    max_peers: int,
     announce_id: str | None,
     port: int | None,
     ipv6: bool,
@@ -109,6 +142,8 @@ def peers(
     """
     if timeout_s is not None and watch:
         raise fail("--timeout and --watch exclude each other")
+    if as_json and as_static:
+        raise fail("--json and --static exclude each other")
     if announce_id is not None and (fleet is None or port is None):
         raise fail("--announce needs --fleet ID and --port P")
     if port is not None and announce_id is None:
@@ -126,6 +161,7 @@ def peers(
         interfaces=list(interfaces) or None,
         ipv6=ipv6,
         ttl_s=ttl_s,
+        max_peers=max_peers,
     )
     changed = threading.Event()
     stop = threading.Event()
@@ -145,15 +181,17 @@ def peers(
                 )
             if duration_s is not None:
                 stop.wait(duration_s)
-                print(_render(discovery.peers(), as_json), flush=True)
+                print(_render(discovery.peers(), as_json, as_static), flush=True)
+                _report_refusals(discovery.refusals())
                 return
-            print(_render(discovery.peers(), as_json), flush=True)
+            print(_render(discovery.peers(), as_json, as_static), flush=True)
             while not stop.is_set():
                 if changed.wait(0.5):
                     changed.clear()
                     time.sleep(0.1)  # let a burst of changes settle into one print
                     if not as_json:
                         print(flush=True)
-                    print(_render(discovery.peers(), as_json), flush=True)
+                    print(_render(discovery.peers(), as_json, as_static), flush=True)
+            _report_refusals(discovery.refusals())
         finally:
             discovery.stop()

@@ -10,11 +10,24 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from edge_node.net.client import PeerAddress, PeerHello, PullResult, hello, open_channel, pull_model, pull_models
-    from edge_node.net.server import ModelSnapshot, PeerServer, ServerLimits, create_server
+    from edge_node.net.client import (
+        FAILURE_KINDS,
+        PeerAddress,
+        PeerHello,
+        PullFailure,
+        PullResult,
+        hello,
+        open_channel,
+        pull_model,
+        pull_models,
+    )
+    from edge_node.net.server import REFUSAL_KINDS, ModelSnapshot, PeerServer, ServerLimits, create_server
     from edge_node.net.tls import TlsConfig, certificate_fingerprint, create_ca, issue_certificate
 
 _EXPORTS = {
+    "FAILURE_KINDS": "edge_node.net.client",
+    "PullFailure": "edge_node.net.client",
+    "REFUSAL_KINDS": "edge_node.net.server",
     "PeerHello": "edge_node.net.client",
     "PeerAddress": "edge_node.net.client",
     "PullResult": "edge_node.net.client",
@@ -33,7 +46,10 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "FAILURE_KINDS",
+    "REFUSAL_KINDS",
     "PeerHello",
+    "PullFailure",
     "ModelSnapshot",
     "PeerAddress",
     "PeerServer",

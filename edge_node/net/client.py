@@ -1,47 +1,116 @@
-"""The peer gRPC client: ``hello`` one peer, ``pull_models`` from several in parallel.
+"""The peer gRPC client: ``hello`` one peer, ``pull_model`` from one, ``pull_models`` from several.
 
-Every call has a deadline; only transient failures (UNAVAILABLE, DEADLINE_EXCEEDED) are retried,
-a bounded number of times with exponential backoff; channels send keepalive pings so that a slow
-peer streaming a large model is told apart from a dead one. A pull returns what arrived and, for
-every other peer, why not: a round goes on with the peers that answered.
+Bounds, so that no peer can hold a node up:
+- one overall deadline per pull covers its connection, TLS checks, retries and backoff, and
+  ``pull_models`` has one deadline for the whole batch (then it abandons the stragglers, cancelling
+  their calls, and returns what arrived); a ``cancel`` event abandons everything within ~0.1 s;
+- a pull is complete when the messages its header announced have arrived: the call is cancelled
+  then, so a peer that holds the stream open afterwards costs nothing;
+- a stream is bounded by the receiver's own model (``WireLimits.for_spec``) and decoded by the
+  strict ``ModelDecoder`` (the header must name the peer pulled, and the round asked for);
+- only transient failures (UNAVAILABLE without a TLS cause, DEADLINE_EXCEEDED, a busy server) are
+  retried, with jittered exponential backoff; refusals, TLS failures and bad streams are final. A
+  round not published yet (NOT_FOUND) is waited for with short jittered polls until the deadline
+  when a ``round`` was asked for: this is how a lock-step node waits for slower peers.
+
+Every failure has a kind (``FAILURE_KINDS``) for per-round counts, and a one-line reason.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import random
+import re
+import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import NoReturn
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from edge_node.errors import ConfigError, PeerUnreachable, WireDecodeError
-from edge_node.net.tls import TlsConfig, warn_insecure
-from edge_node.wire import PROTOCOL_VERSION, DecodedModel, ModelDecoder, ModelSpec, ValueType, WireLimits
-from edge_node.wire.messages import GET_MODEL_METHOD, HELLO_METHOD, GetModelRequest, HelloReply, HelloRequest
+from edge_node.algorithm.heterogeneous import parse_tier
+from edge_node.errors import (
+    ConfigError,
+    HeaderMismatch,
+    PeerIdentityMismatch,
+    PeerUnreachable,
+    TlsError,
+    WireDecodeError,
+    WireLimitError,
+)
+from edge_node.net.tls import CertificateMismatch, TlsConfig, verify_fingerprint, warn_insecure
+from edge_node.protocol import MAX_ROUND, is_valid_node_id
+from edge_node.wire import (
+    PROTOCOL_MAJOR,
+    PROTOCOL_VERSION,
+    DecodedModel,
+    ModelDecoder,
+    ModelSpec,
+    ValueType,
+    WireLimits,
+)
+from edge_node.wire.messages import (
+    GET_MODEL_METHOD,
+    HELLO_METHOD,
+    GetModelRequest,
+    HelloReply,
+    HelloRequest,
+    unknown_field_numbers,
+)
+from edge_node.wire.spec import parse_protocol_version
 
 _LOGGER = logging.getLogger(__name__)
 
-TRANSIENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+FAILURE_KINDS = (
+    "unreachable",  # no connection, or it broke (after the retries)
+    "timeout",  # the pull's (or the batch's) deadline ran out
+    "tls",  # TLS handshake failed: wrong CA, wrong name, no client certificate accepted
+    "refused",  # the peer answered with a refusal (FAILED_PRECONDITION, PERMISSION_DENIED, busy, ...)
+    "not-ready",  # the round asked for (or any model) is not published yet
+    "gone",  # the round asked for is no longer kept by the peer
+    "decode",  # the stream is malformed
+    "limit",  # the stream or a message is larger than the receiver's limits
+    "header",  # the stream's header is invalid or for another fleet/architecture/version/round
+    "identity",  # the peer is not who it was pulled as (header node id, certificate fingerprint)
+    "cancelled",  # the caller cancelled
+)
 KEEPALIVE_TIME_MS = 30_000  # ping the server every 30 s while a call is open
 KEEPALIVE_TIMEOUT_MS = 10_000  # and give up on the connection after 10 s without an answer
-MAX_BACKOFF_S = 30.0  # cap of one wait between retries
+MAX_BACKOFF_S = 30.0  # cap of one wait between retries of a transient failure
+NOT_READY_FIRST_WAIT_S = 0.05  # a round not published yet: first poll after this ...
+NOT_READY_MAX_WAIT_S = 1.0  # ... growing 1.5x per poll up to this (each jittered down to half)
+HELLO_MAX_REPLY_BYTES = 64 << 10  # a Hello reply is a few ids; anything larger is refused
+_POLL_S = 0.1  # pull_models checks its cancel event this often
+_MAX_REASON_CHARS = 300  # of a peer's status details quoted in a reason
+
+_TLS_DETAILS = re.compile(r"ssl|tls|handshake|certificate|x509|hostname verification", re.IGNORECASE)
+_ARCH_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}/[0-9]{1,9}/[0-9a-f]{8}")
+_jitter = random.Random()  # backoff jitter only; never the algorithm's randomness
 
 
 @dataclass(frozen=True)
 class PeerAddress:
-    """Where to reach a peer; ``node_id`` is also the name its TLS certificate must carry."""
+    """Where to reach a peer; ``node_id`` is also the name its TLS certificate must carry.
+
+    ``host`` may be an IP address: with TLS the certificate is checked against ``node_id``, not the
+    host. ``expected_fingerprint`` (``"sha256:<hex>"``, the ``fp`` the peer advertised over mDNS):
+    when set and TLS is on, the certificate the peer presents must have it.
+    """
 
     node_id: str
     host: str
     port: int
+    expected_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         if not self.node_id or not self.host:
             raise ValueError(f"PeerAddress needs a node_id and a host, got {self.node_id!r}, {self.host!r}")
-        if not isinstance(self.port, int) or not 0 < self.port < 65536:
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 < self.port < 65536:
             raise ValueError(f"port={self.port!r} must be in 1..65535")
 
     @property
@@ -53,7 +122,7 @@ class PeerAddress:
 
 @dataclass(frozen=True)
 class PeerHello:
-    """A peer's answer to Hello."""
+    """A peer's answer to Hello, validated (see ``hello``)."""
 
     protocol_version: str
     node_id: str
@@ -63,15 +132,35 @@ class PeerHello:
     density: float
     tier: str
     has_model: bool
-    value_type: ValueType | None
+    value_type: ValueType
+
+
+@dataclass(frozen=True)
+class PullFailure:
+    """Why a peer's model did not arrive: ``kind`` (one of ``FAILURE_KINDS``) and a one-line ``detail``."""
+
+    kind: str
+    detail: str
+    wire_bytes: int = 0  # stream bytes received before the pull failed (all attempts)
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAILURE_KINDS:
+            raise ValueError(f"kind={self.kind!r} must be one of {FAILURE_KINDS}")
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail}"
 
 
 @dataclass(frozen=True)
 class PullResult:
-    """Models that arrived, by node id, and a one-line reason for every peer that did not deliver."""
+    """Models that arrived, by node id, and why not for every other peer."""
 
     received: dict[str, DecodedModel]
-    failures: dict[str, str]
+    failures: dict[str, PullFailure]
+
+    def failure_counts(self) -> dict[str, int]:
+        """Failed peers by kind (for a round's log record)."""
+        return dict(Counter(f.kind for f in self.failures.values()))
 
 
 def channel_options(limits: WireLimits, peer: PeerAddress, tls: TlsConfig | None) -> list[tuple[str, int | str]]:
@@ -88,16 +177,20 @@ def channel_options(limits: WireLimits, peer: PeerAddress, tls: TlsConfig | None
     return options
 
 
-def open_channel(
-    peer: PeerAddress, *, tls: TlsConfig | None, insecure: bool, limits: WireLimits | None = None
-) -> grpc.Channel:
-    """A channel to ``peer``: mutual TLS with the fleet CA, or plaintext when ``insecure`` says so."""
+def _check_security(tls: TlsConfig | None, insecure: bool) -> None:
     if (tls is None) == (not insecure):
         if tls is None:
             raise ConfigError(
                 "no TLS material given: pass tls=TlsConfig(...) or, explicitly, insecure=True (--insecure)"
             )
         raise ConfigError("tls and insecure=True are mutually exclusive")
+
+
+def open_channel(
+    peer: PeerAddress, *, tls: TlsConfig | None, insecure: bool, limits: WireLimits | None = None
+) -> grpc.Channel:
+    """A channel to ``peer``: mutual TLS with the fleet CA, or plaintext when ``insecure`` says so."""
+    _check_security(tls, insecure)
     options = channel_options(limits or WireLimits(), peer, tls)
     if tls is None:
         warn_insecure("client")
@@ -105,19 +198,453 @@ def open_channel(
     return grpc.secure_channel(peer.target, tls.channel_credentials(), options=options)
 
 
-def _check_call_args(timeout_s: float, retries: int, backoff_s: float) -> None:
-    if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) or timeout_s <= 0:
-        raise ValueError(f"timeout_s={timeout_s!r} must be a positive number of seconds")
+def _check_seconds(name: str, value: object, *, zero_ok: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number of seconds")
+    if value < 0 or (value == 0 and not zero_ok):
+        raise ValueError(f"{name}={value!r} must be {'non-negative' if zero_ok else 'positive'}")
+    return float(value)
+
+
+def _check_retries(retries: object) -> int:
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries={retries!r} must be a non-negative integer")
-    if not isinstance(backoff_s, (int, float)) or not math.isfinite(backoff_s) or backoff_s < 0:
-        raise ValueError(f"backoff_s={backoff_s!r} must be a non-negative number of seconds")
+    return retries
+
+
+def _check_round(round: object) -> int | None:
+    if round is not None and (isinstance(round, bool) or not isinstance(round, int) or not 0 <= round <= MAX_ROUND):
+        raise ValueError(f"round={round!r} must be None (the latest) or an integer in [0, {MAX_ROUND}]")
+    return round
+
+
+def _clean(text: str) -> str:
+    """A peer's text made safe for a one-line log: printable, bounded."""
+    short = text[:_MAX_REASON_CHARS] + ("..." if len(text) > _MAX_REASON_CHARS else "")
+    return "".join(c if c.isprintable() else "?" for c in short)
+
+
+def _rpc_parts(exc: grpc.RpcError) -> tuple[grpc.StatusCode | None, str]:
+    code = exc.code() if callable(getattr(exc, "code", None)) else None
+    details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
+    return code, _clean(details or "")
 
 
 def _rpc_reason(exc: grpc.RpcError) -> str:
-    code = exc.code() if hasattr(exc, "code") else None
-    details = exc.details() if hasattr(exc, "details") else str(exc)
+    code, details = _rpc_parts(exc)
     return f"{code.name if code is not None else 'UNKNOWN'}: {details}"
+
+
+def _classify(exc: grpc.RpcError) -> tuple[str, bool]:
+    """``(kind, transient)`` of a failed call; transient ones are worth another attempt."""
+    code, details = _rpc_parts(exc)
+    if code is grpc.StatusCode.NOT_FOUND:
+        return "not-ready", False
+    if code is grpc.StatusCode.OUT_OF_RANGE:
+        return "gone", False
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        if _TLS_DETAILS.search(details):
+            return "tls", False
+        return "unreachable", True
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "timeout", True
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        if "larger than max" in details:  # our own receive limit on one message
+            return "limit", False
+        return "refused", True  # the peer is busy (too many streams): try again later
+    return "refused", False  # FAILED_PRECONDITION, INVALID_ARGUMENT, PERMISSION_DENIED, UNAUTHENTICATED, ...
+
+
+def _decode_kind(exc: WireDecodeError) -> str:
+    if isinstance(exc, PeerIdentityMismatch):
+        return "identity"
+    if isinstance(exc, HeaderMismatch):
+        return "header"
+    if isinstance(exc, WireLimitError):
+        return "limit"
+    return "decode"
+
+
+class _Stop:
+    """Cancellation shared by the pulls of one call: an event for waits, hooks that cancel calls."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.kind: str | None = None  # "cancelled" or "timeout" once triggered
+        self.detail = ""
+        self._lock = threading.Lock()
+        self._hooks: dict[int, Callable[[], object]] = {}
+        self._next = 0
+
+    def trigger(self, kind: str, detail: str) -> None:
+        with self._lock:
+            if self.kind is not None:
+                return
+            self.kind, self.detail = kind, detail
+            hooks = list(self._hooks.values())
+        self.event.set()
+        for hook in hooks:
+            hook()
+
+    def register(self, hook: Callable[[], object]) -> int:
+        with self._lock:
+            self._next += 1
+            self._hooks[self._next] = hook
+            fire = self.kind is not None
+        if fire:
+            hook()
+        return self._next
+
+    def unregister(self, token: int) -> None:
+        with self._lock:
+            self._hooks.pop(token, None)
+
+
+class _Failed(Exception):
+    """Internal: a pull's outcome when it failed (and the exception behind it, if any)."""
+
+    def __init__(self, failure: PullFailure, cause: BaseException | None = None) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+        self.cause = cause
+
+
+def _stream(
+    channel: grpc.Channel, request: GetModelRequest, decoder: ModelDecoder, timeout_s: float, stop: _Stop
+) -> DecodedModel:
+    """One GetModel call: feed the decoder until the announced messages are in, then end the call."""
+    call = channel.unary_stream(
+        GET_MODEL_METHOD, request_serializer=GetModelRequest.SerializeToString, response_deserializer=bytes
+    )
+    responses = call(request, timeout=timeout_s)
+    token = stop.register(responses.cancel)
+    try:
+        for raw in responses:
+            decoder.feed(raw)  # raises at the first bad message
+            if decoder.complete:
+                break  # a peer that keeps the stream open after its model costs nothing more
+    finally:
+        responses.cancel()  # no-op when the call has ended
+        stop.unregister(token)
+    return decoder.finish()
+
+
+def _pull(
+    peer: PeerAddress,
+    spec: ModelSpec,
+    expected_fleet: str,
+    request: GetModelRequest,
+    *,
+    round: int | None,
+    deadline: float,
+    retries: int,
+    backoff_s: float,
+    tls: TlsConfig | None,
+    insecure: bool,
+    limits: WireLimits,
+    stop: _Stop,
+) -> DecodedModel:
+    """Pull one peer's model by ``deadline`` (monotonic); raises ``_Failed`` with the reason."""
+    wire_bytes = 0
+    attempts = 0  # calls made
+    retried = 0  # of them, retries after a transient failure (polls for a round do not count)
+    polls = 0
+    last = ""
+
+    def fail(kind: str, detail: str, cause: BaseException | None = None) -> NoReturn:
+        if stop.kind == "cancelled":  # whatever broke, it broke because the caller stopped the pull
+            kind, detail = stop.kind, stop.detail
+        elif stop.kind == "timeout":  # the batch's deadline: say what the pull was waiting for
+            kind = "not-ready" if polls else "timeout"
+            detail = f"{stop.detail}; last: {last}" if last else stop.detail
+        raise _Failed(PullFailure(kind, detail, wire_bytes), cause)
+
+    if stop.kind is not None:
+        fail(stop.kind, stop.detail)
+    if not is_valid_node_id(peer.node_id):
+        fail("identity", f"peer {peer.node_id[:80]!r} has no node id to check its stream against (Hello it first)")
+    if tls is not None and peer.expected_fingerprint is not None:
+        try:
+            timeout_s = max(deadline - time.monotonic(), 0.001)
+            verify_fingerprint(
+                tls, peer.host, peer.port, peer.node_id, peer.expected_fingerprint, timeout_s=timeout_s, stop=stop.event
+            )
+        except CertificateMismatch as exc:
+            fail("identity", str(exc), exc)
+        except TlsError as exc:
+            fail("timeout" if time.monotonic() >= deadline else "tls", f"certificate check: {exc}", exc)
+    with open_channel(peer, tls=tls, insecure=insecure, limits=limits) as channel:
+        while True:
+            remaining = deadline - time.monotonic()
+            if stop.kind is not None:
+                fail(stop.kind, stop.detail)
+            if remaining <= 0:
+                fail("not-ready" if polls else "timeout", f"deadline reached; last: {last or 'no answer'}")
+            decoder = ModelDecoder(spec, expected_fleet, limits, expected_node_id=peer.node_id, expected_round=round)
+            try:
+                return _stream(channel, request, decoder, remaining, stop)
+            except WireDecodeError as exc:
+                wire_bytes += decoder.total_bytes
+                fail(_decode_kind(exc), f"{type(exc).__name__}: {exc}", exc)
+            except grpc.RpcError as exc:
+                wire_bytes += decoder.total_bytes
+                attempts += 1
+                kind, transient = _classify(exc)
+                last = _rpc_reason(exc)
+                if kind == "timeout" and polls:
+                    kind = "not-ready"  # the deadline ran out while waiting for the round
+                if kind == "not-ready" and round is not None:
+                    polls += 1
+                    wait_s = min(NOT_READY_MAX_WAIT_S, NOT_READY_FIRST_WAIT_S * 1.5 ** (polls - 1))
+                elif transient and retried < retries:
+                    retried += 1
+                    wait_s = min(MAX_BACKOFF_S, backoff_s * 2 ** (retried - 1))
+                else:
+                    fail(kind, last + (f" (after {attempts} attempts)" if attempts > 1 else ""), exc)
+                wait_s *= _jitter.uniform(0.5, 1.0)
+                remaining = deadline - time.monotonic()
+                if kind != "not-ready" and wait_s >= remaining:
+                    fail(kind, f"{last} (after {attempts} attempts; no time left for another)", exc)
+                _LOGGER.debug("pull from %s: %s; next attempt in %.2f s", peer.node_id, last, wait_s)
+                if stop.event.wait(max(0.0, min(wait_s, remaining - 0.01))):
+                    fail(stop.kind or "cancelled", stop.detail)
+
+
+def _request(spec: ModelSpec, expected_fleet: str, node_id: str, round: int | None) -> GetModelRequest:
+    request = GetModelRequest(
+        protocol_version=PROTOCOL_VERSION, node_id=node_id, fleet_id=expected_fleet, arch_id=spec.arch_id
+    )
+    if round is not None:
+        request.round = round
+    return request
+
+
+def _caller_id(node_id: str, tls: TlsConfig | None) -> str:
+    """The node id to send: the given one, or with TLS the certificate's (servers check they agree)."""
+    if node_id or tls is None:
+        return node_id
+    names = tls.node_names
+    return names[0] if names else ""
+
+
+def pull_model(
+    peer: PeerAddress,
+    spec: ModelSpec,
+    expected_fleet: str,
+    *,
+    node_id: str = "",
+    round: int | None = None,
+    deadline_s: float = 120.0,
+    retries: int = 2,
+    backoff_s: float = 1.0,
+    tls: TlsConfig | None = None,
+    insecure: bool = False,
+    limits: WireLimits | None = None,
+    cancel: threading.Event | None = None,
+) -> DecodedModel:
+    """Pull and validate one peer's model, the latest or round ``round`` (arguments: ``pull_models``).
+
+    Runs in the calling thread; returns within ``deadline_s`` (plus a moment), or within ~0.1 s of
+    ``cancel`` being set.
+
+    Raises:
+        PeerUnreachable: no model; ``.kind`` is one of ``FAILURE_KINDS`` (not "decode"/"limit"/"header").
+        WireDecodeError (WireLimitError, HeaderMismatch, PeerIdentityMismatch): a bad stream.
+    """
+    deadline_s = _check_seconds("deadline_s", deadline_s)
+    _check_seconds("backoff_s", backoff_s, zero_ok=True)
+    _check_retries(retries)
+    _check_round(round)
+    _check_security(tls, insecure)
+    stop = _Stop()
+    deadline = time.monotonic() + deadline_s
+    done = threading.Event()
+    watcher = None
+    if cancel is not None:
+
+        def watch() -> None:
+            while not done.is_set():
+                if cancel.wait(0.05):
+                    stop.trigger("cancelled", "pull cancelled")
+                    return
+
+        watcher = threading.Thread(target=watch, name="edge-node-pull-cancel", daemon=True)
+        watcher.start()
+    try:
+        return _pull(
+            peer, spec, expected_fleet, _request(spec, expected_fleet, _caller_id(node_id, tls), round),
+            round=round, deadline=deadline, retries=retries, backoff_s=backoff_s, tls=tls, insecure=insecure,
+            limits=limits or WireLimits.for_spec(spec), stop=stop,
+        )  # fmt: skip
+    except _Failed as failed:
+        if isinstance(failed.cause, WireDecodeError):
+            raise failed.cause from None
+        raise PeerUnreachable(f"peer {peer.node_id}: {failed.failure}", kind=failed.failure.kind) from failed.cause
+    finally:
+        done.set()
+        if watcher is not None:
+            watcher.join(1.0)
+
+
+def pull_models(
+    peers: Sequence[PeerAddress],
+    spec: ModelSpec,
+    expected_fleet: str,
+    *,
+    node_id: str = "",
+    round: int | None = None,
+    deadline_s: float = 120.0,
+    peer_deadline_s: float | None = None,
+    retries: int = 2,
+    backoff_s: float = 1.0,
+    tls: TlsConfig | None = None,
+    insecure: bool = False,
+    limits: WireLimits | None = None,
+    max_workers: int = 8,
+    cancel: threading.Event | None = None,
+) -> PullResult:
+    """Pull the model of every peer in parallel; never raises for a peer's failure.
+
+    Args:
+        peers: whom to pull from (distinct node ids; ``node_id`` must be the peer's real id, which
+            its stream header must carry).
+        spec, expected_fleet: what every stream must be for; anything else is refused.
+        node_id: this node, sent so that servers can log who pulled (with TLS: default the
+            certificate's name, which servers require).
+        round: pull exactly this round of every peer (lock-step), waiting for peers that have not
+            published it yet; None: each peer's latest.
+        deadline_s: the bound of the whole call: at that time the pulls still running are cancelled
+            and reported as "timeout", and what arrived is returned.
+        peer_deadline_s: the bound of one pull, retries and waits included (default ``deadline_s``).
+        retries, backoff_s: extra attempts after transient failures, waiting
+            ``backoff_s * 2**attempt`` (at most 30 s; jittered down to half) between them, within
+            the deadline; other failures are final.
+        tls, insecure: mutual TLS with the fleet CA, or explicitly plaintext.
+        limits: what one stream may be (default ``WireLimits.for_spec(spec)``: about the largest
+            valid encoding of this model).
+        max_workers: peers pulled at the same time (threads; all end before this returns).
+        cancel: set it to abandon every transfer; the call returns within ~0.1 s with "cancelled".
+
+    Returns:
+        ``PullResult``: decoded models by node id, and a ``PullFailure(kind, detail)`` for each peer
+        that failed (``str()``: e.g. ``"unreachable: UNAVAILABLE: ... (after 3 attempts)"``).
+    """
+    deadline_s = _check_seconds("deadline_s", deadline_s)
+    peer_s = deadline_s if peer_deadline_s is None else _check_seconds("peer_deadline_s", peer_deadline_s)
+    _check_seconds("backoff_s", backoff_s, zero_ok=True)
+    _check_retries(retries)
+    _check_round(round)
+    _check_security(tls, insecure)
+    if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+        raise ValueError(f"max_workers={max_workers!r} must be a positive integer")
+    ids = [p.node_id for p in peers]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"peers have duplicate node ids: {sorted(i for i in set(ids) if ids.count(i) > 1)}")
+    received: dict[str, DecodedModel] = {}
+    failures: dict[str, PullFailure] = {}
+    if not peers:
+        return PullResult(received, failures)
+    limits = limits or WireLimits.for_spec(spec)
+    request = _request(spec, expected_fleet, _caller_id(node_id, tls), round)
+    stop = _Stop()
+    deadline = time.monotonic() + deadline_s
+
+    def pull(peer: PeerAddress) -> DecodedModel | PullFailure:
+        try:
+            return _pull(
+                peer, spec, expected_fleet, request, round=round, deadline=min(deadline, time.monotonic() + peer_s),
+                retries=retries, backoff_s=backoff_s, tls=tls, insecure=insecure, limits=limits, stop=stop,
+            )  # fmt: skip
+        except _Failed as failed:
+            return failed.failure
+
+    pool = ThreadPoolExecutor(max_workers=min(max_workers, len(peers)), thread_name_prefix="edge-node-pull")
+    futures: dict[Future[DecodedModel | PullFailure], str] = {}
+    try:
+        futures = {pool.submit(pull, peer): peer.node_id for peer in peers}
+        pending: set[Future[DecodedModel | PullFailure]] = set(futures)
+        while pending:
+            if cancel is not None and cancel.is_set():
+                stop.trigger("cancelled", "pull cancelled")
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                stop.trigger("timeout", f"the batch deadline of {deadline_s:g} s ran out")
+                break
+            timeout_s = min(remaining, _POLL_S) if cancel is not None else remaining
+            _done, pending = wait(pending, timeout=timeout_s, return_when=FIRST_COMPLETED)
+    finally:
+        stop.trigger("cancelled", "pull abandoned")  # no-op unless something above raised or a pull still runs
+        pool.shutdown(wait=True, cancel_futures=True)  # every pull is cancellable: this is quick
+    for future, peer_id in futures.items():
+        outcome = PullFailure(stop.kind or "cancelled", stop.detail) if future.cancelled() else future.result()
+        if isinstance(outcome, PullFailure):
+            failures[peer_id] = outcome
+            log = _LOGGER.info if outcome.kind in ("not-ready", "cancelled") else _LOGGER.warning
+            log("no model from %s: %s", peer_id, outcome)
+        else:
+            received[peer_id] = outcome
+    return PullResult(received, failures)
+
+
+def _hello_failure(peer: PeerAddress, kind: str, detail: str) -> PeerUnreachable:
+    return PeerUnreachable(f"peer {peer.node_id[:80]} at {peer.target}: Hello {kind}: {detail}", kind=kind)
+
+
+def _parse_hello(raw: bytes, peer: PeerAddress) -> PeerHello:
+    """The reply, every field validated as strictly as a stream header; PeerUnreachable(kind) otherwise."""
+
+    def bad(detail: str, kind: str = "header") -> NoReturn:
+        raise _hello_failure(peer, kind, detail)
+
+    try:
+        reply = HelloReply.FromString(raw)
+    except DecodeError as exc:
+        bad(f"reply is not a HelloReply: {exc}")
+    unknown = unknown_field_numbers(reply)
+    if unknown:
+        bad(f"reply has unknown field number(s) {unknown[:8]} (not in protocol {PROTOCOL_VERSION})")
+    if reply.ByteSize() != len(raw):
+        bad("reply has repeated or non-canonically encoded fields")
+    try:
+        major, _minor = parse_protocol_version(reply.protocol_version)
+    except ValueError as exc:
+        bad(str(exc))
+    if major != PROTOCOL_MAJOR:
+        bad(f"protocol version {reply.protocol_version!r} is not compatible with {PROTOCOL_VERSION}")
+    if not is_valid_node_id(reply.node_id):
+        bad(f"node id {_clean(reply.node_id[:80])!r} is not a node id")
+    if is_valid_node_id(peer.node_id) and reply.node_id != peer.node_id:
+        bad(f"answers as node {reply.node_id!r}, was asked as {peer.node_id!r}", "identity")
+    fleet = reply.fleet_id
+    if not fleet or len(fleet.encode()) > 255 or not fleet.isprintable():
+        bad(f"fleet id {_clean(fleet[:80])!r} is empty, longer than 255 bytes or not printable")
+    if not _ARCH_ID.fullmatch(reply.arch_id):
+        bad(f"architecture id {_clean(reply.arch_id[:80])!r} is not of the form NAME/CLASSES/HASH8")
+    if reply.round > MAX_ROUND:
+        bad(f"round {reply.round} is beyond {MAX_ROUND}")
+    if not math.isfinite(reply.density) or not 0.0 <= reply.density <= 1.0:
+        bad(f"density {reply.density!r} is not in [0, 1]")
+    if reply.capacity_tier:
+        try:
+            parse_tier(reply.capacity_tier)
+        except ConfigError as exc:
+            bad(str(exc))
+    try:
+        value_type = ValueType(reply.value_type)
+    except ValueError:
+        bad(f"unknown value type {reply.value_type}")
+    return PeerHello(
+        protocol_version=reply.protocol_version,
+        node_id=reply.node_id,
+        fleet_id=fleet,
+        arch_id=reply.arch_id,
+        round=reply.round,
+        density=reply.density,
+        tier=reply.capacity_tier,
+        has_model=reply.has_model,
+        value_type=value_type,
+    )
 
 
 def hello(
@@ -129,162 +656,40 @@ def hello(
     tls: TlsConfig | None = None,
     insecure: bool = False,
 ) -> PeerHello:
-    """Ask ``peer`` who it is and what it publishes.
+    """Ask ``peer`` who it is and what it publishes; the reply is validated before it is returned.
+
+    Refused (``PeerUnreachable`` with ``kind`` "header"): a reply over 64 KiB, with unknown or
+    repeated fields, another protocol major, an id, architecture id, tier, value type, round or
+    density out of its domain. Kind "identity": a node id other than ``peer.node_id`` (when that is a
+    node id; a static peer listed as ``host:port`` learns its id here), or with TLS a certificate
+    other than ``peer.expected_fingerprint``.
 
     Raises:
-        PeerUnreachable: no answer within ``timeout_s`` or the call failed (the reason says which).
+        PeerUnreachable: no valid answer within ``timeout_s`` (``kind`` says why).
     """
-    _check_call_args(timeout_s, 0, 0.0)
-    with open_channel(peer, tls=tls, insecure=insecure) as channel:
-        call = channel.unary_unary(
-            HELLO_METHOD, request_serializer=HelloRequest.SerializeToString, response_deserializer=HelloReply.FromString
-        )
-        request = HelloRequest(protocol_version=PROTOCOL_VERSION, node_id=node_id, fleet_id=fleet_id)
+    timeout_s = _check_seconds("timeout_s", timeout_s)
+    _check_security(tls, insecure)
+    deadline = time.monotonic() + timeout_s
+    if tls is not None and peer.expected_fingerprint is not None:
         try:
-            reply: HelloReply = call(request, timeout=timeout_s)
-        except grpc.RpcError as exc:
-            raise PeerUnreachable(f"peer {peer.node_id} at {peer.target}: Hello failed: {_rpc_reason(exc)}") from exc
-    try:
-        value_type: ValueType | None = ValueType(reply.value_type)
-    except ValueError:
-        value_type = None
-    return PeerHello(
-        protocol_version=reply.protocol_version,
-        node_id=reply.node_id,
-        fleet_id=reply.fleet_id,
-        arch_id=reply.arch_id,
-        round=reply.round,
-        density=reply.density,
-        tier=reply.capacity_tier,
-        has_model=reply.has_model,
-        value_type=value_type,
-    )
-
-
-def _pull_once(
-    channel: grpc.Channel, request: GetModelRequest, spec: ModelSpec, expected_fleet: str, timeout_s: float,
-    limits: WireLimits,
-) -> DecodedModel:  # fmt: skip
-    call = channel.unary_stream(
-        GET_MODEL_METHOD, request_serializer=GetModelRequest.SerializeToString, response_deserializer=bytes
-    )
-    responses = call(request, timeout=timeout_s)
-    decoder = ModelDecoder(spec, expected_fleet, limits)
-    try:
-        for raw in responses:
-            decoder.feed(raw)
-    except WireDecodeError:
-        responses.cancel()  # stop the transfer at the first bad message
-        raise
-    return decoder.finish()
-
-
-def pull_model(
-    peer: PeerAddress,
-    spec: ModelSpec,
-    expected_fleet: str,
-    *,
-    node_id: str = "",
-    timeout_s: float = 120.0,
-    retries: int = 2,
-    backoff_s: float = 1.0,
-    tls: TlsConfig | None = None,
-    insecure: bool = False,
-    limits: WireLimits | None = None,
-) -> DecodedModel:
-    """Pull and validate one peer's latest model (see ``pull_models`` for the arguments).
-
-    Raises:
-        PeerUnreachable: the call failed (after retries for transient codes); the reason has the code.
-        WireDecodeError (and its WireLimitError / HeaderMismatch): the peer sent a bad stream.
-    """
-    _check_call_args(timeout_s, retries, backoff_s)
-    limits = limits or WireLimits()
-    request = GetModelRequest(
-        protocol_version=PROTOCOL_VERSION, node_id=node_id, fleet_id=expected_fleet, arch_id=spec.arch_id
-    )
+            verify_fingerprint(
+                tls, peer.host, peer.port, peer.node_id, peer.expected_fingerprint, timeout_s=timeout_s
+            )
+        except CertificateMismatch as exc:
+            raise _hello_failure(peer, "identity", str(exc)) from exc
+        except TlsError as exc:
+            raise _hello_failure(peer, "tls", f"certificate check: {exc}") from exc
+    limits = WireLimits(max_message_bytes=HELLO_MAX_REPLY_BYTES)
     with open_channel(peer, tls=tls, insecure=insecure, limits=limits) as channel:
-        for attempt in range(retries + 1):
-            try:
-                return _pull_once(channel, request, spec, expected_fleet, timeout_s, limits)
-            except grpc.RpcError as exc:
-                code = exc.code() if hasattr(exc, "code") else None
-                reason = _rpc_reason(exc)
-                if code not in TRANSIENT_CODES or attempt == retries:
-                    tries = f" after {attempt + 1} attempts" if attempt else ""
-                    raise PeerUnreachable(f"{reason}{tries}") from exc
-                wait_s = min(MAX_BACKOFF_S, backoff_s * 2**attempt)
-                _LOGGER.info(
-                    "pull from %s failed (%s); retry %d/%d in %.2f s",
-                    peer.node_id,
-                    reason,
-                    attempt + 1,
-                    retries,
-                    wait_s,
-                )
-                time.sleep(wait_s)
-    raise AssertionError("unreachable: the loop returns or raises")
-
-
-def pull_models(
-    peers: Sequence[PeerAddress],
-    spec: ModelSpec,
-    expected_fleet: str,
-    *,
-    node_id: str = "",
-    timeout_s: float = 120.0,
-    retries: int = 2,
-    backoff_s: float = 1.0,
-    tls: TlsConfig | None = None,
-    insecure: bool = False,
-    limits: WireLimits | None = None,
-    max_workers: int = 8,
-) -> PullResult:
-    """Pull the latest model of every peer in parallel; never raises for a peer's failure.
-
-    Args:
-        peers: whom to pull from (distinct node ids).
-        spec, expected_fleet: what every stream must be for; anything else is refused.
-        node_id: this node, sent so that servers can log who pulled.
-        timeout_s: deadline of each call (the whole stream); slow links need minutes.
-        retries, backoff_s: extra attempts after UNAVAILABLE / DEADLINE_EXCEEDED, waiting
-            ``backoff_s * 2**attempt`` (at most 30 s) between them; other failures are final.
-        tls, insecure: mutual TLS with the fleet CA, or explicitly plaintext.
-        limits: what one stream may be (message size, chunks, total bytes).
-        max_workers: peers pulled at the same time.
-
-    Returns:
-        ``PullResult``: decoded models by node id, and ``"<reason>"`` for each peer that failed
-        (e.g. ``"UNAVAILABLE: ... after 3 attempts"``, ``"WireDecodeError: tensor 'fc.weight': ..."``).
-    """
-    _check_call_args(timeout_s, retries, backoff_s)
-    if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-        raise ValueError(f"max_workers={max_workers!r} must be a positive integer")
-    ids = [p.node_id for p in peers]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"peers have duplicate node ids: {sorted(i for i in set(ids) if ids.count(i) > 1)}")
-    if tls is None and not insecure:
-        raise ConfigError("no TLS material given: pass tls=TlsConfig(...) or, explicitly, insecure=True (--insecure)")
-    received: dict[str, DecodedModel] = {}
-    failures: dict[str, str] = {}
-    if not peers:
-        return PullResult(received, failures)
-
-    def pull(peer: PeerAddress) -> DecodedModel:
-        return pull_model(
-            peer, spec, expected_fleet, node_id=node_id, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
-            tls=tls, insecure=insecure, limits=limits,
-        )  # fmt: skip
-
-    with ThreadPoolExecutor(max_workers=min(max_workers, len(peers)), thread_name_prefix="edge-node-pull") as pool:
-        futures = {peer.node_id: pool.submit(pull, peer) for peer in peers}
-        for peer_id, future in futures.items():
-            try:
-                received[peer_id] = future.result()
-            except PeerUnreachable as exc:
-                failures[peer_id] = str(exc)
-            except WireDecodeError as exc:
-                failures[peer_id] = f"{type(exc).__name__}: {exc}"
-            if peer_id in failures:
-                _LOGGER.warning("no model from %s: %s", peer_id, failures[peer_id])
-    return PullResult(received, failures)
+        call = channel.unary_unary(
+            HELLO_METHOD, request_serializer=HelloRequest.SerializeToString, response_deserializer=bytes
+        )
+        request = HelloRequest(
+            protocol_version=PROTOCOL_VERSION, node_id=_caller_id(node_id, tls), fleet_id=fleet_id
+        )
+        try:
+            raw: bytes = call(request, timeout=max(deadline - time.monotonic(), 0.001))
+        except grpc.RpcError as exc:
+            kind, _transient = _classify(exc)
+            raise _hello_failure(peer, kind, _rpc_reason(exc)) from exc
+    return _parse_hello(raw, peer)

@@ -1,12 +1,20 @@
-"""The peer gRPC server: answers ``Peer.Hello`` and streams the latest published snapshot.
+"""The peer gRPC server: answers ``Peer.Hello`` and streams published snapshots.
 
 ``PeerServer`` holds what the node publishes (thread-safe; each snapshot is encoded and serialized
-once and the same bytes go to every caller); ``create_server`` builds a gRPC server around it and
-returns it unstarted with its port, so the caller decides when to ``start()`` and ``stop()``.
+once and the same bytes go to every caller), the last ``keep_snapshots`` of them so that a lock-step
+peer can pull exactly round ``r``; ``create_server`` builds a gRPC server around it and returns it
+unstarted with its port, so the caller decides when to ``start()`` and ``stop()``.
+
+Refusals (a status code with a one-line reason, counted by kind in ``PeerServer.refusals()``):
+another protocol major, fleet or architecture: FAILED_PRECONDITION; with TLS, a caller whose request
+names another node than its certificate: PERMISSION_DENIED; a round not published yet: NOT_FOUND
+(``"round r not published yet (latest q)"``); a round no longer kept: OUT_OF_RANGE; more than
+``ServerLimits.max_streams_per_caller`` model streams open by one caller: RESOURCE_EXHAUSTED.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import threading
@@ -18,8 +26,10 @@ from typing import NoReturn
 import grpc
 import torch
 
+from edge_node.algorithm.heterogeneous import parse_tier
 from edge_node.errors import ConfigError, ListenError
 from edge_node.net.tls import TlsConfig, warn_insecure
+from edge_node.protocol import MAX_ROUND
 from edge_node.wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
     PROTOCOL_MAJOR,
@@ -29,6 +39,7 @@ from edge_node.wire import (
     encode_model,
     parse_protocol_version,
 )
+from edge_node.wire.codec import check_node_id
 from edge_node.wire.messages import (
     PEER_SERVICE_NAME,
     GetModelRequest,
@@ -67,11 +78,15 @@ class ServerLimits:
     max_request_bytes: int = 64 << 10  # requests are a few ids; anything larger is refused
     max_concurrent_rpcs: int = 16  # beyond this, calls get RESOURCE_EXHAUSTED at once
     max_workers: int = 8  # threads serving calls
+    # GetModel streams one caller may have open at once (a stream holds a worker thread while it
+    # lasts): one peer cannot take every worker. A caller is its certificate's name with TLS, else its
+    # address and the node id it claims.
+    max_streams_per_caller: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("max_request_bytes", "max_concurrent_rpcs", "max_workers"):
+        for name in ("max_request_bytes", "max_concurrent_rpcs", "max_workers", "max_streams_per_caller"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
 
 
@@ -87,8 +102,33 @@ class _Published:
         return sum(len(m) for m in self.messages)
 
 
+REFUSAL_KINDS = ("bad-request", "protocol", "fleet", "arch", "identity", "not-ready", "gone", "busy")
+
+
+def _check_tier(tier: str) -> str:
+    """Empty (not measured) or a known tier name/density (``heterogeneous.parse_tier``); ValueError otherwise."""
+    if tier != "":
+        parse_tier(tier)  # raises ConfigError (a ValueError) for anything else
+    return tier
+
+
+def _tls_names(context: grpc.ServicerContext) -> list[str] | None:
+    """The DNS names of the caller's certificate when the call came over TLS, else None."""
+    auth = context.auth_context() or {}
+    if b"ssl" not in auth.get("transport_security_type", []):
+        return None
+    return [n.decode("utf-8", "replace") for n in auth.get("x509_subject_alternative_name", [])]
+
+
+def _caller_host(context: grpc.ServicerContext) -> str:
+    """``ipv4:10.0.0.2:51234`` -> ``ipv4:10.0.0.2`` (the port changes with every connection)."""
+    peer = context.peer() or "unknown"
+    host, sep, _port = peer.rpartition(":")
+    return host if sep else peer
+
+
 class PeerServer:
-    """The servicer state: identity and the latest snapshot, served as pre-serialized messages."""
+    """The servicer state: identity and the last published snapshots, served as pre-serialized messages."""
 
     def __init__(
         self,
@@ -99,39 +139,68 @@ class PeerServer:
         tier: str = "",
         value_type: ValueType = ValueType.FLOAT32,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        keep_snapshots: int = 2,
     ) -> None:
-        for kind, value in (("node_id", node_id), ("fleet_id", fleet_id)):
-            if not isinstance(value, str) or not value or len(value.encode()) > 255:
-                raise ValueError(f"{kind}={value!r} must be a non-empty string of at most 255 bytes")
+        check_node_id(node_id)
+        if not isinstance(fleet_id, str) or not fleet_id or len(fleet_id.encode()) > 255:
+            raise ValueError(f"fleet_id={fleet_id!r} must be a non-empty string of at most 255 bytes")
         if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
             raise TypeError(f"max_message_bytes={max_message_bytes!r} must be an integer")
         if max_message_bytes < MIN_MAX_MESSAGE_BYTES:
             raise ValueError(f"max_message_bytes={max_message_bytes} must be at least {MIN_MAX_MESSAGE_BYTES}")
+        if isinstance(keep_snapshots, bool) or not isinstance(keep_snapshots, int) or keep_snapshots < 1:
+            raise ValueError(f"keep_snapshots={keep_snapshots!r} must be a positive integer")
         self.spec = spec
         self.node_id = node_id
         self.fleet_id = fleet_id
         self.value_type = ValueType.parse(value_type)
         self.max_message_bytes = max_message_bytes
-        self._tier = tier
+        self.keep_snapshots = keep_snapshots
+        self._tier = _check_tier(tier)
         self._lock = threading.Lock()
-        self._published: _Published | None = None
+        self._snapshots: collections.deque[_Published] = collections.deque()  # oldest first, rounds increasing
+        self._streams: collections.Counter[str] = collections.Counter()  # open GetModel streams per caller
+        self._refusals: collections.Counter[str] = collections.Counter()
+        self._served_bytes = 0  # model stream bytes handed to gRPC, all callers
+        self._served_streams = 0  # GetModel streams answered (complete or not)
+        self._limits = ServerLimits()  # set by rpc_handler (create_server passes its limits)
 
     @property
     def published_round(self) -> int | None:
-        """Round of the snapshot being served, None before the first publish."""
-        published = self._published
-        return None if published is None else published.round
+        """Round of the latest snapshot, None before the first publish."""
+        with self._lock:
+            return self._snapshots[-1].round if self._snapshots else None
+
+    @property
+    def published_rounds(self) -> tuple[int, ...]:
+        """Rounds of the snapshots kept (served on request), oldest first."""
+        with self._lock:
+            return tuple(p.round for p in self._snapshots)
+
+    def served(self) -> tuple[int, int]:
+        """(streams answered, model bytes handed to gRPC) so far: the node's bytes out."""
+        with self._lock:
+            return self._served_streams, self._served_bytes
+
+    def refusals(self) -> dict[str, int]:
+        """Calls refused so far, by kind (``REFUSAL_KINDS``); a copy, safe to read from any thread."""
+        with self._lock:
+            return dict(self._refusals)
 
     def publish(self, snapshot: ModelSnapshot) -> int:
         """Encode ``snapshot`` once and serve it from now on; returns its bytes on the wire.
 
         The snapshot's tensors are read here and never again: the caller may train on after return.
+        Its ``density`` must be the fraction of weights its masks keep (within ERK's rounding,
+        ``spec.density_tolerance``), as receivers check. Publishing a round at or below a kept one
+        drops the kept snapshots from that round on (a node that resumed from an older checkpoint).
         """
         if (snapshot.node_id, snapshot.fleet_id, snapshot.arch_id) != (self.node_id, self.fleet_id, self.spec.arch_id):
             raise ValueError(
                 f"snapshot of node {snapshot.node_id!r}, fleet {snapshot.fleet_id!r}, arch {snapshot.arch_id!r}"
                 f" does not match this server's {self.node_id!r}, {self.fleet_id!r}, {self.spec.arch_id!r}"
             )
+        tier = _check_tier(snapshot.tier) or self._tier
         messages = encode_model(
             self.spec,
             snapshot.weights,
@@ -143,15 +212,8 @@ class PeerServer:
             value_type=self.value_type,
             max_message_bytes=self.max_message_bytes,
         )
-        published = _Published(
-            snapshot.round,
-            snapshot.density,
-            snapshot.tier or self._tier,
-            tuple(m.SerializeToString() for m in messages),
-        )
-        with self._lock:
-            self._published = published
-            self._tier = published.tier
+        published = _Published(snapshot.round, snapshot.density, tier, tuple(m.SerializeToString() for m in messages))
+        self._keep(published)
         _LOGGER.info(
             "published round %s (density %.3f): %d messages, %d bytes",
             snapshot.round, snapshot.density, len(published.messages), published.wire_bytes,
@@ -159,64 +221,162 @@ class PeerServer:
         return published.wire_bytes
 
     def publish_messages(self, messages: Sequence[ProtoModelChunk | bytes], *, round: int, density: float) -> None:
-        """Serve ``messages`` verbatim as the model stream, unchecked.
+        """Serve ``messages`` verbatim as the model stream of ``round``, unchecked.
 
         For relaying an already-encoded stream and for fault injection (tests, a loopback node that
         sends garbage): receivers must refuse whatever is wrong with it.
         """
         raw = tuple(m if isinstance(m, bytes) else m.SerializeToString() for m in messages)
+        self._keep(_Published(round, density, self._tier, raw))
+
+    def _keep(self, published: _Published) -> None:
         with self._lock:
-            self._published = _Published(round, density, self._tier, raw)
+            while self._snapshots and self._snapshots[-1].round >= published.round:
+                self._snapshots.pop()
+            self._snapshots.append(published)
+            while len(self._snapshots) > self.keep_snapshots:
+                self._snapshots.popleft()
+            self._tier = published.tier
+
+    def _count(self, kind: str) -> None:
+        with self._lock:
+            self._refusals[kind] += 1
+
+    def _refuse(self, context: grpc.ServicerContext, kind: str, code: grpc.StatusCode, reason: str) -> NoReturn:
+        self._count(kind)
+        log = _LOGGER.info if kind in ("not-ready", "busy") else _LOGGER.warning  # expected in lock-step fleets
+        log("refused %s call from %s: %s", kind, context.peer(), reason)
+        _abort(context, code, reason)
+
+    def _check_caller(self, context: grpc.ServicerContext, claimed: str, *, required: bool) -> str:
+        """The caller's name: with TLS the one its certificate and request agree on, else address + claim."""
+        names = _tls_names(context)
+        if names is None:
+            return f"{_caller_host(context)}/{claimed[:64]}"
+        if claimed in names or (not required and claimed == ""):
+            return names[0] if names else claimed
+        self._refuse(
+            context,
+            "identity",
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"caller's node id {claimed[:64]!r} is not the name of its certificate {names[:4]}",
+        )
 
     def _hello(self, request: HelloRequest, context: grpc.ServicerContext) -> HelloReply:
-        published = self._published
+        self._check_caller(context, request.node_id, required=False)
+        with self._lock:
+            latest = self._snapshots[-1] if self._snapshots else None
+            tier = self._tier
         return HelloReply(
             protocol_version=PROTOCOL_VERSION,
             node_id=self.node_id,
             fleet_id=self.fleet_id,
             arch_id=self.spec.arch_id,
-            round=0 if published is None else published.round,
-            density=0.0 if published is None or not math.isfinite(published.density) else published.density,
-            capacity_tier=self._tier,
-            has_model=published is not None,
+            round=0 if latest is None else latest.round,
+            density=0.0 if latest is None or not math.isfinite(latest.density) else latest.density,
+            capacity_tier=tier,
+            has_model=latest is not None,
             value_type=value_type_to_proto(self.value_type),
         )
 
-    def _refuse(self, context: grpc.ServicerContext, code: grpc.StatusCode, reason: str) -> NoReturn:
-        _LOGGER.warning("refused GetModel from %s: %s", context.peer(), reason)
-        _abort(context, code, reason)
+    def _select(self, request: GetModelRequest, context: grpc.ServicerContext) -> _Published:
+        """The snapshot asked for (the latest when no round is given), or the refusal to send."""
+        wanted = request.round if request.HasField("round") else None
+        if wanted is not None and wanted > MAX_ROUND:
+            reason = f"round {wanted} is beyond {MAX_ROUND}"
+            self._refuse(context, "bad-request", grpc.StatusCode.INVALID_ARGUMENT, reason)
+        with self._lock:
+            kept = list(self._snapshots)
+        if not kept:
+            what = "no model" if wanted is None else f"round {wanted} not"
+            self._refuse(context, "not-ready", grpc.StatusCode.NOT_FOUND, f"{what} published yet (latest none)")
+        if wanted is None:
+            return kept[-1]
+        if wanted > kept[-1].round:
+            self._refuse(
+                context,
+                "not-ready",
+                grpc.StatusCode.NOT_FOUND,
+                f"round {wanted} not published yet (latest {kept[-1].round})",
+            )
+        for published in kept:
+            if published.round == wanted:
+                return published
+        self._refuse(
+            context,
+            "gone",
+            grpc.StatusCode.OUT_OF_RANGE,
+            f"round {wanted} is no longer kept (kept rounds: {', '.join(str(p.round) for p in kept)})",
+        )
 
     def _get_model(self, request: GetModelRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         try:
             major, _minor = parse_protocol_version(request.protocol_version)
         except ValueError as exc:
-            self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            self._refuse(context, "protocol", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if major != PROTOCOL_MAJOR:
             self._refuse(
                 context,
+                "protocol",
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"protocol version {request.protocol_version!r} is not compatible with this node's {PROTOCOL_VERSION}",
             )
         if request.fleet_id != self.fleet_id:
             self._refuse(
                 context,
+                "fleet",
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"caller's fleet {request.fleet_id!r} is not this node's fleet {self.fleet_id!r}",
+                f"caller's fleet {request.fleet_id[:256]!r} is not this node's fleet {self.fleet_id!r}",
             )
         if request.arch_id != self.spec.arch_id:
             self._refuse(
                 context,
+                "arch",
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"caller's architecture {request.arch_id!r} is not this node's {self.spec.arch_id!r}",
+                f"caller's architecture {request.arch_id[:256]!r} is not this node's {self.spec.arch_id!r}",
             )
-        published = self._published
-        if published is None:
-            _abort(context, grpc.StatusCode.UNAVAILABLE, "no model published yet")
-        _LOGGER.debug("serving round %s to %s (%s)", published.round, request.node_id, context.peer())
-        yield from published.messages
+        caller = self._check_caller(context, request.node_id, required=True)
+        published = self._select(request, context)
+        with self._lock:
+            busy = self._streams[caller] >= self._limits.max_streams_per_caller
+            if not busy:
+                self._streams[caller] += 1
+        if busy:
+            self._refuse(
+                context,
+                "busy",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"caller {caller!r} already has {self._limits.max_streams_per_caller} model streams open (the limit)",
+            )
+        released = threading.Event()
 
-    def rpc_handler(self) -> grpc.GenericRpcHandler:
-        """The ``edge_node.v1.Peer`` service; GetModel sends the cached serialized messages as they are."""
+        def release() -> None:
+            with self._lock:
+                if released.is_set():
+                    return
+                released.set()
+                self._streams[caller] -= 1
+                if self._streams[caller] <= 0:
+                    del self._streams[caller]
+
+        context.add_callback(release)  # runs when the call ends, cancelled or not
+        _LOGGER.debug("serving round %s to %s (%s)", published.round, request.node_id, context.peer())
+        try:
+            for message in published.messages:
+                yield message
+                with self._lock:
+                    self._served_bytes += len(message)
+        finally:
+            with self._lock:
+                self._served_streams += 1
+            release()
+
+    def rpc_handler(self, limits: ServerLimits | None = None) -> grpc.GenericRpcHandler:
+        """The ``edge_node.v1.Peer`` service; GetModel sends the cached serialized messages as they are.
+
+        ``limits.max_streams_per_caller`` applies to the streams of this handler.
+        """
+        self._limits = limits or ServerLimits()
         identity: Callable[[bytes], bytes] = bytes
         return grpc.method_handlers_generic_handler(
             PEER_SERVICE_NAME,
@@ -329,7 +489,7 @@ def create_server(
     executor = ThreadPoolExecutor(max_workers=limits.max_workers, thread_name_prefix="edge-node-grpc")
     inner = grpc.server(
         executor,
-        handlers=[peer.rpc_handler()],
+        handlers=[peer.rpc_handler(limits)],
         options=server_options(limits),
         maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
     )

@@ -10,9 +10,19 @@ P-256 (small and fast on a Raspberry Pi). Plaintext happens only when a caller p
 from __future__ import annotations
 
 import datetime as dt
+import errno
+import functools
+import hashlib
 import logging
 import os
+import re
+import select
+import socket
+import ssl
+import stat
+import tempfile
 import threading
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -35,6 +45,11 @@ _CLOCK_SKEW = dt.timedelta(minutes=5)  # certificates are valid from a little be
 # CA key types that can sign certificates with SHA-256 (Ed25519/Ed448 sign without a hash; X25519/X448/DH cannot sign).
 _CA_KEY_TYPES = (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, dsa.DSAPrivateKey)
 
+FINGERPRINT_CACHE_S = 300.0  # a fingerprint seen at (host, port, node) is trusted this long without a new handshake
+_FINGERPRINT_CACHE_MAX = 1024  # entries; the oldest go first
+_POLL_S = 0.1  # the pre-flight handshake checks for cancellation this often
+_FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
+
 _insecure_warned: set[str] = set()
 _insecure_lock = threading.Lock()
 
@@ -48,17 +63,32 @@ def check_node_name(node_id: str) -> str:
     return node_id
 
 
+class CertificateMismatch(TlsError):
+    """A peer presents another certificate than the fingerprint it advertised."""
+
+
 def _load(kind: str, source: Pem) -> bytes:
-    """PEM bytes as given, or read from a path (str / PathLike)."""
+    """PEM bytes as given, or read from a path (str / PathLike); a key file must be private to its owner."""
     if isinstance(source, bytes):
         return source
     if isinstance(source, str) and source.lstrip().startswith("-----BEGIN"):
         return source.encode()
     try:
         with open(source, "rb") as handle:
+            if kind == "key":
+                _check_private(os.fspath(source), os.fstat(handle.fileno()).st_mode)
             return handle.read()
     except OSError as exc:
         raise TlsError(f"cannot read the {kind} file {os.fspath(source)!r}: {exc.strerror}") from exc
+
+
+def _check_private(path: str, mode: int) -> None:
+    """Like ssh: a private key that group or others may read (or write) is refused, not used."""
+    if stat.S_IMODE(mode) & 0o077:
+        raise TlsError(
+            f"the key file {path!r} has permissions {stat.S_IMODE(mode):04o}: group and others must have no"
+            f" access to a private key; run chmod 600 {path!r}"
+        )
 
 
 def _parse_cert(kind: str, pem: bytes) -> x509.Certificate:
@@ -283,3 +313,128 @@ def issue_certificate(
         .sign(ca_key, hashes.SHA256())
     )
     return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+@functools.lru_cache(maxsize=8)
+def _client_context(tls: TlsConfig) -> ssl.SSLContext:
+    """A client ``ssl`` context with this node's certificate that trusts only the fleet CA."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_verify_locations(cadata=tls.ca_cert.decode("ascii", "replace"))
+    context.set_alpn_protocols(["h2"])  # what gRPC speaks; its servers may require it
+    with tempfile.TemporaryDirectory(prefix="edge-node-tls-") as folder:  # ssl loads keys from files only
+        cert_path, key_path = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+        with open(os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
+            handle.write(tls.key)
+        with open(cert_path, "wb") as handle:
+            handle.write(tls.cert)
+        context.load_cert_chain(cert_path, key_path)
+    return context
+
+
+_fingerprint_cache: dict[tuple[str, int, str, str], float] = {}  # -> monotonic time it was verified
+_fingerprint_lock = threading.Lock()
+
+
+def _wait_socket(sock: socket.socket, *, read: bool, deadline: float, stop: threading.Event | None) -> None:
+    while True:
+        if stop is not None and stop.is_set():
+            raise TlsError("cancelled")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TlsError("timed out")
+        ready = select.select([sock] if read else [], [] if read else [sock], [], min(remaining, _POLL_S))
+        if ready[0] or ready[1]:
+            return
+
+
+def presented_fingerprint(
+    tls: TlsConfig, host: str, port: int, node_id: str, *, timeout_s: float, stop: threading.Event | None = None
+) -> str:
+    """Handshake with ``host:port`` as this fleet's client; the fingerprint of the certificate it presents.
+
+    The certificate must be of the fleet CA and name ``node_id`` (as the gRPC channel checks). Bounded
+    by ``timeout_s``, and ends within 0.1 s of ``stop`` being set.
+
+    Raises:
+        TlsError: no connection, the handshake failed or the certificate is not valid for ``node_id``.
+    """
+    deadline = time.monotonic() + timeout_s
+    context = _client_context(tls)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise TlsError(f"cannot resolve {host!r}: {exc}") from exc
+    family, kind, proto, _name, address = infos[0]
+    with socket.socket(family, kind, proto) as raw:
+        raw.setblocking(False)
+        code = raw.connect_ex(address)
+        if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+            raise TlsError(f"cannot connect to {host}:{port}: {os.strerror(code)}")
+        _wait_socket(raw, read=False, deadline=deadline, stop=stop)
+        code = raw.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if code:
+            raise TlsError(f"cannot connect to {host}:{port}: {os.strerror(code)}")
+        with context.wrap_socket(raw, server_hostname=node_id, do_handshake_on_connect=False) as wrapped:
+            while True:
+                try:
+                    wrapped.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    _wait_socket(wrapped, read=True, deadline=deadline, stop=stop)
+                except ssl.SSLWantWriteError:
+                    _wait_socket(wrapped, read=False, deadline=deadline, stop=stop)
+                except (ssl.SSLError, OSError) as exc:
+                    raise TlsError(f"TLS handshake with {host}:{port} as {node_id!r} failed: {exc}") from exc
+            der = wrapped.getpeercert(binary_form=True)
+    if not der:
+        raise TlsError(f"{host}:{port} presented no certificate")
+    return "sha256:" + hashlib.sha256(der).hexdigest()
+
+
+def verify_fingerprint(
+    tls: TlsConfig,
+    host: str,
+    port: int,
+    node_id: str,
+    expected: str,
+    *,
+    timeout_s: float,
+    stop: threading.Event | None = None,
+) -> None:
+    """Check that ``node_id`` at ``host:port`` presents the certificate whose fingerprint it advertised.
+
+    gRPC gives a Python client no view of the server's certificate, so this makes its own bounded
+    handshake (``presented_fingerprint``). A match is remembered for ``FINGERPRINT_CACHE_S`` per
+    (host, port, node id, fingerprint). The gRPC connection that follows is a second handshake: it
+    checks the CA and the name again, but a different certificate of the same CA for the same name
+    in between (a fleet CA that issued two) would not be noticed.
+
+    Raises:
+        CertificateMismatch: another certificate, or ``expected`` is no ``sha256:<64 hex>`` fingerprint.
+        TlsError: the handshake itself failed (see ``presented_fingerprint``).
+    """
+    wanted = expected.strip().lower() if isinstance(expected, str) else ""
+    if not _FINGERPRINT_RE.fullmatch(wanted):
+        raise CertificateMismatch(f"the advertised fingerprint {str(expected)[:80]!r} is not sha256:<64 hex digits>")
+    key = (host, port, node_id, wanted)
+    now = time.monotonic()
+    with _fingerprint_lock:
+        seen = _fingerprint_cache.get(key)
+        if seen is not None and now - seen < FINGERPRINT_CACHE_S:
+            return
+    presented = presented_fingerprint(tls, host, port, node_id, timeout_s=timeout_s, stop=stop)
+    if presented != wanted:
+        raise CertificateMismatch(
+            f"{node_id!r} at {host}:{port} presents certificate {presented}, but advertised {wanted}"
+        )
+    with _fingerprint_lock:
+        _fingerprint_cache[key] = time.monotonic()
+        while len(_fingerprint_cache) > _FINGERPRINT_CACHE_MAX:
+            _fingerprint_cache.pop(next(iter(_fingerprint_cache)))
+
+
+def forget_fingerprints() -> None:
+    """Drop every remembered fingerprint check (tests; a node that rotated its certificates)."""
+    with _fingerprint_lock:
+        _fingerprint_cache.clear()

@@ -21,6 +21,7 @@ from edge_node.data import DATASET_NAMES, parse_partition
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError
 from edge_node.models import MODEL_NAMES
+from edge_node.net.discovery.static import parse_peers
 from edge_node.protocol import NODE_ID_PATTERN, is_valid_node_id
 
 DEFAULT_CONFIG_FILE = Path("/etc/edge-node/config.toml")
@@ -143,11 +144,16 @@ class NodeConfig:
         if not math.isfinite(self.round_budget_s) or self.round_budget_s <= 0:
             raise ConfigError(f"round_budget_s={self.round_budget_s} must be a positive number of seconds")
         self.fixed_density  # noqa: B018 -- checks `capacity`
-        if self.lockstep and (self.client_index is None or self.discovery != "static"):
+        listed = parse_peers(list(self.peers)) if self.peers else []  # ConfigError naming a bad entry
+        if self.lockstep and (
+            self.client_index is None or self.discovery != "static" or not all(p.node_id for p in listed)
+        ):
             raise ConfigError(
-                "lockstep needs client_index and discovery = \"static\" with peers listing the whole fleet in"
-                " client-index order (this node included)"
+                "lockstep needs client_index and discovery = \"static\" with peers listing the whole fleet as"
+                " ID@HOST:PORT in client-index order (this node included)"
             )
+        if self.lockstep and (self.client_index or 0) >= len(listed):
+            raise ConfigError(f"lockstep: client_index={self.client_index} but peers lists {len(listed)} nodes")
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r} must be one of {', '.join(DEVICES)}")
         if self.threads is not None:

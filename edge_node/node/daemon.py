@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from edge_node import __version__
-from edge_node.algorithm import count_correct, load_weights, read_weights, tier_name
+from edge_node.algorithm import count_correct, load_weights, read_weights, screen_peer_models, tier_name
 from edge_node.algorithm.dispfl import (
     DisPFLParams,
     aggregate_peers,
@@ -51,7 +51,7 @@ from edge_node.energy import EnergyAccountant, open_meter
 from edge_node.errors import ConfigError, ListenError, PeerUnreachable, TlsError, TrainingDiverged
 from edge_node.models import build_model
 from edge_node.net import PeerAddress, PeerServer, TlsConfig, create_server, hello, pull_models
-from edge_node.net.discovery import Discovery, MdnsDiscovery, PeerInfo, StaticDiscovery
+from edge_node.net.discovery import Discovery, MdnsDiscovery, PeerInfo, StaticDiscovery, parse_peers
 from edge_node.net.server import ModelSnapshot
 from edge_node.node import capacity
 from edge_node.node.config import NodeConfig
@@ -88,6 +88,8 @@ def client_index_of(node_id: str) -> int:
 @dataclass
 class _Totals:
     bytes_in: int = 0
+    bytes_out: int = 0  # served bytes as counted at the end of the last round
+    streams_served: int = 0
     rounds_run: int = 0
     acc_before: float | None = None
     acc_after: float | None = None
@@ -149,6 +151,11 @@ class Node:
         self._lock.acquire()
         self._closers.append(self._lock.release)
         check_listen_free(config.listen)  # fail fast, before the data is loaded
+        if config.lockstep and self._lockstep_fleet()[self.client_index][0] != self.node_id:
+            raise ConfigError(
+                f"lockstep: peers entry {self.client_index} (this node's client index) is "
+                f"{self._lockstep_fleet()[self.client_index][0]!r}, not this node {self.node_id!r}"
+            )
         self.local: LocalData = load_local_data(config, self.client_index, self.device)
         self.model = build_model(config.model, self.local.num_classes, seed=config.seed).to(self.device)
         init_weights = read_weights(self.model)
@@ -217,7 +224,10 @@ class Node:
 
     def shutdown(self) -> None:
         """Goodbye on mDNS, stop serving (in-flight transfers get ``SERVER_GRACE_S``), close; idempotent."""
+        if self.phase == "stopped":
+            return
         self.phase = "stopping"
+        started = time.monotonic()
         sd_notify("STOPPING=1")
         for closer in reversed(self._closers):
             try:
@@ -226,6 +236,7 @@ class Node:
                 _LOGGER.exception("error while stopping %r", closer)
         self._closers.clear()
         self.phase = "stopped"
+        _LOGGER.info("stopped in %.2f s", time.monotonic() - started)
 
     # -- start-up pieces ----------------------------------------------------------------------------
     def _load_tls(self) -> TlsConfig | None:
@@ -295,7 +306,7 @@ class Node:
             density=self.density, round=self.rounds_done, fingerprint=self.tls.fingerprint if self.tls else None,
         )  # fmt: skip
         if config.discovery in ("static", "both"):
-            found.append(StaticDiscovery([_endpoint_of(p) for p in config.peers], **common))
+            found.append(StaticDiscovery(list(config.peers), require_node_ids=self.tls is not None, **common))
         if config.discovery in ("mdns", "both"):
             found.append(MdnsDiscovery(interfaces=list(config.interfaces) or None, **common))
         for discovery in found:
@@ -315,7 +326,7 @@ class Node:
                 chosen = self._lockstep_neighbours(t)
             else:
                 chosen = self._pick_peers(t)
-            received, refused = self._pull(chosen, t)
+            received, refused, bytes_in = self._pull(chosen, t)
         self._check_stop()
         snapshots = [(m.weights, m.masks) for m in received.values()]
         self.phase = "aggregate"
@@ -341,7 +352,8 @@ class Node:
             )  # fmt: skip
         self._check_stop()
         energy = acct.close_round(t)
-        bytes_in = sum(m.wire_bytes for m in received.values())
+        served_streams, served_bytes = self.server_state.served()
+        bytes_out = served_bytes - self._totals.bytes_out
         record = {
             "round": t,
             "node_id": self.node_id,
@@ -355,6 +367,9 @@ class Node:
             "peers_refused": {k: {"kind": kind, "detail": detail} for k, (kind, detail) in sorted(refused.items())},
             "refusals": _count_kinds(refused),
             "bytes_in": bytes_in,
+            "bytes_out": bytes_out,
+            "streams_served": served_streams - self._totals.streams_served,
+            "server_refusals": self.server_state.refusals(),
             "acc_before": acc_before,
             "acc_after": acc_after,
             "train_loss": trained.stats.mean_loss,
@@ -372,6 +387,7 @@ class Node:
         self._publish()
         totals = self._totals
         totals.bytes_in += bytes_in
+        totals.bytes_out, totals.streams_served = served_bytes, served_streams
         totals.rounds_run += 1
         totals.acc_before, totals.acc_after = acc_before, acc_after
         totals.energy_j += energy["total_j"]
@@ -383,9 +399,9 @@ class Node:
             write_onnx(self.config.state_dir / ONNX_FILE, self.model, new_state.weights, data.pool.input_shape)
         refused_text = f", refused {_count_kinds(refused)}" if refused else ""
         _LOGGER.info(
-            "round %d: %d/%d peers answered%s, accuracy %.1f%% -> %.1f%%, in %.2f MB, %.1f s, %.3g J (%s)",
+            "round %d: %d/%d peers answered%s, accuracy %.1f%% -> %.1f%%, in %.2f MB, out %.2f MB, %.1f s, %.3g J (%s)",
             t, len(received), len(chosen), refused_text, 100 * acc_before, 100 * acc_after, bytes_in / 1e6,
-            energy["duration_s"], energy["total_j"], energy["label"],
+            bytes_out / 1e6, energy["duration_s"], energy["total_j"], energy["label"],
         )  # fmt: skip
         if not chosen and not self.config.lockstep:
             self.should_exit.wait(IDLE_WITHOUT_PEERS_S)  # nobody found yet: trained locally, keep looking
@@ -484,8 +500,8 @@ class Node:
         return [_address(live[node_id]) for node_id in chosen]
 
     def _lockstep_fleet(self) -> list[tuple[str, str, int]]:
-        """The fleet in client-index order: (node id, host, port) of each ``peers`` entry."""
-        return [_parse_id_endpoint(entry) for entry in self.config.peers]
+        """The fleet in client-index order: (node id, host, port) of each ``peers`` entry (checked by the config)."""
+        return [(p.node_id or "", p.host, p.port) for p in parse_peers(list(self.config.peers))]
 
     def _lockstep_neighbours(self, t: int) -> list[PeerAddress]:
         fleet = self._lockstep_fleet()
@@ -519,30 +535,49 @@ class Node:
                 return
             self.should_exit.wait(LOCKSTEP_POLL_S)
 
-    def _pull(self, chosen: list[PeerAddress], t: int) -> tuple[dict[str, DecodedModel], dict[str, tuple[str, str]]]:
-        """Pull ``chosen`` in parallel; returns the snapshots kept and (kind, detail) for every refusal."""
+    def _pull(
+        self, chosen: list[PeerAddress], t: int
+    ) -> tuple[dict[str, DecodedModel], dict[str, tuple[str, str]], int]:
+        """Pull ``chosen`` in parallel and screen what arrived.
+
+        Returns the snapshots kept, ``(kind, detail)`` for every peer refused (a failed pull, a stale
+        snapshot, or one the screen refused), and the bytes received (refused streams included).
+        """
         if not chosen:
-            return {}, {}
+            return {}, {}, 0
+        lockstep = self.config.lockstep
         result = pull_models(
-            chosen, self.spec, self.config.fleet, node_id=self.node_id, timeout_s=self.config.pull_timeout_s,
-            retries=1, tls=self.tls, insecure=self.config.insecure,
+            chosen, self.spec, self.config.fleet, node_id=self.node_id, round=t if lockstep else None,
+            deadline_s=self.config.round_budget_s if lockstep else self.config.pull_timeout_s,
+            tls=self.tls, insecure=self.config.insecure, cancel=self.should_exit,
         )  # fmt: skip
-        refused: dict[str, tuple[str, str]] = {k: _failure_kind(v) for k, v in result.failures.items()}
-        received: dict[str, DecodedModel] = {}
+        refused: dict[str, tuple[str, str]] = {k: (f.kind, f.detail) for k, f in result.failures.items()}
+        bytes_in = sum(m.wire_bytes for m in result.received.values())
+        bytes_in += sum(f.wire_bytes for f in result.failures.values())
+        fresh: dict[str, DecodedModel] = {}
         for node_id, model in result.received.items():
             behind = t - model.header.round
-            if self.config.lockstep and model.header.round != t:
-                refused[node_id] = ("stale", f"lockstep round {t} needs snapshot {t}, got {model.header.round}")
-            elif behind > self.config.staleness:
+            if behind > self.config.staleness:
                 refused[node_id] = ("stale", f"snapshot of round {model.header.round} is {behind} rounds behind")
             else:
-                received[node_id] = model
+                fresh[node_id] = model
+        weights, mask = published(self.state)
+        screen = screen_peer_models(weights, mask, [(k, m.weights, m.masks) for k, m in fresh.items()])
+        for node_id, reason in screen.refused.items():
+            refused[node_id] = ("screened", reason)
+        received = {k: fresh[k] for k in screen.accepted}
         for node_id, model in received.items():
             self.tracker.success(node_id, model.header.round)
         for node_id, (kind, detail) in refused.items():
-            if kind != "stale":
+            if kind not in ("stale", "cancelled"):
                 self.tracker.failure(node_id, kind, detail)
-        return received, refused
+        for discovery in self.discoveries:  # proven peers are never evicted from a bounded table for newcomers
+            for node_id in received:
+                discovery.record_pull(node_id, True)
+            for node_id, (kind, _) in refused.items():
+                if kind != "cancelled":
+                    discovery.record_pull(node_id, kind == "stale")
+        return received, refused, bytes_in
 
     # -- status -------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -574,6 +609,8 @@ class Node:
             "accuracy_before": totals.acc_before,
             "accuracy_after": totals.acc_after,
             "bytes_in_total": totals.bytes_in,
+            "bytes_out_total": self.server_state.served()[1] if hasattr(self, "server_state") else 0,
+            "server_refusals": self.server_state.refusals() if hasattr(self, "server_state") else {},
             "rounds_this_run": totals.rounds_run,
             "energy_j_this_run": round(totals.energy_j, 3),
             "energy_label": totals.energy_label,
@@ -596,29 +633,6 @@ def check_listen_free(listen: str) -> None:
 
 def _address(peer: PeerInfo) -> PeerAddress:
     return PeerAddress(node_id=peer.node_id, host=peer.addresses[0], port=peer.port)
-
-
-def _endpoint_of(entry: str) -> str:
-    """``HOST:PORT`` of a static peer entry (``ID@HOST:PORT`` or ``HOST:PORT``)."""
-    return entry.split("@", 1)[1] if "@" in entry else entry
-
-
-def _parse_id_endpoint(entry: str) -> tuple[str, str, int]:
-    node_id, sep, endpoint = entry.partition("@")
-    host, _, port = endpoint.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(f"lockstep peer {entry!r} must be ID@HOST:PORT")
-    return node_id, host.strip("[]"), int(port)
-
-
-def _failure_kind(reason: str) -> tuple[str, str]:
-    """(kind, detail) of a pull failure's one-line reason."""
-    head = reason.split(":", 1)[0].strip()
-    kinds = {
-        "UNAVAILABLE": "unreachable", "DEADLINE_EXCEEDED": "timeout", "FAILED_PRECONDITION": "refused",
-        "WireDecodeError": "decode", "WireLimitError": "limit", "HeaderMismatch": "header",
-    }  # fmt: skip
-    return kinds.get(head, "other"), reason
 
 
 def _count_kinds(refused: dict[str, tuple[str, str]]) -> dict[str, int]:

@@ -58,7 +58,8 @@ class PeerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetModel(self, request, context):
-        """Server-streams the node's latest published snapshot: one StreamHeader message, then the tensors.
+        """Server-streams a published snapshot (the latest, or the requested round): one StreamHeader
+        message, then the tensors. A round not yet published: NOT_FOUND; one no longer kept: OUT_OF_RANGE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -7,11 +7,12 @@ count the exact serialized bytes from a mask's counts, and ``encode_model`` fill
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from edge_node.wire.spec import ModelSpec, ValueType
+from edge_node.wire.spec import MIN_MAX_MESSAGE_BYTES, ModelSpec, ValueType
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -134,3 +135,40 @@ def plan_stream(
     if current:
         messages.append(tuple(current))
     return StreamPlan(tuple(messages))
+
+
+def _max_header_bytes(arch_id: str, message_count: int, chunk_count: int) -> int:
+    """Serialized bytes of the largest valid header message (longest ids, largest round)."""
+    from edge_node.protocol import MAX_ROUND
+
+    size = (
+        _len_field(len("99999.99999"))  # protocol_version
+        + _len_field(63)  # node_id: one DNS label
+        + _len_field(255)  # fleet_id
+        + _len_field(len(arch_id.encode()))
+        + _varint_field(MAX_ROUND)
+        + 1 + 8  # density: a double
+        + _len_field(32)  # payload_sha256
+        + _varint_field(message_count)
+        + _varint_field(chunk_count)
+    )  # fmt: skip
+    header_entry = 1 + varint_size(size) + size  # the StreamHeader inside its ModelChunk
+    return header_entry
+
+
+@functools.lru_cache(maxsize=16)
+def largest_stream(spec: ModelSpec, max_message_bytes: int = MIN_MAX_MESSAGE_BYTES) -> tuple[int, int]:
+    """Bytes and chunk count of the largest stream ``encode_model`` can produce for ``spec``.
+
+    Every tensor at its worst active count in fp32 (all but one element: a whole bitmap and almost
+    dense values; or dense, whichever takes more), split at ``max_message_bytes`` (by default the
+    smallest budget a sender may choose, where chunks carry the most overhead), with the longest header.
+    """
+    payload = chunks = 0
+    for name, shape in spec.shapes.items():
+        numel = math.prod(shape)
+        candidates = [numel, numel - 1] if numel > 0 else [0]
+        plans = [_tensor_chunks(name, shape, nnz, ValueType.FLOAT32, max_message_bytes) for nnz in candidates]
+        payload += max(sum(c.entry_bytes for c in plan) for plan in plans)
+        chunks += max(len(plan) for plan in plans)
+    return _max_header_bytes(spec.arch_id, chunks, chunks) + payload, chunks

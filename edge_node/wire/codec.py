@@ -17,9 +17,16 @@ import numpy as np
 import torch
 from google.protobuf.message import DecodeError
 
-from edge_node.errors import HeaderMismatch, WireDecodeError, WireLimitError
+from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
+from edge_node.protocol import MAX_ROUND, NODE_ID_PATTERN, is_valid_node_id
 from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_stream, varint_size
-from edge_node.wire.messages import ProtoModelChunk, ProtoSparseTensor, ProtoStreamHeader, value_type_to_proto
+from edge_node.wire.messages import (
+    ProtoModelChunk,
+    ProtoSparseTensor,
+    ProtoStreamHeader,
+    unknown_field_numbers,
+    value_type_to_proto,
+)
 from edge_node.wire.spec import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MIN_MAX_MESSAGE_BYTES,
@@ -34,7 +41,7 @@ from edge_node.wire.spec import (
     parse_protocol_version,
 )
 
-_MAX_ID_BYTES = 255  # node and fleet ids also travel in mDNS TXT strings
+_MAX_ID_BYTES = 255  # fleet ids also travel in mDNS TXT strings
 
 
 def _check_id(kind: str, value: object) -> str:
@@ -43,11 +50,25 @@ def _check_id(kind: str, value: object) -> str:
     return value
 
 
+def check_node_id(node_id: object) -> str:
+    """A node id as the protocol defines it (one DNS label, ``protocol.NODE_ID_PATTERN``); ValueError otherwise."""
+    if not is_valid_node_id(node_id):
+        raise ValueError(f"node_id={node_id!r} must be 1-63 characters of [A-Za-z0-9_-], starting alphanumeric")
+    assert isinstance(node_id, str)
+    return node_id
+
+
+def check_round(round: object) -> int:
+    """A round number a stream may carry: an integer in [0, MAX_ROUND]; ValueError otherwise."""
+    if isinstance(round, bool) or not isinstance(round, int) or not 0 <= round <= MAX_ROUND:
+        raise ValueError(f"round={round!r} must be an integer in [0, {MAX_ROUND}]")
+    return round
+
+
 def _check_header_args(node_id: str, fleet_id: str, round: int, density: float, max_message_bytes: int) -> float:
-    _check_id("node_id", node_id)
+    check_node_id(node_id)
     _check_id("fleet_id", fleet_id)
-    if isinstance(round, bool) or not isinstance(round, int) or round < 0:
-        raise ValueError(f"round={round!r} must be a non-negative integer")
+    check_round(round)
     if not isinstance(density, (int, float)) or not math.isfinite(density) or not 0.0 <= density <= 1.0:
         raise ValueError(f"density={density!r} must be in [0, 1]")
     if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
@@ -213,7 +234,8 @@ def encode_model(
 
     Raises:
         ValueError / TypeError: names, shapes or dtypes disagree with ``spec``, a header field is
-            invalid, or an active value is NaN/Inf (or overflows the chosen value type).
+            invalid, ``density`` is not the masks' (within ``spec.density_tolerance``), or an active
+            value is NaN/Inf (or overflows the chosen value type).
     """
     value_type = ValueType.parse(value_type)
     density = _check_header_args(node_id, fleet_id, round, density, max_message_bytes)
@@ -223,6 +245,13 @@ def encode_model(
         name: (spec.numel(name) if not enc.bitmap else len(enc.values) // value_type.itemsize)
         for name, enc in encoded.items()
     }
+    total = spec.total_numel
+    kept = sum(nnz.values()) / total if total else 0.0
+    if total and abs(density - kept) > spec.density_tolerance:
+        raise ValueError(
+            f"density={density!r} but the masks keep {kept:.6f} of the weights: the header's density is the"
+            f" masks' (within {spec.density_tolerance:.2g}, ERK's rounding), receivers refuse any other"
+        )
     plan = plan_stream(spec, nnz, value_type, max_message_bytes)
     digest = hashlib.sha256()
     messages: list[ProtoModelChunk] = []
@@ -242,31 +271,77 @@ def encode_model(
 class _TensorState:
     """What has arrived of one tensor so far (raw bytes only; tensors are built at the end)."""
 
-    value_type: ValueType
     dense: bool
+    numel: int
     next_element: int = 0
     next_value: int = 0
     bitmaps: list[bytes] = field(default_factory=list)
     values: list[bytes] = field(default_factory=list)
 
+    @property
+    def complete(self) -> bool:
+        return self.next_element == self.numel
+
+
+def _check_known_fields(index: int, chunk: ProtoModelChunk) -> None:
+    """Refuse fields this protocol version does not define (a server never sends them: padding)."""
+    found = unknown_field_numbers(chunk)
+    where = f"message {index}"
+    if not found and chunk.HasField("header"):
+        found, where = unknown_field_numbers(chunk.header), f"message {index}, header"
+    if not found:
+        for tensor in chunk.tensors:
+            found = unknown_field_numbers(tensor)
+            if found:
+                where = f"message {index}, tensor {tensor.name!r}"
+                break
+    if found:
+        raise WireDecodeError(f"{where}: unknown field number(s) {found[:8]} (not in protocol {PROTOCOL_VERSION})")
+
 
 class ModelDecoder:
     """Validates a model stream message by message, then builds the model in ``finish``.
 
-    ``feed`` refuses a message as soon as it breaks a rule or a limit, so a caller reading from the
-    network can stop (and cancel the call) without receiving the rest.
+    ``feed`` refuses a message as soon as it breaks a rule or a limit (by default
+    ``WireLimits.for_spec(spec)``: about the largest valid stream of the model), so a caller reading
+    from the network can stop (and cancel the call) without receiving the rest; ``complete`` says when
+    every message the header announced has arrived, so the caller need not wait for the sender to end
+    the stream. The rules, beyond each chunk's own consistency: no unknown or repeated fields (a message's
+    bytes are exactly its fields' canonical encoding); tensors in the spec's order, the chunks of one
+    tensor contiguous and in order; one value type per stream; a header whose node id, round and
+    density are valid (and, when given, the expected node id and round), its density within
+    ``spec.density_tolerance`` of the masks that arrived.
     """
 
-    def __init__(self, spec: ModelSpec, expected_fleet: str, limits: WireLimits | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        expected_fleet: str,
+        limits: WireLimits | None = None,
+        *,
+        expected_node_id: str | None = None,
+        expected_round: int | None = None,
+    ) -> None:
         self.spec = spec
         self.expected_fleet = _check_id("expected_fleet", expected_fleet)
-        self.limits = limits or WireLimits()
+        self.expected_node_id = None if expected_node_id is None else check_node_id(expected_node_id)
+        self.expected_round = None if expected_round is None else check_round(expected_round)
+        self.limits = limits or WireLimits.for_spec(spec)
         self.header: StreamHeader | None = None
         self.messages = 0
         self.chunks = 0
         self.total_bytes = 0
+        self.value_type: ValueType | None = None  # of the stream's first chunk; every chunk must have it
+        self._names = spec.names
+        self._next_tensor = 0  # index into the spec's names of the next tensor to start
+        self._current: _TensorState | None = None
         self._tensors: dict[str, _TensorState] = {}
         self._digest = hashlib.sha256()
+
+    @property
+    def complete(self) -> bool:
+        """Every message the header announced has arrived (``finish`` still checks the whole)."""
+        return self.header is not None and self.messages - 1 >= self.header.message_count
 
     def feed(self, message: ProtoModelChunk | bytes) -> None:
         """Check and keep one message (a ``ModelChunk`` or its serialized bytes)."""
@@ -279,8 +354,16 @@ class ModelDecoder:
                 model_chunk = ProtoModelChunk.FromString(bytes(message))
             except DecodeError as exc:
                 raise WireDecodeError(f"message {index} is not a valid ModelChunk: {exc}") from exc
+            _check_known_fields(index, model_chunk)
+            canonical = model_chunk.ByteSize()
+            if canonical != size:
+                raise WireDecodeError(
+                    f"message {index} is {size} bytes but its fields encode in {canonical}:"
+                    " repeated or non-canonically encoded fields are refused"
+                )
         else:
             model_chunk = message
+            _check_known_fields(index, model_chunk)
             size = model_chunk.ByteSize()
             self._check_sizes(index, size)
         self.messages += 1
@@ -314,30 +397,46 @@ class ModelDecoder:
         try:
             major, _minor = parse_protocol_version(proto.protocol_version)
         except ValueError as exc:
-            raise WireDecodeError(f"header: {exc}") from exc
+            raise HeaderMismatch(f"header: {exc}") from exc
         if major != PROTOCOL_MAJOR:
             raise HeaderMismatch(
-                f"header: protocol version {proto.protocol_version!r} has major {major},"
+                f"header: protocol version {proto.protocol_version[:32]!r} has major {major},"
                 f" this node speaks {PROTOCOL_VERSION}"
             )
         if proto.fleet_id != self.expected_fleet:
-            raise HeaderMismatch(f"header: stream is from fleet {proto.fleet_id!r}, expected {self.expected_fleet!r}")
+            raise HeaderMismatch(
+                f"header: stream is from fleet {proto.fleet_id[:256]!r}, expected {self.expected_fleet!r}"
+            )
         if proto.arch_id != self.spec.arch_id:
-            raise HeaderMismatch(f"header: architecture {proto.arch_id!r} is not this model's {self.spec.arch_id!r}")
-        if not proto.node_id or len(proto.node_id.encode()) > _MAX_ID_BYTES:
-            raise WireDecodeError(f"header: node id {proto.node_id!r} is empty or too long")
+            raise HeaderMismatch(
+                f"header: architecture {proto.arch_id[:256]!r} is not this model's {self.spec.arch_id!r}"
+            )
+        if not is_valid_node_id(proto.node_id):
+            raise HeaderMismatch(f"header: node id {proto.node_id[:80]!r} does not match {NODE_ID_PATTERN}")
+        if self.expected_node_id is not None and proto.node_id != self.expected_node_id:
+            raise PeerIdentityMismatch(
+                f"header: stream is from node {proto.node_id!r}, but it was pulled from {self.expected_node_id!r}"
+            )
+        if proto.round > MAX_ROUND:
+            raise HeaderMismatch(f"header: round {proto.round} is beyond {MAX_ROUND}")
+        if self.expected_round is not None and proto.round != self.expected_round:
+            raise HeaderMismatch(f"header: stream is of round {proto.round}, round {self.expected_round} was asked for")
         if not math.isfinite(proto.density) or not 0.0 <= proto.density <= 1.0:
-            raise WireDecodeError(f"header: density {proto.density!r} is not in [0, 1]")
+            raise HeaderMismatch(f"header: density {proto.density!r} is not in [0, 1]")
         if len(proto.payload_sha256) != 32:
-            raise WireDecodeError(f"header: payload digest has {len(proto.payload_sha256)} bytes, expected 32")
+            raise HeaderMismatch(f"header: payload digest has {len(proto.payload_sha256)} bytes, expected 32")
         if proto.chunk_count > self.limits.max_chunks:
             raise WireLimitError(
                 f"header announces {proto.chunk_count} chunks, over the limit of {self.limits.max_chunks}"
             )
         if proto.message_count < 1 or proto.chunk_count < len(self.spec.shapes):
-            raise WireDecodeError(
+            raise HeaderMismatch(
                 f"header announces {proto.message_count} messages and {proto.chunk_count} chunks,"
                 f" too few for the model's {len(self.spec.shapes)} tensors"
+            )
+        if proto.message_count > proto.chunk_count:
+            raise HeaderMismatch(
+                f"header announces {proto.message_count} messages but only {proto.chunk_count} chunks to fill them"
             )
         return StreamHeader(
             protocol_version=proto.protocol_version,
@@ -351,26 +450,51 @@ class ModelDecoder:
             chunk_count=proto.chunk_count,
         )
 
+    def _start_tensor(self, where: str, name: str, numel: int, dense: bool) -> _TensorState:
+        """A chunk of a tensor not seen yet: it must be the spec's next one, after the previous is complete."""
+        current = self._current
+        if current is not None and not current.complete:
+            previous = self._names[self._next_tensor - 1]
+            raise WireDecodeError(
+                f"{where}: starts while tensor {previous!r} has {current.next_element} of its {current.numel}"
+                " elements (the chunks of a tensor must be contiguous)"
+            )
+        expected = self._names[self._next_tensor] if self._next_tensor < len(self._names) else None
+        if name != expected:
+            raise WireDecodeError(
+                f"{where}: out of order, expected tensor {expected!r} (tensors come in the model's order)"
+            )
+        self._next_tensor += 1
+        state = self._current = self._tensors[name] = _TensorState(dense, numel)
+        return state
+
     def _take_chunk(self, index: int, chunk: ProtoSparseTensor) -> None:
         name = chunk.name
-        where = f"message {index}, tensor {name!r}"
+        where = f"message {index}, tensor {name[:300]!r}"
         if name not in self.spec.shapes:
             raise WireDecodeError(f"{where}: unknown tensor name (not in {self.spec.arch_id})")
         shape = self.spec.shapes[name]
         if tuple(chunk.shape) != shape:
-            raise WireDecodeError(f"{where}: shape {tuple(chunk.shape)} does not match the model's {shape}")
+            raise WireDecodeError(f"{where}: shape {tuple(chunk.shape)[:16]} does not match the model's {shape}")
         try:
             value_type = ValueType(chunk.value_type)
         except ValueError:
             raise WireDecodeError(f"{where}: unknown value type {chunk.value_type}") from None
+        if self.value_type is None:
+            self.value_type = value_type
+        elif value_type is not self.value_type:
+            raise WireDecodeError(
+                f"{where}: value type {value_type.name} in a stream of {self.value_type.name}"
+                " (one value type per stream)"
+            )
         numel = math.prod(shape)
         state = self._tensors.get(name)
         if state is None:
-            state = self._tensors[name] = _TensorState(value_type, chunk.dense)
-        elif state.next_element == numel:
+            state = self._start_tensor(where, name, numel, chunk.dense)
+        elif state.complete:
             raise WireDecodeError(f"{where}: tensor sent twice")
-        if value_type is not state.value_type or chunk.dense != state.dense:
-            raise WireDecodeError(f"{where}: value type or dense flag changes between chunks of one tensor")
+        if chunk.dense != state.dense:
+            raise WireDecodeError(f"{where}: dense flag changes between chunks of one tensor")
         if chunk.start != state.next_element:
             raise WireDecodeError(
                 f"{where}: chunk starts at element {chunk.start}, expected {state.next_element}"
@@ -425,7 +549,7 @@ class ModelDecoder:
             raise WireDecodeError(f"stream has {self.chunks} chunks, its header announced {header.chunk_count}")
         weights: dict[str, torch.Tensor] = {}
         masks: dict[str, torch.Tensor] = {}
-        value_types = set()
+        active = 0
         for name, shape in self.spec.shapes.items():
             numel = math.prod(shape)
             state = self._tensors.get(name)
@@ -435,27 +559,37 @@ class ModelDecoder:
                 raise WireDecodeError(
                     f"tensor {name!r} is incomplete: {state.next_element} of {numel} elements arrived"
                 )
-            weight, mask = _build_tensor(name, numel, state)
+            assert self.value_type is not None  # set by the first chunk
+            weight, mask = _build_tensor(name, numel, state, self.value_type)
             weights[name] = torch.from_numpy(weight).reshape(shape)
             masks[name] = (
                 torch.from_numpy(mask).reshape(shape) if mask is not None else torch.ones(shape, dtype=torch.bool)
             )
-            value_types.add(state.value_type)
+            active += state.next_value
         if self._digest.digest() != header.payload_sha256:
             raise WireDecodeError(
                 f"payload digest sha256:{self._digest.hexdigest()} does not match the header's {header.payload_digest}"
             )
-        value_type = value_types.pop() if len(value_types) == 1 else ValueType.FLOAT32
-        return DecodedModel(header, weights, masks, value_type, self.total_bytes)
+        total = self.spec.total_numel
+        kept = active / total if total else 0.0
+        if total and abs(header.density - kept) > self.spec.density_tolerance:
+            raise HeaderMismatch(
+                f"header: density {header.density!r}, but the masks keep {kept:.6f} of the weights"
+                f" (tolerance {self.spec.density_tolerance:.2g})"
+            )
+        assert self.value_type is not None
+        return DecodedModel(header, weights, masks, self.value_type, self.total_bytes)
 
 
-def _build_tensor(name: str, numel: int, state: _TensorState) -> tuple[np.ndarray, np.ndarray | None]:
+def _build_tensor(
+    name: str, numel: int, state: _TensorState, value_type: ValueType
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Float32 weights (zero where inactive) and the bool mask (None when dense) of one tensor."""
     raw = b"".join(state.values)
-    values = np.frombuffer(raw, dtype=numpy_value_dtype(state.value_type))
-    if state.value_type is ValueType.BFLOAT16:
+    values = np.frombuffer(raw, dtype=numpy_value_dtype(value_type))
+    if value_type is ValueType.BFLOAT16:
         values = (values.astype(np.uint32) << 16).view(np.float32)
-    elif state.value_type is ValueType.FLOAT16:
+    elif value_type is ValueType.FLOAT16:
         values = values.astype(np.float32)
     finite = np.isfinite(values)
     if not finite.all():
@@ -479,15 +613,22 @@ def decode_model(
     spec: ModelSpec,
     expected_fleet: str,
     limits: WireLimits | None = None,
+    *,
+    expected_node_id: str | None = None,
+    expected_round: int | None = None,
 ) -> DecodedModel:
-    """Validate a whole stream and return the model it carries.
+    """Validate a whole stream and return the model it carries (the rules: ``ModelDecoder``).
 
     Raises:
-        HeaderMismatch: another fleet, architecture or protocol major version.
+        PeerIdentityMismatch: the header names another node than ``expected_node_id``.
+        HeaderMismatch: another fleet, architecture, protocol major version or round; a header field
+            out of range; a density the masks do not have.
         WireLimitError: a message, the chunk count or the total bytes exceed ``limits``.
         WireDecodeError: anything else malformed, with the tensor and the problem in the message.
     """
-    decoder = ModelDecoder(spec, expected_fleet, limits)
+    decoder = ModelDecoder(
+        spec, expected_fleet, limits, expected_node_id=expected_node_id, expected_round=expected_round
+    )
     for message in messages:
         decoder.feed(message)
     return decoder.finish()

@@ -7,6 +7,8 @@ rather than from the generated ``*_pb2_grpc`` stubs, whose import pins an exact 
 
 from __future__ import annotations
 
+from google.protobuf.unknown_fields import UnknownFieldSet
+
 from edge_node.v1 import peer_pb2 as _peer_pb2
 from edge_node.v1 import wire_pb2 as _wire_pb2
 from edge_node.wire.spec import ValueType
@@ -32,6 +34,11 @@ def value_type_to_proto(value_type: ValueType) -> ProtoValueType:
     return _PROTO_VALUE_TYPES[value_type]
 
 
+def unknown_field_numbers(message: object) -> list[int]:
+    """Numbers of the fields of ``message`` (not of its sub-messages) that its type does not define."""
+    return [f.field_number for f in UnknownFieldSet(message)]
+
+
 __all__ = [
     "GET_MODEL_METHOD",
     "HELLO_METHOD",
@@ -43,5 +50,6 @@ __all__ = [
     "ProtoSparseTensor",
     "ProtoStreamHeader",
     "ProtoValueType",
+    "unknown_field_numbers",
     "value_type_to_proto",
 ]

@@ -109,6 +109,17 @@ class ModelSpec:
     def total_numel(self) -> int:
         return sum(math.prod(s) for s in self.shapes.values())
 
+    @property
+    def density_tolerance(self) -> float:
+        """How far a stream header's density may be from the fraction of weights its masks keep.
+
+        ERK and uniform masks keep ``max(1, floor(d_l * n_l))`` of each tensor's ``n_l`` weights, so a
+        model's kept fraction is within ``T / N`` of its target density (``T`` tensors, ``N``
+        parameters); 1e-6 more covers floating point. Prune-and-regrow keeps every tensor's count.
+        """
+        total = self.total_numel
+        return math.inf if total == 0 else len(self.shapes) / total + 1e-6
+
 
 @dataclass(frozen=True)
 class StreamHeader:
@@ -130,19 +141,49 @@ class StreamHeader:
         return "sha256:" + self.payload_sha256.hex()
 
 
+DEFAULT_RECEIVE_MESSAGE_BYTES = 4 << 20  # one serialized message a receiver takes (gRPC's default limit)
+LIMIT_SLACK_FRACTION = 0.01  # for_spec: room above the largest encoding, as a fraction of it ...
+LIMIT_SLACK_BYTES = 64 << 10  # ... plus a constant (headers of long ids, a sender's own chunking)
+
+
 @dataclass(frozen=True)
 class WireLimits:
-    """What a receiver accepts from one stream; anything beyond is refused before it is stored."""
+    """What a receiver accepts from one stream; anything beyond is refused before it is stored.
 
-    max_message_bytes: int = 4 << 20  # one serialized message (gRPC's default receive limit)
+    The defaults here are generic; ``WireLimits.for_spec(spec)`` bounds a stream by the receiver's own
+    model, and is what ``pull_model(s)`` uses when given no limits.
+    """
+
+    max_message_bytes: int = DEFAULT_RECEIVE_MESSAGE_BYTES  # one serialized message
     max_chunks: int = 1 << 16  # SparseTensor chunks per stream
     max_total_bytes: int = 1 << 30  # all messages of one stream together
 
     def __post_init__(self) -> None:
         for name in ("max_message_bytes", "max_chunks", "max_total_bytes"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
+
+    @classmethod
+    def for_spec(cls, spec: ModelSpec, *, max_message_bytes: int = DEFAULT_RECEIVE_MESSAGE_BYTES) -> WireLimits:
+        """Limits that admit every valid stream of ``spec`` and little more.
+
+        ``max_total_bytes`` is the largest stream the encoder can produce for this model: every tensor
+        at its worst active count (all but one element active in fp32: a full bitmap plus almost dense
+        values; or dense), split at the smallest message budget a sender may use (4 KiB, the most
+        per-chunk overhead), with the longest header, plus 1 % and 64 KiB of slack. For a model of
+        ``n`` parameters that is about ``4.13 n`` bytes, against ``4 n`` for its dense fp32 values.
+        ``max_chunks`` is that stream's chunk count plus the same slack.
+        """
+        from edge_node.wire._layout import largest_stream  # the layout imports this module
+
+        total_bytes, chunks = largest_stream(spec)
+        slack = int(total_bytes * LIMIT_SLACK_FRACTION) + LIMIT_SLACK_BYTES
+        return cls(
+            max_message_bytes=min(max_message_bytes, total_bytes + slack),
+            max_chunks=chunks + max(64, int(chunks * LIMIT_SLACK_FRACTION)),
+            max_total_bytes=total_bytes + slack,
+        )
 
 
 @dataclass(frozen=True)

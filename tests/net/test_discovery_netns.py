@@ -22,6 +22,7 @@ _REPO = Path(__file__).resolve().parents[2]
 if str(_REPO) not in sys.path:  # `tests.netns` is a helper module, not an installed package
     sys.path.insert(0, str(_REPO))
 
+from edge_node.protocol import PROTOCOL_VERSION  # noqa: E402
 from tests.netns import NetnsProcess, bridge_with_namespaces, cleanup_stale, netns, run_in_netns  # noqa: E402
 
 PYTHON = sys.executable
@@ -360,9 +361,13 @@ def test_cli_announce_and_json_listing(lo_ns: str) -> None:
         for nid, port in (("A", 5001), ("B", 5002)):
             peer = by_id[nid]
             assert peer["port"] == port and peer["endpoint"] == f"127.0.0.1:{port}"
-            assert peer["fleet"] == FLEET and peer["protocol_version"] == "1.0"
+            assert peer["fleet"] == FLEET and peer["protocol_version"] == PROTOCOL_VERSION
             assert peer["tier"] == "probe" and peer["density"] == 1.0 and peer["round"] == 0
             assert peer["fingerprint"] is None and peer["arch"] == ""
+        # --static: ID@HOST:PORT lines, the syntax of --peers and peers files
+        static = run_in_netns(lo_ns, [*base, "--fleet", FLEET, "--static", "--timeout", "3"], timeout_s=60)
+        assert static.returncode == 0, static.stderr
+        assert sorted(static.stdout.split()) == ["A@127.0.0.1:5001", "B@127.0.0.1:5002"]
         # each announcer lists the other one (table rows start with the id)
         assert announcers[0].wait_for(lambda lines: any(line.startswith("B ") for line in lines), FIND_S)
         assert announcers[1].wait_for(lambda lines: any(line.startswith("A ") for line in lines), FIND_S)
@@ -427,7 +432,8 @@ def test_independent_client_sees_the_advertisement(hosts: NodeHost, lo_ns: str) 
     address = ask("dig-me.local", "A", expect="127.0.0.1")
     assert "A\t127.0.0.1" in address, address
     txt = ask("dig-me._edge-node._tcp.local", "TXT", expect="round=12")
-    for item in ("v=1.0", "id=dig-me", f"fleet={FLEET}", "arch=", "tier=unknown", "density=1.0", "round=12", "fp="):
+    expected = (f"v={PROTOCOL_VERSION}", "id=dig-me", f"fleet={FLEET}", "arch=", "tier=unknown", "density=1.0")
+    for item in (*expected, "round=12", "fp="):
         assert f'"{item}"' in txt, txt
 
 

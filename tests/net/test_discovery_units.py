@@ -13,10 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_node.cli._app import main
+from edge_node.cli.peers import DEFAULT_MAX_PEERS as CLI_DEFAULT_MAX_PEERS
 from edge_node.cli.peers import DEFAULT_TTL_S as CLI_DEFAULT_TTL_S
-from edge_node.cli.peers import format_table
+from edge_node.cli.peers import format_static, format_table
 from edge_node.errors import ConfigError, DiscoveryError
 from edge_node.net.discovery import (
+    DEFAULT_MAX_PEERS,
     DEFAULT_TTL_S,
     TXT_KEYS,
     MdnsDiscovery,
@@ -31,11 +33,12 @@ from edge_node.net.discovery import (
     read_peers_file,
     resolve_interfaces,
 )
-from edge_node.net.discovery.mdns import _usable_order, parse_default_routes
+from edge_node.net.discovery.mdns import parse_default_routes
+from edge_node.net.discovery.peer_book import usable_order as _usable_order
 from edge_node.protocol import PROTOCOL_VERSION, protocol_major
 
 FIELDS = TxtFields(
-    protocol_version="1.0",
+    protocol_version=PROTOCOL_VERSION,
     node_id="pi-07",
     fleet="lab",
     arch="cnn:10:3f2a",
@@ -227,12 +230,19 @@ def test_format_table_lists_the_operator_columns() -> None:
     assert row2.split()[0] == "pi-2"
 
 
+def test_format_static_prints_peers_in_the_syntax_of_peers_files() -> None:
+    peers = [_peer("pi-1"), _peer("pi-2", addresses=["fd00::4", "10.0.0.9"], port=7002)]
+    text = format_static(peers)
+    assert text.splitlines() == ["pi-1@10.0.0.2:7000", "pi-2@[fd00::4]:7002"]
+    assert [str(p) for p in parse_peers(text.splitlines())] == text.splitlines()
+
+
 # -- static discovery ------------------------------------------------------------------------------
 def test_parse_peers_accepts_hosts_ipv4_and_bracketed_ipv6() -> None:
     assert parse_peers("pi-1.lan:7000, 10.0.0.3:7001,[fd00::4]:7002 10.0.0.3:7001") == [
-        ("pi-1.lan", 7000),
-        ("10.0.0.3", 7001),
-        ("fd00::4", 7002),
+        ("pi-1.lan", 7000, None),
+        ("10.0.0.3", 7001, None),
+        ("fd00::4", 7002, None),
     ]
 
 
@@ -247,7 +257,12 @@ def test_parse_peers_refuses_bad_items_quoting_them(spec: str) -> None:
 def test_peers_file_with_comments(tmp_path: Path) -> None:
     path = tmp_path / "peers.txt"
     path.write_text("# the lab fleet\npi-1:7000\n\n10.0.0.3:7001  # spare\n[fd00::4]:7002,pi-5:7000\n")
-    assert read_peers_file(path) == [("pi-1", 7000), ("10.0.0.3", 7001), ("fd00::4", 7002), ("pi-5", 7000)]
+    assert read_peers_file(path) == [
+        ("pi-1", 7000, None),
+        ("10.0.0.3", 7001, None),
+        ("fd00::4", 7002, None),
+        ("pi-5", 7000, None),
+    ]
     path.write_text("pi-1:7000\nnonsense\n")
     with pytest.raises(ConfigError, match="peers.txt.*nonsense"):
         read_peers_file(path)
@@ -357,6 +372,7 @@ def test_default_route_interfaces_from_recorded_route_tables() -> None:
 def test_protocol_version_and_defaults_agree() -> None:
     assert protocol_major(PROTOCOL_VERSION) == 1
     assert CLI_DEFAULT_TTL_S == DEFAULT_TTL_S
+    assert CLI_DEFAULT_MAX_PEERS == DEFAULT_MAX_PEERS
 
 
 # -- CLI argument errors (exit 2, one line, nothing opened) ----------------------------------------
@@ -364,6 +380,8 @@ def test_protocol_version_and_defaults_agree() -> None:
     ("argv", "message"),
     [
         (["--timeout", "1", "--watch"], "--timeout and --watch exclude each other"),
+        (["--json", "--static"], "--json and --static exclude each other"),
+        (["--max-peers", "0"], "--max-peers"),
         (["--announce", "A", "--fleet", "lab"], "--announce needs --fleet ID and --port P"),
         (["--port", "7000"], "--port is only used with --announce"),
         (["--interface", "no-such-nic0", "--timeout", "1"], "no-such-nic0"),

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -23,13 +24,14 @@ from edge_node.net import (
     ServerLimits,
     create_server,
     hello,
+    pull_model,
     pull_models,
 )
 from edge_node.net import tls as tls_module
-from edge_node.wire import ModelSpec, ValueType, WireLimits, encode_model
+from edge_node.wire import DecodedModel, ModelSpec, ValueType, WireLimits, encode_model
 from edge_node.wire.messages import GET_MODEL_METHOD, GetModelRequest, ProtoModelChunk
 from tests import wire_models
-from tests.wire_models import find_tensor
+from tests.wire_models import find_tensor, kept_fraction
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "conv1.weight": (8, 3, 3, 3),
@@ -41,7 +43,7 @@ SHAPES: dict[str, tuple[int, ...]] = {
 }
 SPEC = ModelSpec("tiny", 10, SHAPES)
 FLEET = "fleet-1"
-FAST = {"timeout_s": 5.0, "retries": 1, "backoff_s": 0.05, "insecure": True}
+FAST = {"deadline_s": 5.0, "retries": 1, "backoff_s": 0.05, "insecure": True}
 
 
 def random_model(seed: int, density: float = 0.5) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -50,7 +52,7 @@ def random_model(seed: int, density: float = 0.5) -> tuple[dict[str, torch.Tenso
 
 def snapshot(node_id: str, seed: int, round: int = 3) -> ModelSnapshot:
     weights, masks = random_model(seed)
-    return ModelSnapshot(weights, masks, round, 0.5, node_id, FLEET, SPEC.arch_id, "t2")
+    return ModelSnapshot(weights, masks, round, kept_fraction(masks), node_id, FLEET, SPEC.arch_id, "t2")
 
 
 @contextlib.contextmanager
@@ -80,8 +82,9 @@ def good_and_bad(bad_messages: list[ProtoModelChunk] | None = None) -> Iterator[
 def crafted(mutate) -> list[ProtoModelChunk]:
     weights, masks = random_model(2)
     messages = encode_model(
-        SPEC, weights, masks, node_id="bad", fleet_id=FLEET, round=3, density=0.5, max_message_bytes=4096
-    )
+        SPEC, weights, masks, node_id="bad", fleet_id=FLEET, round=3, density=kept_fraction(masks),
+        max_message_bytes=4096,
+    )  # fmt: skip
     messages = [ProtoModelChunk.FromString(m.SerializeToString()) for m in messages]
     return mutate(messages) or messages
 
@@ -127,20 +130,23 @@ def _halfway(ms):
 BAD_STREAMS = {
     "truncated bitmap": (
         _truncate_bitmap,
-        "WireDecodeError: message \\d+, tensor 'conv1.weight': bitmap has 26 bytes, expected 27",
+        "decode: WireDecodeError: message \\d+, tensor 'conv1.weight': bitmap has 26 bytes, expected 27",
     ),
-    "value count != bitmap": (_drop_value, "WireDecodeError: tensor 'fc2.weight': bitmap has \\d+ active elements but"),
-    "unknown tensor name": (_rename, "WireDecodeError: .*'head.bias': unknown tensor name"),
+    "value count != bitmap": (
+        _drop_value,
+        "decode: WireDecodeError: tensor 'fc2.weight': bitmap has \\d+ active elements but",
+    ),
+    "unknown tensor name": (_rename, "decode: WireDecodeError: .*'head.bias': unknown tensor name"),
     "wrong shape": (
         _reshape,
-        "WireDecodeError: .*'fc2.weight': shape \\(40, 10\\) does not match the model's \\(10, 40\\)",
+        "decode: WireDecodeError: .*'fc2.weight': shape \\(40, 10\\) does not match the model's \\(10, 40\\)",
     ),
-    "NaN values": (_nan, "WireDecodeError: tensor 'fc2.weight': 1 values are NaN or Inf"),
-    "Inf values": (_inf, "WireDecodeError: tensor 'conv1.bias': 1 values are NaN or Inf"),
-    "stream stops halfway": (_halfway, "WireDecodeError: stream ended after \\d+ of the \\d+ tensor messages"),
+    "NaN values": (_nan, "decode: WireDecodeError: tensor 'fc2.weight': 1 values are NaN or Inf"),
+    "Inf values": (_inf, "decode: WireDecodeError: tensor 'conv1.bias': 1 values are NaN or Inf"),
+    "stream stops halfway": (_halfway, "decode: WireDecodeError: stream ended after \\d+ of the \\d+ tensor messages"),
     "header from another fleet": (
         _other_fleet,
-        "HeaderMismatch: header: stream is from fleet 'fleet-2', expected 'fleet-1'",
+        "header: HeaderMismatch: header: stream is from fleet 'fleet-2', expected 'fleet-1'",
     ),
 }
 
@@ -152,7 +158,7 @@ def test_bad_stream_is_refused_and_receiver_untouched(case: str) -> None:
         result = pull_models(peers, SPEC, FLEET, **FAST)
         assert list(result.received) == ["good"]  # the round goes on with the peer that answered well
         assert list(result.failures) == ["bad"]
-        assert re.search(reason, result.failures["bad"]), result.failures
+        assert re.fullmatch(reason + ".*", str(result.failures["bad"])), result.failures
         again = pull_models(peers[1:], SPEC, FLEET, **FAST)  # and both servers keep serving
         assert list(again.received) == ["good"]
         assert hello(peers[0], insecure=True).node_id == "bad"
@@ -168,14 +174,15 @@ def test_bad_stream_is_refused_and_receiver_untouched(case: str) -> None:
 def test_oversize_message_is_refused_by_the_receiver() -> None:
     with good_and_bad() as (bad, peers):
         weights, masks = random_model(3)
+        density = kept_fraction(masks)
         bad.publish_messages(
-            encode_model(SPEC, weights, masks, node_id="bad", fleet_id=FLEET, round=1, density=0.5),
+            encode_model(SPEC, weights, masks, node_id="bad", fleet_id=FLEET, round=1, density=density),
             round=1,
-            density=0.5,
+            density=density,
         )
         result = pull_models(peers, SPEC, FLEET, limits=WireLimits(max_message_bytes=4096), **FAST)
-    assert result.failures["bad"].startswith("RESOURCE_EXHAUSTED"), result.failures
-    assert "larger than max" in result.failures["bad"]
+    assert result.failures["bad"].kind == "limit", result.failures
+    assert result.failures["bad"].detail.startswith("RESOURCE_EXHAUSTED") and "larger than max" in str(result.failures)
     assert list(result.received) == ["good"]  # small messages from the good peer pass the same limit
 
 
@@ -195,7 +202,8 @@ def test_pull_models_in_parallel_with_value_types_and_an_unreachable_peer() -> N
         result = pull_models(peers, SPEC, FLEET, node_id="me", **FAST)
         info = hello(peers[2], insecure=True)
     assert sorted(result.received) == ["n0", "n1", "n2"]
-    assert result.failures["dead"].startswith("UNAVAILABLE") and "after 2 attempts" in result.failures["dead"]
+    dead = result.failures["dead"]
+    assert dead.kind == "unreachable" and dead.detail.startswith("UNAVAILABLE") and "after 2 attempts" in dead.detail
     for server, snap in zip(servers, snaps, strict=True):
         model = result.received[server.node_id]
         assert model.header.round == snap.round and model.value_type is server.value_type
@@ -203,21 +211,24 @@ def test_pull_models_in_parallel_with_value_types_and_an_unreachable_peer() -> N
             expected = torch.where(snap.masks[name], snap.weights[name].to(server.value_type.torch_dtype).float(), 0.0)
             assert torch.equal(model.weights[name], expected)
             assert torch.equal(model.masks[name], snap.masks[name])
-    assert (info.node_id, info.fleet_id, info.arch_id, info.protocol_version) == ("n2", FLEET, SPEC.arch_id, "1.0")
+    assert (info.node_id, info.fleet_id, info.arch_id, info.protocol_version) == ("n2", FLEET, SPEC.arch_id, "1.1")
     assert (info.round, info.density, info.tier, info.has_model, info.value_type) == (
         2,
-        0.5,
+        snaps[2].density,
         "t2",
         True,
         ValueType.BFLOAT16,
     )
 
 
-def test_peer_without_snapshot_is_unavailable_and_retried() -> None:
-    with good_and_bad() as (_bad, peers):
+def test_peer_without_snapshot_is_not_ready_at_once() -> None:
+    with good_and_bad() as (bad, peers):
         assert hello(peers[0], insecure=True).has_model is False
+        start = time.monotonic()
         result = pull_models(peers, SPEC, FLEET, **FAST)
-    assert result.failures["bad"] == "UNAVAILABLE: no model published yet after 2 attempts"
+        assert time.monotonic() - start < 2.0  # the latest model of a peer that has none: no waiting
+        assert bad.refusals() == {"not-ready": 1}
+    assert str(result.failures["bad"]) == "not-ready: NOT_FOUND: no model published yet (latest none)"
     assert list(result.received) == ["good"]
 
 
@@ -227,10 +238,10 @@ def test_deadline_bounds_a_peer_that_never_answers() -> None:
         silent.listen(8)
         peer = PeerAddress("silent", "127.0.0.1", silent.getsockname()[1])
         start = time.monotonic()
-        result = pull_models([peer], SPEC, FLEET, timeout_s=0.5, retries=1, backoff_s=0.05, insecure=True)
+        result = pull_models([peer], SPEC, FLEET, deadline_s=0.5, retries=1, backoff_s=0.05, insecure=True)
         elapsed = time.monotonic() - start
-    assert result.failures["silent"].startswith("DEADLINE_EXCEEDED") and "after 2 attempts" in result.failures["silent"]
-    assert elapsed < 4.0
+    assert result.failures["silent"].kind == "timeout", result.failures
+    assert elapsed < 0.5 + 1.0  # one deadline for the pull, retries included
 
 
 def _raw_get_model(port: int, request: GetModelRequest) -> grpc.RpcError:
@@ -250,11 +261,11 @@ def test_server_refuses_bad_requests_and_keeps_serving() -> None:
         peer = PeerAddress("srv", "127.0.0.1", port)
         other_fleet = pull_models([peer], SPEC, "fleet-2", **FAST)
         assert (
-            other_fleet.failures["srv"]
-            == "FAILED_PRECONDITION: caller's fleet 'fleet-2' is not this node's fleet 'fleet-1'"
+            str(other_fleet.failures["srv"])
+            == "refused: FAILED_PRECONDITION: caller's fleet 'fleet-2' is not this node's fleet 'fleet-1'"
         )
         other_arch = pull_models([peer], ModelSpec("tiny", 100, SHAPES), FLEET, **FAST)
-        assert other_arch.failures["srv"].startswith("FAILED_PRECONDITION: caller's architecture 'tiny/100/")
+        assert str(other_arch.failures["srv"]).startswith("refused: FAILED_PRECONDITION: caller's architecture 'tiny/1")
         good = {"protocol_version": "1.0", "fleet_id": FLEET, "arch_id": SPEC.arch_id}
         newer = _raw_get_model(port, GetModelRequest(**(good | {"protocol_version": "2.0"})))
         assert newer.code() is grpc.StatusCode.FAILED_PRECONDITION and "'2.0'" in newer.details()
@@ -262,6 +273,7 @@ def test_server_refuses_bad_requests_and_keeps_serving() -> None:
         assert huge.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         result = pull_models([peer], SPEC, FLEET, **FAST)  # still serving
         assert list(result.received) == ["srv"] and not result.failures
+        assert server.refusals() == {"fleet": 1, "arch": 1, "protocol": 1}
 
 
 def test_concurrent_pulls_see_whole_snapshots_while_publishing() -> None:
@@ -270,7 +282,7 @@ def test_concurrent_pulls_see_whole_snapshots_while_publishing() -> None:
 
     def publish(round: int) -> None:
         weights = {name: torch.full(shape, float(round)) for name, shape in SHAPES.items()}
-        server.publish(ModelSnapshot(weights, masks, round, 0.5, "pub", FLEET, SPEC.arch_id))
+        server.publish(ModelSnapshot(weights, masks, round, kept_fraction(masks), "pub", FLEET, SPEC.arch_id))
 
     publish(0)
     stop = threading.Event()
@@ -282,19 +294,23 @@ def test_concurrent_pulls_see_whole_snapshots_while_publishing() -> None:
             publish(round)
 
     with serving(server) as port:
+        peer = PeerAddress("pub", "127.0.0.1", port)
+
+        def pulls(caller: int) -> list[DecodedModel]:
+            return [pull_model(peer, SPEC, FLEET, node_id=f"caller{caller}", **FAST) for _ in range(3)]
+
         thread = threading.Thread(target=publisher)
         thread.start()
         try:
-            peers = [PeerAddress(f"pub{i}", "127.0.0.1", port) for i in range(4)]  # same server, 4 callers
-            seen = [pull_models(peers, SPEC, FLEET, max_workers=4, **FAST) for _ in range(3)]
+            with ThreadPoolExecutor(4) as pool:  # 4 callers at once, 3 pulls each
+                seen = [model for models in pool.map(pulls, range(4)) for model in models]
         finally:
             stop.set()
             thread.join(10)
-    for result in seen:
-        assert not result.failures
-        for model in result.received.values():
-            values = torch.cat([w[m] for w, m in zip(model.weights.values(), model.masks.values(), strict=True)])
-            assert bool((values == model.header.round).all())  # never a mix of two snapshots
+    assert len(seen) == 12
+    for model in seen:
+        values = torch.cat([w[m] for w, m in zip(model.weights.values(), model.masks.values(), strict=True)])
+        assert bool((values == model.header.round).all())  # never a mix of two snapshots
 
 
 def test_plaintext_needs_explicit_insecure_and_warns_once(monkeypatch, caplog) -> None:

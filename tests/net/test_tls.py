@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import shutil
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from cryptography.x509.oid import NameOID
 
 from edge_node.cli import app
-from edge_node.errors import TlsError
+from edge_node.errors import PeerUnreachable, TlsError
 from edge_node.net import (
     ModelSnapshot,
     PeerAddress,
@@ -29,9 +31,12 @@ from edge_node.net import (
     certificate_fingerprint,
     create_ca,
     create_server,
+    hello,
     issue_certificate,
+    pull_model,
     pull_models,
 )
+from edge_node.net import tls as tls_module
 from edge_node.wire import ModelSpec
 from edge_node.wire.messages import GET_MODEL_METHOD, GetModelRequest
 
@@ -61,7 +66,8 @@ def tls_server(tls: TlsConfig) -> Iterator[int]:
     gen = torch.Generator().manual_seed(0)
     weights = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
     masks = {n: torch.rand(s, generator=gen) < 0.5 for n, s in SHAPES.items()}
-    peer.publish(ModelSnapshot(weights, masks, 1, 0.5, "node-a", FLEET, SPEC.arch_id))
+    density = sum(int(m.sum()) for m in masks.values()) / sum(m.numel() for m in masks.values())
+    peer.publish(ModelSnapshot(weights, masks, 1, density, "node-a", FLEET, SPEC.arch_id))
     server, port = create_server("127.0.0.1:0", peer, tls=tls)
     server.start()
     try:
@@ -70,8 +76,8 @@ def tls_server(tls: TlsConfig) -> Iterator[int]:
         server.stop(None).wait(5)
 
 
-def raw_pull(port: int, credentials: grpc.ChannelCredentials | None) -> grpc.StatusCode | None:
-    """GetModel with hand-made credentials (None: plaintext); the status code, None on success."""
+def raw_pull(port: int, credentials: grpc.ChannelCredentials | None, node_id: str = "node-b") -> grpc.StatusCode | None:
+    """GetModel as ``node_id`` with hand-made credentials (None: plaintext); the status code, None on success."""
     options = [("grpc.ssl_target_name_override", "node-a")]
     target = f"127.0.0.1:{port}"
     channel = (
@@ -81,7 +87,7 @@ def raw_pull(port: int, credentials: grpc.ChannelCredentials | None) -> grpc.Sta
         call = channel.unary_stream(
             GET_MODEL_METHOD, request_serializer=GetModelRequest.SerializeToString, response_deserializer=bytes
         )
-        request = GetModelRequest(protocol_version="1.0", fleet_id=FLEET, arch_id=SPEC.arch_id)
+        request = GetModelRequest(protocol_version="1.0", node_id=node_id, fleet_id=FLEET, arch_id=SPEC.arch_id)
         try:
             list(call(request, timeout=5))
         except grpc.RpcError as exc:
@@ -109,7 +115,7 @@ def test_mutual_tls_pull_between_fleet_nodes(fleet: Path) -> None:
             SPEC,
             FLEET,
             tls=node_tls(fleet, "node-b"),
-            timeout_s=5,
+            deadline_s=5,
             retries=0,
         )
     assert list(result.received) == ["node-a"] and not result.failures
@@ -129,6 +135,9 @@ def test_clients_without_a_fleet_certificate_are_refused(fleet: Path) -> None:
             ca, (fleet / "node-b.key").read_bytes(), (fleet / "node-b.pem").read_bytes()
         )
         assert raw_pull(port, fleet_cert) is None  # and the server still serves its fleet
+        # ... when the node id in the request is its certificate's: node-b cannot pull as node-c
+        assert raw_pull(port, fleet_cert, node_id="node-c") is grpc.StatusCode.PERMISSION_DENIED
+        assert raw_pull(port, fleet_cert, node_id="") is grpc.StatusCode.PERMISSION_DENIED
 
 
 def test_client_refuses_server_of_another_node_or_ca(fleet: Path) -> None:
@@ -141,10 +150,13 @@ def test_client_refuses_server_of_another_node_or_ca(fleet: Path) -> None:
                 SPEC,
                 FLEET,
                 tls=node_tls(fleet, "node-a"),
-                timeout_s=5,
-                retries=0,
+                deadline_s=10,
+                retries=3,
+                backoff_s=2.0,
             )
-        assert not result.received and result.failures[expected_name].startswith("UNAVAILABLE")
+        failure = result.failures[expected_name]
+        assert failure.detail.count("UNAVAILABLE") == 1 and "attempts" not in failure.detail  # not retried
+        assert not result.received and failure.kind == "tls" and failure.detail.startswith("UNAVAILABLE"), failure
 
 
 def test_tls_config_checks_material_up_front(fleet: Path, tmp_path: Path) -> None:
@@ -181,3 +193,59 @@ def test_issue_needs_a_ca_key_that_signs_with_sha256() -> None:
     ed_ca, ed_key = _self_signed_ca(ed25519.Ed25519PrivateKey.generate(), None)
     with pytest.raises(TlsError, match="Ed25519PrivateKey, which cannot sign certificates with SHA-256"):
         issue_certificate(ed_ca, ed_key, "node-a")
+
+
+def test_a_peer_reached_by_ip_address_is_verified_by_its_node_id(fleet: Path) -> None:
+    # Static peers are configured by address (ID@HOST:PORT): the TLS name checked is the node id, never the host.
+    with tls_server(node_tls(fleet, "node-a")) as port:
+        model = pull_model(PeerAddress("node-a", "127.0.0.1", port), SPEC, FLEET, tls=node_tls(fleet, "node-b"))
+        assert model.header.node_id == "node-a"
+        with pytest.raises(PeerUnreachable) as caught:  # a host:port entry has no node id to verify
+            pull_model(PeerAddress(f"127.0.0.1:{port}", "127.0.0.1", port), SPEC, FLEET, tls=node_tls(fleet, "node-b"))
+        assert caught.value.kind == "identity" and "Hello it first" in str(caught.value)
+
+
+def test_advertised_fingerprint_is_checked_against_the_presented_certificate(fleet: Path, monkeypatch) -> None:
+    handshakes = []
+    real = tls_module.presented_fingerprint
+
+    def counting(*args, **kwargs):
+        handshakes.append(args[1:4])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tls_module, "presented_fingerprint", counting)
+    tls_module.forget_fingerprints()
+    client = node_tls(fleet, "node-b")
+    right = certificate_fingerprint((fleet / "node-a.pem").read_bytes())
+    wrong = certificate_fingerprint((fleet / "node-b.pem").read_bytes())
+    with tls_server(node_tls(fleet, "node-a")) as port:
+        good = PeerAddress("node-a", "127.0.0.1", port, expected_fingerprint=right)
+        for _ in range(2):
+            result = pull_models([good], SPEC, FLEET, tls=client, deadline_s=5)
+            assert list(result.received) == ["node-a"], result.failures
+        assert hello(good, tls=client).node_id == "node-a"
+        assert len(handshakes) == 1  # checked once, then remembered
+        for advertised, words in ((wrong, "presents certificate " + right), ("sha256:zz", "not sha256:<64 hex")):
+            peer = PeerAddress("node-a", "127.0.0.1", port, expected_fingerprint=advertised)
+            start = time.monotonic()
+            result = pull_models([peer], SPEC, FLEET, tls=client, deadline_s=5, retries=3)
+            assert time.monotonic() - start < 2.0
+            failure = result.failures["node-a"]
+            assert failure.kind == "identity" and words in failure.detail, failure
+            with pytest.raises(PeerUnreachable) as caught:
+                hello(peer, tls=client)
+            assert caught.value.kind == "identity"
+    tls_module.forget_fingerprints()
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_a_private_key_readable_by_others_is_refused_like_ssh(fleet: Path, tmp_path: Path, mode: int) -> None:
+    key = tmp_path / "node-a.key"
+    shutil.copyfile(fleet / "node-a.key", key)
+    key.chmod(mode)
+    with pytest.raises(TlsError, match=f"permissions {mode:04o}.*chmod 600"):
+        TlsConfig.from_files(fleet / "ca.pem", fleet / "node-a.pem", key)
+    with pytest.raises(TlsError, match="chmod 600"):
+        TlsConfig(fleet / "ca.pem", fleet / "node-a.pem", key)  # type: ignore[arg-type]
+    key.chmod(0o600)
+    assert TlsConfig.from_files(fleet / "ca.pem", fleet / "node-a.pem", key).node_names == ["node-a"]

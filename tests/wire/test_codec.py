@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from edge_node.errors import HeaderMismatch, WireDecodeError, WireLimitError
+from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
 from edge_node.wire import (
+    ModelDecoder,
     ModelSpec,
     ValueType,
     WireLimits,
@@ -19,7 +20,7 @@ from edge_node.wire import (
 )
 from edge_node.wire.messages import ProtoModelChunk
 from tests import wire_models
-from tests.wire_models import find_tensor
+from tests.wire_models import find_tensor, kept_fraction
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "conv1.weight": (8, 3, 3, 3),
@@ -39,7 +40,8 @@ def random_model(seed: int, density: float = 0.5) -> tuple[dict[str, torch.Tenso
 
 
 def encode(weights, masks, **kwargs) -> list[ProtoModelChunk]:
-    args = {"node_id": "node-a", "fleet_id": "fleet-1", "round": 7, "density": 0.5} | kwargs
+    full = {name: masks.get(name, torch.ones(shape, dtype=torch.bool)) for name, shape in SHAPES.items()}
+    args = {"node_id": "node-a", "fleet_id": "fleet-1", "round": 7, "density": kept_fraction(full)} | kwargs
     return encode_model(SPEC, weights, masks, **args)
 
 
@@ -56,7 +58,7 @@ def test_round_trip_restores_masked_weights_and_masks() -> None:
         assert torch.equal(model.weights[name], torch.where(masks[name], weights[name], 0.0))
         assert model.weights[name].dtype == torch.float32
     assert (model.header.node_id, model.header.fleet_id, model.header.round) == ("node-a", "fleet-1", 7)
-    assert model.header.arch_id == SPEC.arch_id and model.header.density == 0.5
+    assert model.header.arch_id == SPEC.arch_id and model.header.density == kept_fraction(masks)
 
 
 def test_bitmap_is_little_endian_row_major_and_values_in_order() -> None:
@@ -65,11 +67,13 @@ def test_bitmap_is_little_endian_row_major_and_values_in_order() -> None:
     mask = torch.zeros(shape, dtype=torch.bool)
     mask[0, 0] = mask[0, 3] = mask[1, 7] = True  # flat indices 0, 3, 15
     weight = torch.arange(16, dtype=torch.float32).reshape(shape)
-    (header, body) = encode_model(spec, {"w": weight}, {"w": mask}, node_id="n", fleet_id="f", round=0, density=0.2)
+    (header, body) = encode_model(
+        spec, {"w": weight}, {"w": mask}, node_id="n", fleet_id="f", round=0, density=3 / 16
+    )
     tensor = body.tensors[0]
     assert tensor.bitmap == bytes([0b0000_1001, 0b1000_0000])
     assert np.frombuffer(tensor.values, "<f4").tolist() == [0.0, 3.0, 15.0]
-    assert tensor.nnz == 3 and not tensor.dense and header.header.protocol_version == "1.0"
+    assert tensor.nnz == 3 and not tensor.dense and header.header.protocol_version == "1.1"
 
 
 def test_all_true_mask_and_missing_mask_go_dense_without_bitmap() -> None:
@@ -101,7 +105,7 @@ def test_messages_respect_budget_and_large_tensors_split(value_type: ValueType) 
 @pytest.mark.parametrize("budget", [SMALL, 9000, 1 << 20])
 def test_encoded_model_size_is_exact(value_type: ValueType, density: float, budget: int) -> None:
     weights, masks = random_model(int(density * 100) + budget, density)
-    header = {"node_id": "a-rather-long-node-name", "fleet_id": "f", "round": 300, "density": density}
+    header = {"node_id": "a-rather-long-node-name", "fleet_id": "f", "round": 300, "density": kept_fraction(masks)}
     messages = encode(weights, masks, value_type=value_type, max_message_bytes=budget, **header)
     nnz = {name: int(m.sum()) for name, m in masks.items()}
     size = encoded_model_size(SPEC, nnz, value_type, budget, **header)
@@ -114,8 +118,9 @@ def test_encoded_model_size_dense_tensors_need_no_count() -> None:
     for name in dense:
         del masks[name]
     nnz = {name: int(m.sum()) for name, m in masks.items()}
+    full = {name: masks.get(name, torch.ones(SHAPES[name], dtype=torch.bool)) for name in SHAPES}
     size = encoded_model_size(
-        SPEC, nnz, dense_tensors=dense, node_id="node-a", fleet_id="fleet-1", round=7, density=0.5
+        SPEC, nnz, dense_tensors=dense, node_id="node-a", fleet_id="fleet-1", round=7, density=kept_fraction(full)
     )
     assert size == sum(m.ByteSize() for m in encode(weights, masks))
     with pytest.raises(ValueError, match="conv1.bias"):
@@ -261,6 +266,11 @@ def test_decode_refuses_other_fleet_architecture_and_protocol() -> None:
     newer_minor = copies(messages)
     newer_minor[0].header.protocol_version = "1.7"
     assert decode_model(newer_minor, SPEC, "fleet-1").header.protocol_version == "1.7"
+    for bad in ("1.1\n", "\u0661.1", "1.\uff11", " 1.1", "1.1.1", "1", "999999.1"):  # \d and $ would pass some
+        odd = copies(messages)
+        odd[0].header.protocol_version = bad
+        with pytest.raises(HeaderMismatch, match="not of the form MAJOR.MINOR"):
+            decode_model(odd, SPEC, "fleet-1")
 
 
 def test_decode_enforces_limits() -> None:
@@ -287,3 +297,57 @@ def test_model_spec_arch_id_hashes_names_and_shapes() -> None:
     assert ValueType.parse("bf16") is ValueType.BFLOAT16 and ValueType.parse("fp16").itemsize == 2
     with pytest.raises(ValueError, match="value_type='int8'"):
         ValueType.parse("int8")
+
+
+@pytest.mark.parametrize("budget", [4096, 9000, 1 << 20])
+def test_limits_for_spec_admit_every_valid_stream_and_little_more(budget: int) -> None:
+    limits = WireLimits.for_spec(SPEC)
+    dense_fp32 = SPEC.total_numel * 4
+    assert limits.max_total_bytes <= dense_fp32 * 1.15 + (64 << 10) + 1024
+    for density in (0.0, 0.3, 0.99, 1.0):
+        for value_type in ValueType:
+            weights, masks = random_model(int(density * 1000) + budget, density)
+            if density == 0.99:  # all but one weight of every tensor: the largest sparse encoding
+                for mask in masks.values():
+                    mask.fill_(True).view(-1)[0] = False
+            long_ids = {"node_id": "n" * 63, "fleet_id": "f" * 255, "round": 10**15 - 1}
+            messages = encode(weights, masks, value_type=value_type, max_message_bytes=budget, **long_ids)
+            assert sum(m.ByteSize() for m in messages) <= limits.max_total_bytes
+            assert sum(len(m.tensors) for m in messages) <= limits.max_chunks
+            assert max(m.ByteSize() for m in messages) <= limits.max_message_bytes
+            decode_model(messages, SPEC, "f" * 255)  # the default limits are these
+
+
+def test_decoder_is_complete_at_the_announced_message_count() -> None:
+    weights, masks = random_model(11)
+    messages = [m.SerializeToString() for m in encode(weights, masks, max_message_bytes=SMALL)]
+    decoder = ModelDecoder(SPEC, "fleet-1", expected_node_id="node-a", expected_round=7)
+    for i, raw in enumerate(messages):
+        assert not decoder.complete
+        decoder.feed(raw)
+        assert decoder.complete == (i == len(messages) - 1)
+    assert decoder.finish().header.round == 7
+
+
+def test_decoder_refuses_what_a_canonical_sender_never_sends() -> None:
+    weights, masks = random_model(12)
+    messages = [m.SerializeToString() for m in encode(weights, masks, max_message_bytes=SMALL)]
+    with pytest.raises(WireDecodeError, match="message 1: unknown field number\\(s\\) \\[15\\]"):
+        decode_model([messages[0], messages[1] + b"\x78\x01", *messages[2:]], SPEC, "fleet-1")
+    tensor = ProtoModelChunk.FromString(messages[1]).tensors[0].SerializeToString()
+    inner = tensor + b"\xa0\x06\x01"  # field 100 (varint 1) inside the tensor
+    padded_tensor = b"\x12" + bytes([len(inner) & 0x7F | 0x80, len(inner) >> 7]) + inner
+    with pytest.raises(WireDecodeError, match="tensor 'conv1.weight': unknown field number\\(s\\) \\[100\\]"):
+        decode_model([messages[0], padded_tensor], SPEC, "fleet-1")
+    with pytest.raises(WireDecodeError, match="non-canonically encoded"):
+        decode_model([messages[0] + messages[0], *messages[1:]], SPEC, "fleet-1")  # the header field twice
+    with pytest.raises(PeerIdentityMismatch, match="from node 'node-a', but it was pulled from 'node-b'"):
+        decode_model(messages, SPEC, "fleet-1", expected_node_id="node-b")
+    with pytest.raises(HeaderMismatch, match="round 7, round 8 was asked for"):
+        decode_model(messages, SPEC, "fleet-1", expected_round=8)
+    lying = copies([ProtoModelChunk.FromString(m) for m in messages])
+    lying[0].header.density = 0.9
+    with pytest.raises(HeaderMismatch, match="density 0.9, but the masks keep 0.5"):
+        decode_model(lying, SPEC, "fleet-1")
+    with pytest.raises(ValueError, match="density=0.9 but the masks keep"):
+        encode(weights, masks, density=0.9)

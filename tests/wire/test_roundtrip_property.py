@@ -38,13 +38,17 @@ def models(draw):
 def test_round_trip_is_bit_exact_and_size_is_exact(model) -> None:
     weights, masks, value_type, budget = model
     spec = ModelSpec.from_tensors("prop", 3, weights)
+    total = sum(m.numel() for m in masks.values())
+    density = sum(int(m.sum()) for m in masks.values()) / total if total else 0.5
     messages = encode_model(
-        spec, weights, masks, node_id="n1", fleet_id="f", round=5, density=0.5,
+        spec, weights, masks, node_id="n1", fleet_id="f", round=5, density=density,
         value_type=value_type, max_message_bytes=budget,
     )  # fmt: skip
     assert all(m.ByteSize() <= budget for m in messages)
     nnz = {name: int(mask.sum()) for name, mask in masks.items()}
-    predicted = encoded_model_size(spec, nnz, value_type, budget, node_id="n1", fleet_id="f", round=5, density=0.5)
+    predicted = encoded_model_size(
+        spec, nnz, value_type, budget, node_id="n1", fleet_id="f", round=5, density=density
+    )
     assert predicted == sum(len(m.SerializeToString()) for m in messages)
     decoded = decode_model([m.SerializeToString() for m in messages], spec, "f")
     assert decoded.wire_bytes == predicted

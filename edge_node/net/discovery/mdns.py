@@ -1,16 +1,24 @@
 """mDNS / DNS-SD discovery on python-zeroconf: advertise this node, browse for peers, keep the table live.
 
 The node is ``<node-id>._edge-node._tcp.local.`` with SRV/A(AAAA) records for ``<node-id>.local.`` and
-the TXT keys of :mod:`edge_node.net.discovery.txt`. A worker thread reconciles the peer table with
-zeroconf's record cache on every browser event and every ``sweep_interval_s``:
+the TXT keys of :mod:`edge_node.net.discovery.txt`. zeroconf receives and parses the packets and
+answers for this node; every record it receives is handed (on its event loop, O(1) work per record)
+to a bounded :class:`~edge_node.net.discovery.peer_book.PeerBook`, and a worker thread sweeps the
+book every ``sweep_interval_s`` or when it changed:
 
-* a peer is listed while its SRV record is live and its TXT parses and passes the filter;
-* a goodbye (TTL 0) removes it at once (the browser reports it);
-* a crashed peer is removed when its SRV record expires. Receivers stretch PTR TTLs to at least
-  1125 s (zeroconf's guard against refresh floods), so the SRV record, which keeps the advertiser's
-  TTL, is what bounds the time a dead peer stays listed. Live peers are kept by re-querying their
-  SRV/TXT from half of the TTL on (RFC 6762 5.2 does the same from 80 %); any node's query refreshes
-  every cache on the link, so the traffic does not grow with the number of listeners.
+* a peer is listed while its SRV record is live and its TXT parses and passes the filter (fleet,
+  protocol major, architecture) and it has a usable unicast address (by default in one of the
+  node's own subnets) and port;
+* a goodbye (TTL 0) removes it at once;
+* a crashed peer is removed when its SRV record expires. Live peers are kept by re-querying their
+  SRV/TXT/address from half of the TTL on (RFC 6762 5.2 does the same from 80 %); any node's query
+  refreshes every listener on the link, so the traffic does not grow with the number of listeners.
+
+A hostile network cannot grow the work or the memory: the book tracks at most ``max_peers`` names
+(peers that answered pulls, see :meth:`MdnsDiscovery.record_pull`, are never evicted for
+newcomers), resolves at most ``max_pending`` names at a time with per-name backoff, and every query
+this node sends (resolve, refresh, browse) spends a token of one budget of ``query_rate`` per
+second. Refusals are counted by reason (:meth:`MdnsDiscovery.refusals`).
 
 Own TXT changes (``update``) are coalesced and re-announced at most once per ``min_update_interval_s``.
 """
@@ -21,8 +29,6 @@ import asyncio
 import concurrent.futures
 import ipaddress
 import logging
-import math
-import queue
 import random
 import socket
 import threading
@@ -33,14 +39,11 @@ from pathlib import Path
 import psutil
 from zeroconf import (
     DNSOutgoing,
-    DNSPointer,
-    DNSQuestion,
-    DNSService,
     IPVersion,
     NonUniqueNameException,
-    ServiceBrowser,
+    RecordUpdate,
+    RecordUpdateListener,
     ServiceInfo,
-    ServiceStateChange,
     Zeroconf,
     current_time_millis,
 )
@@ -49,7 +52,21 @@ from zeroconf import (
 )
 
 from edge_node.errors import ConfigError, DiscoveryError
-from edge_node.net.discovery.peer_table import Discovery, PeerInfo
+from edge_node.net.discovery.bounds import AddressPolicy, TokenBucket
+from edge_node.net.discovery.peer_book import (
+    DEFAULT_COOLDOWN_S,
+    DEFAULT_EVICT_AFTER_FAILURES,
+    DEFAULT_MAX_PEERS,
+    DEFAULT_MAX_PENDING,
+    DEFAULT_PROVEN_FOR_S,
+    DEFAULT_QUERY_BURST,
+    DEFAULT_QUERY_RATE,
+    SERVICE_TYPE,
+    BookLimits,
+    PeerBook,
+    Sweep,
+)
+from edge_node.net.discovery.peer_table import Discovery
 from edge_node.net.discovery.txt import (
     TxtFields,
     check_arch,
@@ -62,30 +79,20 @@ from edge_node.net.discovery.txt import (
     check_round,
     check_tier,
     encode_txt,
-    parse_txt,
 )
 from edge_node.protocol import PROTOCOL_VERSION
 
 _LOGGER = logging.getLogger(__name__)
 
-SERVICE_TYPE = "_edge-node._tcp.local."
 DEFAULT_TTL_S = 120  # RFC 6762's TTL for host records; a crashed peer is listed at most this long
 DEFAULT_MIN_UPDATE_INTERVAL_S = 5.0  # at most one TXT re-announcement per this many seconds
 MAX_TTL_S = 4500  # RFC 6762's TTL for other records
-_RESOLVE_TIMEOUT_MS = 3000  # how long one attempt to fetch a new peer's SRV/TXT/A waits
-_REFRESH_FROM = 0.5  # fraction of a peer's TTL after which its records are re-queried
-_REFRESH_EVERY = 0.1  # ... and again every this fraction of the TTL until they are fresh
-_MIN_QUERY_GAP_S = 0.5  # never query one peer more often than this
 _STOP_TIMEOUT_S = 5.0  # bound on joining the worker thread at stop()
-
-# DNS numbers (RFC 1035, 2782, 3596): zeroconf keeps its constants private.
-_TYPE_A = 1
-_TYPE_PTR = 12
-_TYPE_TXT = 16
-_TYPE_AAAA = 28
-_TYPE_SRV = 33
-_CLASS_IN = 1
-_FLAGS_QUERY = 0x0000
+_MIN_SWEEP_GAP_S = 0.05  # sweeps woken by records come at most this often (a flood wakes it per packet)
+_BROWSE_AT_S = (1.0, 4.0, 9.0)  # after the first browse (20-120 ms after start), as zeroconf's browser does
+_BROWSE_EVERY_S = 900.0  # then once per this (finds peers whose announcement was lost)
+_ROOM_BROWSE_GAP_S = 30.0  # and, after newcomers were refused for room, once the table has room again
+_SUMMARY_EVERY_S = 60.0  # refusals are summarised in the log at most this often
 
 
 def parse_default_routes(route_table: str, *, ipv6: bool = False) -> list[str]:
@@ -156,25 +163,6 @@ def _ip_version(addresses: Sequence[str]) -> IPVersion:
     return IPVersion.All
 
 
-def _usable_order(addresses: list[str], scope: str | None = None) -> list[str]:
-    """Routable addresses first (IPv4 before IPv6), link-local ones last, scoped with ``%scope``.
-
-    An IPv6 link-local address is only usable with the interface it was seen on; ``scope`` is that
-    interface when discovery runs on one. A stable order also keeps a refresh, whose records zeroconf
-    lists newest first, from looking like an update.
-    """
-
-    def scoped(address: str) -> str:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-        return f"{ip}%{scope}" if ip.version == 6 and ip.is_link_local and "%" not in address and scope else address
-
-    def key(address: str) -> tuple[bool, int, str]:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-        return (ip.is_link_local, ip.version, address)
-
-    return sorted(dict.fromkeys(scoped(a) for a in addresses), key=key)
-
-
 def _interface_of(addresses: Sequence[str]) -> str | None:
     """The one interface holding all the given IPv6 addresses, or None (none, or several)."""
     wanted = {ipaddress.ip_address(a) for a in addresses if ipaddress.ip_address(a).version == 6}
@@ -186,6 +174,28 @@ def _interface_of(addresses: Sequence[str]) -> str | None:
             if nic_addr.family == socket.AF_INET6 and ipaddress.ip_address(nic_addr.address.split("%", 1)[0]) in wanted:
                 owners.add(name)
     return owners.pop() if len(owners) == 1 else None
+
+
+class _BookListener(RecordUpdateListener):
+    """Hands every record zeroconf receives to the book (on zeroconf's loop) and wakes the worker."""
+
+    def __init__(self, book: PeerBook, wake: threading.Event) -> None:
+        super().__init__()
+        self._book = book
+        self._wake = wake
+
+    def async_update_records(self, zc: Zeroconf, now: float, records: list[RecordUpdate]) -> None:
+        try:
+            changed = self._book.observe([update.new for update in records], now)
+        except Exception:  # never break zeroconf's record processing
+            self._book.refusals.add("error")
+            _LOGGER.exception("mDNS records could not be taken in; skipped")
+            return
+        if changed:
+            self._wake.set()
+
+    def async_update_records_complete(self) -> None:
+        return None
 
 
 class MdnsDiscovery(Discovery):
@@ -201,7 +211,16 @@ class MdnsDiscovery(Discovery):
         ipv6: use IPv6 addresses of named interfaces (IPv4 by default).
         ttl_s: TTL of this node's records, so the time a crashed node stays in others' tables.
         min_update_interval_s: at most one TXT re-announcement per this many seconds.
-        sweep_interval_s: how often the table is reconciled with the cache; default from ``ttl_s``.
+        sweep_interval_s: how often the table is reconciled with the records; default from ``ttl_s``.
+        max_peers: the most peers tracked (listed or being checked); newcomers beyond it are refused.
+        max_pending: the most names at a time whose SRV/TXT/address are being asked for.
+        query_rate, query_burst: the budget of every query this node sends for discovery (packets
+            per second, and how many may be saved up); PTR floods never make it query faster.
+        allowed_subnets: CIDR subnets peers' addresses must be in (replaces ``own_subnets_only``).
+        own_subnets_only: list only peers with an address in the subnets of the bound interfaces.
+        evict_after_failures: failed pulls in a row that make an unproven listed peer evictable.
+        proven_for_s: how long a successful pull protects a peer from eviction.
+        cooldown_s: how long a name dropped as unresolved, evicted or broken is ignored.
     """
 
     def __init__(
@@ -221,6 +240,15 @@ class MdnsDiscovery(Discovery):
         min_update_interval_s: float = DEFAULT_MIN_UPDATE_INTERVAL_S,
         sweep_interval_s: float | None = None,
         protocol_version: str = PROTOCOL_VERSION,
+        max_peers: int = DEFAULT_MAX_PEERS,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        query_rate: float = DEFAULT_QUERY_RATE,
+        query_burst: int = DEFAULT_QUERY_BURST,
+        allowed_subnets: Sequence[str] | None = None,
+        own_subnets_only: bool = True,
+        evict_after_failures: int = DEFAULT_EVICT_AFTER_FAILURES,
+        proven_for_s: float = DEFAULT_PROVEN_FOR_S,
+        cooldown_s: float = DEFAULT_COOLDOWN_S,
     ) -> None:
         check_protocol_version(protocol_version)
         if fleet is not None:
@@ -240,13 +268,28 @@ class MdnsDiscovery(Discovery):
             sweep_interval_s = min(2.0, max(0.25, ttl_s / 8))
         if not (isinstance(sweep_interval_s, (int, float)) and 0.05 <= sweep_interval_s <= 60):
             raise ConfigError(f"sweep_interval_s={sweep_interval_s!r} must be in [0.05, 60]")
+        if not isinstance(own_subnets_only, bool):
+            raise ConfigError(f"own_subnets_only={own_subnets_only!r} must be true or false")
+        self.limits = BookLimits(
+            max_peers=max_peers,
+            max_pending=max_pending,
+            evict_after_failures=evict_after_failures,
+            proven_for_s=proven_for_s,
+            cooldown_s=cooldown_s,
+        )
+        TokenBucket(query_rate, query_burst)  # checks both values here, at the entry
         super().__init__(fleet=fleet, arch=arch or None, protocol_version=protocol_version)
         self.node_id = node_id
         self.port = port
         self.ttl_s = ttl_s
         self.min_update_interval_s = float(min_update_interval_s)
         self.sweep_interval_s = float(sweep_interval_s)
+        self.query_rate = float(query_rate)
+        self.query_burst = query_burst
         self.addresses = resolve_interfaces(interfaces, ipv6=ipv6)
+        self.policy = AddressPolicy.for_addresses(
+            self.addresses, allowed_subnets=allowed_subnets, own_subnets_only=own_subnets_only
+        )
         self._ipv6_scope = _interface_of(self.addresses)
         self._fields: TxtFields | None = None
         if node_id is not None:
@@ -263,20 +306,28 @@ class MdnsDiscovery(Discovery):
             )
             encode_txt(self._fields)  # every value and the 255-byte limit, checked once here
         self._own_name = f"{node_id}.{SERVICE_TYPE}" if node_id else None
+        self._book = self._new_book()
         self._zc: Zeroconf | None = None
-        self._browser: ServiceBrowser | None = None
+        self._listener: _BookListener | None = None
         self._info: ServiceInfo | None = None
         self._worker: threading.Thread | None = None
-        self._events: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+        self._wake = threading.Event()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._update_pending = False
         self._last_announce = 0.0
-        self._last_query: dict[str, float] = {}
-        self._last_resolve: dict[str, float] = {}
-        self._resolving: dict[str, concurrent.futures.Future[bool]] = {}
         self._announcing: concurrent.futures.Future[None] | None = None
-        self._rejected: dict[str, object] = {}
+        self._queries_sent = 0  # packets, all kinds (only the worker writes it)
+
+    def _new_book(self) -> PeerBook:
+        return PeerBook(
+            self.limits,
+            self.policy,
+            self._refusals,
+            own_name=self._own_name,
+            peer_filter=self.rejection_reason,
+            scope=self._ipv6_scope,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -294,7 +345,9 @@ class MdnsDiscovery(Discovery):
             raise DiscoveryError(f"cannot open mDNS sockets on {', '.join(self.addresses)}: {exc}") from exc
         self._stopping.clear()
         try:
-            self._browser = ServiceBrowser(self._zc, SERVICE_TYPE, handlers=[self._on_state_change])
+            self._book = self._new_book()
+            self._listener = _BookListener(self._book, self._wake)
+            self._zc.add_listener(self._listener, None)
             self._worker = threading.Thread(
                 target=self._run, name=f"edge-node-discovery-{self.node_id or 'browser'}", daemon=True
             )
@@ -329,18 +382,15 @@ class MdnsDiscovery(Discovery):
         if zc is None:
             return
         self._stopping.set()
-        self._events.put(("stop", ""))
+        self._wake.set()
         if self._worker is not None:
             self._worker.join(_STOP_TIMEOUT_S)
             if self._worker.is_alive():  # a daemon thread: it cannot keep the process from exiting
                 _LOGGER.warning("discovery worker did not end within %s s; stopping without it", _STOP_TIMEOUT_S)
             self._worker = None
-        if self._browser is not None:
-            self._browser.cancel()
-            self._browser = None
-        for future in list(self._resolving.values()):
-            future.cancel()
-        self._resolving.clear()
+        if self._listener is not None:
+            zc.remove_listener(self._listener)
+            self._listener = None
         if self._announcing is not None:
             self._announcing.cancel()  # queued on the loop before the goodbye below: no announcement after it
             self._announcing = None
@@ -353,6 +403,7 @@ class MdnsDiscovery(Discovery):
         zc.close()
         self._zc = None
         self._table.clear(notify=False)
+        self._book.clear()
 
     def update(
         self,
@@ -385,7 +436,21 @@ class MdnsDiscovery(Discovery):
                 return
             self._fields = new
             self._update_pending = True
-        self._events.put(("update", ""))
+        self._wake.set()
+
+    def record_pull(self, node_id: str, ok: bool) -> None:
+        """How a pull from ``node_id`` went: success proves the peer, failures make it evictable."""
+        if not isinstance(node_id, str) or not isinstance(ok, bool):
+            raise TypeError(f"record_pull(node_id={node_id!r}, ok={ok!r}) needs a str and a bool")
+        self._book.record_pull(node_id, ok)
+
+    def is_proven(self, node_id: str) -> bool:
+        """Whether ``node_id`` is listed and answered a pull within ``proven_for_s``."""
+        return self._book.is_proven(node_id)
+
+    def stats(self) -> dict[str, int]:
+        """Sizes of the book (``tracked``, ``listed``, ``pending``, ``cooldown``) and ``queries_sent`` (packets)."""
+        return {**self._book.sizes(), "queries_sent": self._queries_sent}
 
     # -- zeroconf glue -----------------------------------------------------------------------------
     def _service_info(self, fields: TxtFields) -> ServiceInfo:
@@ -401,47 +466,93 @@ class MdnsDiscovery(Discovery):
             parsed_addresses=list(self.addresses),
         )
 
-    def _on_state_change(
-        self, zeroconf: Zeroconf, service_type: str, name: str, state_change: ServiceStateChange
-    ) -> None:
-        """Browser thread: hand the event to the worker (never block zeroconf here)."""
-        kind = "removed" if state_change is ServiceStateChange.Removed else "changed"
-        self._events.put((kind, name))
-
     def _run(self) -> None:
-        """Worker thread: apply events, re-announce pending updates, reconcile the table."""
-        next_sweep = time.monotonic()
+        """Worker thread: re-announce pending updates, sweep the book, browse, summarise refusals."""
+        bucket = TokenBucket(self.query_rate, self.query_burst)
+        start = time.monotonic()
+        browse_at = [start + random.uniform(0.02, 0.12)]
+        browse_at += [browse_at[0] + offset for offset in _BROWSE_AT_S]
+        last_browse = -1e18
+        next_sweep = start
+        last_sweep = -1e18
+        last_summary = start
+        summarised = self._refusals.snapshot()
         while not self._stopping.is_set():
             now = time.monotonic()
-            wake = next_sweep
+            wake = min(next_sweep, browse_at[0] if browse_at else last_browse + _BROWSE_EVERY_S)
             if self._update_pending:
                 wake = min(wake, self._last_announce + self.min_update_interval_s)
-            try:
-                kind, name = self._events.get(timeout=max(0.0, wake - now))
-                batch = [(kind, name)]
-                while True:
-                    try:
-                        batch.append(self._events.get_nowait())
-                    except queue.Empty:
-                        break
-            except queue.Empty:
-                batch = []
+            woken = self._wake.wait(max(0.0, wake - now))
+            self._wake.clear()
             if self._stopping.is_set():
                 return
             try:
-                for kind, name in batch:
-                    if kind == "removed":
-                        self._remove(name, "said goodbye")
-                if self._update_pending and time.monotonic() >= self._last_announce + self.min_update_interval_s:
+                now = time.monotonic()
+                if self._update_pending and now >= self._last_announce + self.min_update_interval_s:
                     self._announce()
-                if time.monotonic() >= next_sweep or any(kind != "update" for kind, _ in batch):
-                    self._reconcile()
-                    next_sweep = time.monotonic() + self.sweep_interval_s
+                if now >= next_sweep or woken:
+                    if now - last_sweep >= _MIN_SWEEP_GAP_S:
+                        sweep = self._book.sweep(current_time_millis(), bucket)
+                        self._apply(sweep)
+                        last_sweep = now
+                        # at the interval, or sooner when a resolve, refresh or expiry falls due
+                        next_sweep = max(now + _MIN_SWEEP_GAP_S, min(now + self.sweep_interval_s, sweep.next_due_s))
+                    else:
+                        next_sweep = min(next_sweep, last_sweep + _MIN_SWEEP_GAP_S)
+                due = browse_at[0] if browse_at else last_browse + _BROWSE_EVERY_S
+                room = self._book.capacity_refusals > 0 and now - last_browse >= _ROOM_BROWSE_GAP_S
+                wanted = now >= due or (room and not browse_at and self._book.has_room())
+                if wanted and self._browse(bucket):
+                    last_browse = now
+                    if browse_at and now >= browse_at[0]:
+                        browse_at.pop(0)
+                if now - last_summary >= _SUMMARY_EVERY_S:
+                    summarised = self._summarise(summarised)
+                    last_summary = now
             except Exception:  # discovery must outlive one bad record or a closing zeroconf
                 if self._stopping.is_set():
                     return
                 _LOGGER.exception("discovery worker step failed; continuing")
                 next_sweep = time.monotonic() + self.sweep_interval_s
+
+    def _apply(self, sweep: Sweep) -> None:
+        for removal in sweep.removals:
+            if self._table.remove(removal.key) is not None:
+                _LOGGER.info("peer %s removed: %s", removal.node_id, removal.why)
+        for key, peer in sweep.upserts:
+            event = self._table.upsert(key, peer)
+            if event is not None:
+                _LOGGER.info("peer %s %s at %s (round %s)", peer.node_id, event.value, peer.endpoint, peer.round)
+        for out in sweep.queries:
+            self._send(out)
+
+    def _send(self, out: DNSOutgoing) -> None:
+        zc = self._zc
+        if zc is None:
+            return
+        self._queries_sent += len(out.packets())
+        zc.send(out)
+
+    def _browse(self, bucket: TokenBucket) -> bool:
+        """Ask for the service type (known answers: the listed peers) if the budget allows."""
+        out = self._book.browse_query(current_time_millis())
+        if not bucket.take(len(out.packets())):
+            self._refusals.add("query_budget")
+            return False
+        self._send(out)
+        return True
+
+    def _summarise(self, before: dict[str, int]) -> dict[str, int]:
+        now = self._refusals.snapshot()
+        delta = {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
+        if delta:
+            _LOGGER.info(
+                "discovery refused in the last %.0f s: %s (table %s)",
+                _SUMMARY_EVERY_S,
+                ", ".join(f"{k}={v}" for k, v in delta.items()),
+                self._book.sizes(),
+            )
+        return now
 
     def _announce(self) -> None:
         with self._lock:
@@ -467,123 +578,3 @@ class MdnsDiscovery(Discovery):
     async def _async_announce(zc: Zeroconf, info: ServiceInfo) -> None:
         broadcasts = await zc.async_update_service(info)
         await broadcasts
-
-    def _remove(self, name: str, why: str) -> None:
-        self._rejected.pop(name, None)
-        self._last_query.pop(name, None)
-        peer = self._table.remove(name)
-        if peer is not None:
-            _LOGGER.info("peer %s removed: %s", peer.node_id, why)
-
-    def _reconcile(self) -> None:
-        """Make the table match the live records in zeroconf's cache (thread-safe cache reads)."""
-        zc = self._zc
-        if zc is None:
-            return
-        cache = zc.cache
-        now_ms = current_time_millis()
-        names = {
-            record.alias
-            for record in cache.get_all_by_details(SERVICE_TYPE, _TYPE_PTR, _CLASS_IN)
-            if isinstance(record, DNSPointer) and not record.is_expired(now_ms)  # PTR: always a DNSPointer
-        }
-        known = names | set(self._table.keys())
-        for bookkeeping in (self._last_query, self._last_resolve, self._rejected):
-            for name in [n for n in bookkeeping if n not in known]:
-                del bookkeeping[name]
-        own = self._own_name.lower() if self._own_name else None
-        for name in known:
-            if name.lower() == own:
-                continue
-            srv = cache.get_by_details(name, _TYPE_SRV, _CLASS_IN)
-            if not isinstance(srv, DNSService) or srv.is_expired(now_ms):
-                if self._table.get(name) is not None:
-                    self._remove(name, "its records expired (TTL)")
-                elif name in names:
-                    self._resolve(name)
-                continue
-            self._maybe_refresh(zc, name, srv, now_ms)
-            info = ServiceInfo(SERVICE_TYPE, name)
-            if not info.load_from_cache(zc, now_ms):
-                self._resolve(name)  # TXT or address missing: ask; keep what we had meanwhile
-                continue
-            self._accept(name, info, srv.created)
-
-    def _accept(self, name: str, info: ServiceInfo, created_ms: float) -> None:
-        text = info.text
-        try:
-            fields = parse_txt(info.properties)
-            if f"{fields.node_id}.{SERVICE_TYPE}".lower() != name.lower():
-                raise DiscoveryError(f"TXT id={fields.node_id!r} does not match the instance name")
-        except DiscoveryError as exc:
-            if self._rejected.get(name) != text:
-                self._rejected[name] = text
-                _LOGGER.debug("ignoring advertisement %r with malformed TXT: %s", name, exc)
-            self._remove(name, "its TXT became malformed")
-            return
-        addresses = _usable_order(info.parsed_scoped_addresses(), self._ipv6_scope)
-        if not addresses or info.port is None:
-            return
-        age_s = max(0.0, (current_time_millis() - created_ms) / 1000.0)
-        peer = PeerInfo(
-            node_id=fields.node_id,
-            addresses=addresses,
-            port=info.port,
-            fleet=fields.fleet,
-            arch=fields.arch,
-            tier=fields.tier,
-            density=fields.density,
-            round=fields.round,
-            protocol_version=fields.protocol_version,
-            fingerprint=fields.fingerprint,
-            last_seen=time.monotonic() - age_s,
-        )
-        reason = self.rejection(peer)
-        if reason is not None:
-            if self._rejected.get(name) != text:
-                self._rejected[name] = text
-                _LOGGER.debug("ignoring peer %s: %s", fields.node_id, reason)
-            self._remove(name, reason)
-            return
-        self._rejected.pop(name, None)
-        event = self._table.upsert(name, peer)
-        if event is not None:
-            _LOGGER.info("peer %s %s at %s (round %s)", peer.node_id, event.value, peer.endpoint, peer.round)
-
-    def _maybe_refresh(self, zc: Zeroconf, name: str, srv: DNSService, now_ms: float) -> None:
-        """Re-query a peer's SRV/TXT/address once past half its TTL, so only dead peers expire."""
-        ttl_ms = srv.ttl * 1000.0
-        age_ms = now_ms - srv.created
-        if ttl_ms <= 0 or age_ms < ttl_ms * _REFRESH_FROM:
-            return
-        gap_s = max(_MIN_QUERY_GAP_S, srv.ttl * _REFRESH_EVERY)
-        now = time.monotonic()
-        if now - self._last_query.get(name, -math.inf) < gap_s * random.uniform(0.9, 1.0):
-            return
-        self._last_query[name] = now
-        out = DNSOutgoing(_FLAGS_QUERY)
-        out.add_question(DNSQuestion(name, _TYPE_SRV, _CLASS_IN))
-        out.add_question(DNSQuestion(name, _TYPE_TXT, _CLASS_IN))
-        server = srv.server
-        out.add_question(DNSQuestion(server, _TYPE_A, _CLASS_IN))
-        out.add_question(DNSQuestion(server, _TYPE_AAAA, _CLASS_IN))
-        zc.send(out)
-
-    def _resolve(self, name: str) -> None:
-        """Ask the network for a peer's SRV/TXT/address (at most one attempt in flight per peer)."""
-        zc = self._zc
-        if zc is None or zc.loop is None or name in self._resolving:
-            return
-        now = time.monotonic()
-        if now - self._last_resolve.get(name, -math.inf) < max(2.0, self.sweep_interval_s):
-            return
-        self._last_resolve[name] = now
-        info = ServiceInfo(SERVICE_TYPE, name)
-        future = asyncio.run_coroutine_threadsafe(info.async_request(zc, _RESOLVE_TIMEOUT_MS), zc.loop)
-        self._resolving[name] = future
-
-        def done(_: concurrent.futures.Future[bool]) -> None:
-            self._resolving.pop(name, None)
-            self._events.put(("changed", name))
-
-        future.add_done_callback(done)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TypeVar
 
+from edge_node.net.discovery.bounds import RefusalCounter
 from edge_node.protocol import PROTOCOL_VERSION, protocol_major
 
 _LOGGER = logging.getLogger(__name__)
@@ -172,6 +173,7 @@ class Discovery(abc.ABC):
         self.protocol_version = protocol_version
         self._major = protocol_major(protocol_version)
         self._table = PeerTable()
+        self._refusals = RefusalCounter()
 
     # -- the interface ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -191,6 +193,22 @@ class Discovery(abc.ABC):
         tier: str | None = None,
     ) -> None:
         """Change this node's advertised round, density or tier (mDNS: rate-limited re-announcement)."""
+
+    @abc.abstractmethod
+    def record_pull(self, node_id: str, ok: bool) -> None:
+        """Tell discovery how a pull from ``node_id`` went; the node calls this after every pull.
+
+        A successful pull marks the peer proven: proven peers are never evicted from a full table for
+        newcomers. Failed pulls in a row make an unproven peer evictable. Unknown ids are ignored.
+        """
+
+    def refusals(self) -> dict[str, int]:
+        """How many records, advertisements or peers were refused (or queries deferred), by reason.
+
+        Thread-safe; the reasons are the keys of ``edge_node.net.discovery.bounds.REFUSAL_REASONS``.
+        Counts only grow; the node can log the difference between two calls.
+        """
+        return self._refusals.snapshot()
 
     def peers(self) -> list[PeerInfo]:
         """A snapshot of the live peer table, sorted by node id."""
@@ -222,14 +240,22 @@ class Discovery(abc.ABC):
     # -- shared by the implementations -----------------------------------------------------------
     def rejection(self, peer: PeerInfo) -> str | None:
         """Why ``peer`` is not ours (other fleet, protocol major, architecture), or None."""
+        reason = self.rejection_reason(peer)
+        return None if reason is None else reason[1]
+
+    def rejection_reason(self, peer: PeerInfo) -> tuple[str, str] | None:
+        """``(refusal key, text)`` when ``peer`` is not ours, or None; keys: other_fleet/_version/_arch."""
         if self.fleet is not None and peer.fleet != self.fleet:
-            return f"fleet {peer.fleet!r} is not {self.fleet!r}"
+            return "other_fleet", f"fleet {peer.fleet!r} is not {self.fleet!r}"
         try:
             major = protocol_major(peer.protocol_version)
         except ValueError:
-            return f"protocol version {peer.protocol_version!r} is malformed"
+            return "other_version", f"protocol version {peer.protocol_version!r} is malformed"
         if major != self._major:
-            return f"protocol version {peer.protocol_version!r} has another major than {self.protocol_version!r}"
+            return (
+                "other_version",
+                f"protocol version {peer.protocol_version!r} has another major than {self.protocol_version!r}",
+            )
         if self.arch and peer.arch != self.arch:
-            return f"architecture {peer.arch!r} is not {self.arch!r}"
+            return "other_arch", f"architecture {peer.arch!r} is not {self.arch!r}"
         return None

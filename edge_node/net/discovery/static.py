@@ -1,9 +1,18 @@
-"""Static discovery for networks where multicast does not pass: ``--peers host:port,...`` or a file.
+"""Static discovery for networks where multicast does not pass: ``--peers ID@HOST:PORT,...`` or a file.
 
-The same interface as mDNS discovery. A configured peer is listed under its endpoint (``host:port``
-as ``node_id``, placeholder tier/density) until the node records its Hello with :meth:`record_hello`;
-from then on it carries the peer's real identity and the same filter as mDNS applies (another fleet,
-protocol major version or architecture drops it; so does our own node id, for a fleet-wide file).
+The same interface as mDNS discovery. A peer is written ``ID@HOST:PORT`` (``ID@[v6]:PORT``) or, for
+plaintext only, ``HOST:PORT``:
+
+* with ``ID@`` the peer carries its node id from the start; that id is the name its TLS certificate
+  must carry, so **TLS needs ``ID@``** (with a bare ``HOST:PORT`` there is no name to verify the
+  handshake against; ``require_node_ids=True`` refuses bare entries). A Hello that says another id
+  drops the peer (``id_mismatch``).
+* a bare ``HOST:PORT`` is listed under its endpoint (``host:port`` as ``node_id``) until the node
+  records its Hello with :meth:`StaticDiscovery.record_hello`.
+
+Either way placeholders (tier "unknown", density 0.0) are replaced by the Hello, and the same filter
+as mDNS applies (another fleet, protocol major version or architecture drops the peer; so does our
+own node id, for a fleet-wide file). Node ids follow :func:`edge_node.protocol.is_valid_node_id`.
 """
 
 from __future__ import annotations
@@ -11,9 +20,11 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from edge_node.errors import ConfigError, DiscoveryError
 from edge_node.net.discovery.peer_table import Discovery, PeerInfo
@@ -28,7 +39,7 @@ from edge_node.net.discovery.txt import (
     check_round,
     check_tier,
 )
-from edge_node.protocol import PROTOCOL_VERSION
+from edge_node.protocol import PROTOCOL_VERSION, is_valid_node_id
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -43,13 +54,35 @@ def endpoint(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def parse_peer(spec: str) -> tuple[str, int]:
-    """One ``host:port`` or ``[v6addr]:port``; ConfigError quoting the value otherwise."""
+class StaticPeer(NamedTuple):
+    """One configured peer: ``host`` (name, IPv4 or IPv6 without brackets), ``port``, and its node id if given."""
+
+    host: str
+    port: int
+    node_id: str | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return endpoint(self.host, self.port)
+
+    def __str__(self) -> str:
+        return f"{self.node_id}@{self.endpoint}" if self.node_id else self.endpoint
+
+
+def parse_peer(spec: str) -> StaticPeer:
+    """One ``[ID@]HOST:PORT`` or ``[ID@][v6addr]:PORT``; ConfigError quoting the value otherwise."""
     text = spec.strip()
+    node_id: str | None = None
+    if "@" in text:
+        node_id, _, text = text.partition("@")
+        if not is_valid_node_id(node_id):
+            raise ConfigError(
+                f"peer {spec!r} has an invalid node id {node_id!r} (1-63 of A-Z a-z 0-9 _ -, starting alphanumeric)"
+            )
     if text.startswith("["):
         host, sep, port_text = text[1:].partition("]:")
         if not sep:
-            raise ConfigError(f"peer {spec!r} must be [IPv6]:PORT")
+            raise ConfigError(f"peer {spec!r} must be [ID@][IPv6]:PORT")
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
@@ -57,30 +90,46 @@ def parse_peer(spec: str) -> tuple[str, int]:
     else:
         host, sep, port_text = text.rpartition(":")
         if not sep or not host:
-            raise ConfigError(f"peer {spec!r} must be HOST:PORT")
+            raise ConfigError(f"peer {spec!r} must be [ID@]HOST:PORT")
         if ":" in host:
-            raise ConfigError(f"peer {spec!r}: write IPv6 addresses in brackets, [ADDR]:PORT")
+            raise ConfigError(f"peer {spec!r}: write IPv6 addresses in brackets, [ID@][ADDR]:PORT")
         if _HOSTNAME_RE.match(host) is None:
             raise ConfigError(f"peer {spec!r} has an invalid host {host!r}")
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ConfigError(f"peer {spec!r} has an invalid port {port_text!r} (1..65535)")
-    return host, int(port_text)
+    return StaticPeer(host, int(port_text), node_id)
 
 
-def parse_peers(spec: str | Sequence[str]) -> list[tuple[str, int]]:
-    """``host:port`` items separated by commas or whitespace (or a list of them), duplicates dropped."""
+def parse_peers(spec: str | Sequence[str]) -> list[StaticPeer]:
+    """``[ID@]HOST:PORT`` items separated by commas or whitespace (or a list of them), duplicates dropped.
+
+    Raises ConfigError for a bad item, for one endpoint given two different ids (or with and without
+    one), and for one id given two endpoints.
+    """
     parts = [spec] if isinstance(spec, str) else list(spec)
     items = [item for part in parts for item in part.replace(",", " ").split()]
-    out: list[tuple[str, int]] = []
+    out: list[StaticPeer] = []
+    by_endpoint: dict[tuple[str, int], StaticPeer] = {}
+    by_id: dict[str, StaticPeer] = {}
     for item in items:
         peer = parse_peer(item)
-        if peer not in out:
-            out.append(peer)
+        seen = by_endpoint.get((peer.host, peer.port))
+        if seen is not None:
+            if seen != peer:
+                raise ConfigError(f"peer {peer.endpoint} is given twice, as {str(seen)!r} and as {str(peer)!r}")
+            continue
+        if peer.node_id is not None:
+            other = by_id.get(peer.node_id)
+            if other is not None:
+                raise ConfigError(f"node id {peer.node_id!r} is given for two peers, {other} and {peer}")
+            by_id[peer.node_id] = peer
+        by_endpoint[(peer.host, peer.port)] = peer
+        out.append(peer)
     return out
 
 
-def read_peers_file(path: str | Path) -> list[tuple[str, int]]:
-    """Peers from a file: ``host:port`` per line (or comma-separated), ``#`` starts a comment."""
+def read_peers_file(path: str | Path) -> list[StaticPeer]:
+    """Peers from a file: ``[ID@]HOST:PORT`` per line (or comma-separated), ``#`` starts a comment."""
     file = Path(path)
     try:
         if file.stat().st_size > MAX_PEERS_FILE_BYTES:
@@ -99,10 +148,12 @@ class StaticDiscovery(Discovery):
     """A fixed list of peers behind the discovery interface.
 
     Args:
-        peers: ``"host:port,..."`` or a list of such strings.
+        peers: ``"ID@HOST:PORT,..."`` (or bare ``HOST:PORT`` for plaintext) or a list of such strings.
         peers_file: a file of peers (see :func:`read_peers_file`), merged with ``peers``.
         node_id, port, fleet, arch, tier, density, round, fingerprint: this node's identity and
             state, kept for its Hello (nothing is broadcast); ``fleet``/``arch`` filter recorded Hellos.
+        require_node_ids: refuse bare ``HOST:PORT`` entries (set it under TLS: the id is the
+            certificate name that is verified).
     """
 
     def __init__(
@@ -119,6 +170,7 @@ class StaticDiscovery(Discovery):
         round: int = 0,
         fingerprint: str | None = None,
         protocol_version: str = PROTOCOL_VERSION,
+        require_node_ids: bool = False,
     ) -> None:
         check_protocol_version(protocol_version)
         if node_id is not None:
@@ -130,12 +182,19 @@ class StaticDiscovery(Discovery):
         if port is not None:
             check_port(port)
         super().__init__(fleet=fleet, arch=arch or None, protocol_version=protocol_version)
-        endpoints = parse_peers(peers) if peers else []
+        configured = parse_peers(peers) if peers else []
         if peers_file is not None:
-            endpoints += [p for p in read_peers_file(peers_file) if p not in endpoints]
-        if not endpoints:
-            raise ConfigError("static discovery needs at least one peer (--peers HOST:PORT,... or a file)")
-        self.endpoints = endpoints
+            configured = parse_peers([str(p) for p in configured + read_peers_file(peers_file)])
+        if not configured:
+            raise ConfigError("static discovery needs at least one peer (--peers ID@HOST:PORT,... or a file)")
+        bare = [p.endpoint for p in configured if p.node_id is None]
+        if require_node_ids and bare:
+            raise ConfigError(
+                "static peers must be written ID@HOST:PORT under TLS (the node id is the certificate name that is"
+                f" verified); these have none: {', '.join(bare)}"
+            )
+        self.endpoints: list[StaticPeer] = configured
+        self._configured = {(p.host, p.port): p for p in configured}
         self.node_id = node_id
         self.port = port
         self.tier = check_tier(tier)
@@ -143,6 +202,8 @@ class StaticDiscovery(Discovery):
         self.round = check_round(round)
         self.fingerprint = check_fingerprint(fingerprint)
         self._started = False
+        self._pulls_lock = threading.Lock()
+        self._last_ok: dict[str, float] = {}  # node id -> monotonic time of its last successful pull
 
     def start(self) -> None:
         """List every configured peer (placeholders until their Hello is recorded)."""
@@ -150,14 +211,14 @@ class StaticDiscovery(Discovery):
             return
         self._started = True
         now = time.monotonic()
-        for host, port in self.endpoints:
-            key = endpoint(host, port)
+        for peer in self.endpoints:
+            key = peer.endpoint
             self._table.upsert(
                 key,
                 PeerInfo(
-                    node_id=key,
-                    addresses=[host],
-                    port=port,
+                    node_id=peer.node_id or key,
+                    addresses=[peer.host],
+                    port=peer.port,
                     fleet=self.fleet or "",
                     arch=self.arch or "",
                     tier="unknown",
@@ -188,21 +249,44 @@ class StaticDiscovery(Discovery):
         if tier is not None:
             self.tier = check_tier(tier)
 
+    def record_pull(self, node_id: str, ok: bool) -> None:
+        """Remember successful pulls (:meth:`is_proven`); a static list is never evicted from."""
+        if not isinstance(node_id, str) or not isinstance(ok, bool):
+            raise TypeError(f"record_pull(node_id={node_id!r}, ok={ok!r}) needs a str and a bool")
+        if not any(p.node_id == node_id for p in self._table.snapshot()):
+            return
+        with self._pulls_lock:
+            if ok:
+                self._last_ok[node_id] = time.monotonic()
+
+    def is_proven(self, node_id: str) -> bool:
+        """Whether a pull from ``node_id`` ever succeeded while it was listed."""
+        with self._pulls_lock:
+            return node_id in self._last_ok
+
     def record_hello(self, host: str, port: int, peer: PeerInfo) -> bool:
         """Replace the placeholder of ``host:port`` with what its Hello said; False if it is dropped.
 
-        The peer is dropped (removed from the table) when it is this node itself or fails the filter.
+        The peer is dropped (removed from the table, the refusal counted) when it is this node
+        itself, when it was configured as ``ID@`` and its Hello carries another id, or when it fails
+        the filter.
         """
         key = endpoint(host, port)
-        if (host, port) not in self.endpoints:
+        configured = self._configured.get((host, port))
+        if configured is None:
             raise ConfigError(f"{key!r} is not one of the configured static peers")
         if not self._started:
             return False
-        reason = "it is this node" if self.node_id is not None and peer.node_id == self.node_id else None
-        reason = reason or self.rejection(peer)
-        if reason is not None:
+        refusal: tuple[str, str] | None = None
+        if self.node_id is not None and peer.node_id == self.node_id:
+            refusal = ("self", "it is this node")
+        elif configured.node_id is not None and peer.node_id != configured.node_id:
+            refusal = ("id_mismatch", f"its Hello says node id {peer.node_id!r}, configured {configured.node_id!r}")
+        refusal = refusal or self.rejection_reason(peer)
+        if refusal is not None:
             if self._table.remove(key) is not None:
-                _LOGGER.info("static peer %s dropped: %s", key, reason)
+                self._refusals.add(refusal[0])
+                _LOGGER.info("static peer %s dropped: %s", configured, refusal[1])
             return False
         self._table.upsert(key, peer)
         return True

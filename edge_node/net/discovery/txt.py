@@ -21,6 +21,7 @@ TXT_KEYS = ("v", "id", "fleet", "arch", "tier", "density", "round", "fp")
 REQUIRED_TXT_KEYS = ("v", "id", "fleet", "arch", "tier", "density", "round")
 MAX_TXT_STRING_BYTES = 255  # one DNS character-string: a length byte then at most 255 bytes
 MAX_ROUND = 10**15
+MAX_TXT_STRINGS = 128  # ours has 8; newer peers may add keys, but not hundreds
 
 # A DNS label (63 bytes) that is also a safe host name part: the id becomes `<id>.local.`.
 _ID_RE = re.compile(NODE_ID_PATTERN)
@@ -150,6 +151,30 @@ def _decode(raw: Mapping[bytes, bytes | None]) -> dict[str, str]:
             raise DiscoveryError(f"TXT {key}={raw_value[:40]!r} is not UTF-8") from None
         out.setdefault(key, value)
     return out
+
+
+def decode_txt_record(text: bytes) -> dict[bytes, bytes | None]:
+    """The ``key=value`` strings of a raw TXT record (RDATA), as python-zeroconf unpacks them.
+
+    Each string is a length byte and that many bytes; the first of duplicate keys wins; a string
+    without ``=`` is a boolean attribute (value None). Raises DiscoveryError for a truncated record
+    or more than ``MAX_TXT_STRINGS`` strings.
+    """
+    properties: dict[bytes, bytes | None] = {}
+    pos, count, total = 0, 0, len(text)
+    while pos < total:
+        count += 1
+        if count > MAX_TXT_STRINGS:
+            raise DiscoveryError(f"TXT has more than {MAX_TXT_STRINGS} strings")
+        length = text[pos]
+        start = pos + 1
+        if start + length > total:
+            raise DiscoveryError("TXT record is truncated")
+        key, sep, value = text[start : start + length].partition(b"=")
+        pos = start + length
+        if key and key not in properties:
+            properties[key] = value if sep else None
+    return properties
 
 
 def parse_txt(raw: Mapping[bytes, bytes | None]) -> TxtFields:

@@ -1,0 +1,387 @@
+"""What one pull from a hostile peer costs the victim, next to an honest peer's pull, in one run.
+
+    .venv/bin/python bench/hostile.py [--json results.json] [--quick] [--deadline S] [--model cnn]
+
+Each attack is a real malicious gRPC server on 127.0.0.1 (in this process); the victim is a fresh
+Python process that pulls once with ``pull_models`` and its defaults (limits from its own model,
+one deadline), and for models that arrive runs ``screen_peer_models`` against its own model. Per
+attack: the outcome (the failure kind, or "accepted" / "refused by the screen"), wall seconds of
+the pull, stream bytes the victim's decoder took in, bytes the attacker got out to the transport,
+the victim's CPU seconds (all threads) and the growth of its peak RSS during the pull (Linux: the
+peak is reset first via /proc/self/clear_refs). Prints a table; writes JSON with ``--json``.
+``--quick`` uses a tiny model and a 1 s deadline and runs the victim in this process (its CPU
+and RSS figures then include the attacker's threads): the test suite runs it to keep it working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import torch
+
+from edge_node.algorithm import init_masks, mask_density, read_weights, screen_peer_models
+from edge_node.models import build_model
+from edge_node.net import (
+    ModelSnapshot,
+    PeerAddress,
+    PeerServer,
+    TlsConfig,
+    create_ca,
+    create_server,
+    issue_certificate,
+    pull_models,
+)
+from edge_node.wire import ModelSpec, encode_model
+from edge_node.wire.messages import PEER_SERVICE_NAME, GetModelRequest
+
+FLEET = "bench"
+TINY = {"fc1.weight": (64, 256), "fc1.bias": (64,), "fc2.weight": (10, 64), "fc2.bias": (10,)}
+ATTACKS = (
+    "honest",
+    "slow-loris",
+    "never-ending",
+    "padding",
+    "oversize message",
+    "3e38 values",
+    "wrong arch",
+    "garbage bytes",
+    "TLS wrong CA",
+    "wrong identity",
+    "not-ready round",
+)
+MIB = 1 << 20
+
+
+def model_weights(name: str, num_classes: int = 10) -> tuple[dict[str, torch.Tensor], ModelSpec]:
+    if name == "tiny":
+        gen = torch.Generator().manual_seed(0)
+        weights = {n: torch.randn(s, generator=gen) * 0.05 for n, s in TINY.items()}
+        return weights, ModelSpec.from_tensors("tiny", num_classes, weights)
+    weights = read_weights(build_model(name, num_classes, seed=0))
+    return weights, ModelSpec.from_tensors(name, num_classes, weights)
+
+
+def masked_model(name: str, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], ModelSpec]:
+    weights, spec = model_weights(name)
+    masks = init_masks(weights, 0.5, torch.Generator().manual_seed(seed))
+    return {n: w * masks[n] for n, w in weights.items()}, masks, spec
+
+
+# --- the attacker's side ------------------------------------------------------------------------
+
+
+class Attacker:
+    """A gRPC server on 127.0.0.1 whose GetModel runs ``behaviour``; counts the bytes it got out."""
+
+    def __init__(self, behaviour: Callable[[GetModelRequest, grpc.ServicerContext], Iterator[bytes]], tls=None):
+        self.behaviour, self.tls, self.bytes_sent = behaviour, tls, 0
+
+    def _get_model(self, request: GetModelRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+        for message in self.behaviour(request, context):
+            self.bytes_sent += len(message)
+            yield message
+
+    def __enter__(self) -> Attacker:
+        self._pool = ThreadPoolExecutor(max_workers=4)
+        handler = grpc.unary_stream_rpc_method_handler(
+            self._get_model, request_deserializer=GetModelRequest.FromString, response_serializer=bytes
+        )
+        self._server = grpc.server(
+            self._pool, handlers=[grpc.method_handlers_generic_handler(PEER_SERVICE_NAME, {"GetModel": handler})]
+        )
+        if self.tls is None:
+            self.port = self._server.add_insecure_port("127.0.0.1:0")
+        else:
+            self.port = self._server.add_secure_port("127.0.0.1:0", self.tls.server_credentials())
+        self._server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.stop(0).wait(10)
+        self._pool.shutdown(wait=True)
+
+
+def _hold(context: grpc.ServicerContext, seconds: float = 600.0) -> None:
+    end = time.monotonic() + seconds
+    while context.is_active() and time.monotonic() < end:
+        time.sleep(0.02)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def attack_behaviour(attack: str, stream: list[bytes], other: dict[str, list[bytes]]):
+    """The GetModel behaviour of ``attack`` given the honest stream (and streams of other kinds)."""
+    small = other["small messages"]
+
+    def slow_loris(request, context):  # the model in 4 KiB messages, one every 0.2 s
+        for message in small:
+            yield message
+            _hold(context, 0.2)
+        _hold(context)
+
+    def never_ending(request, context):
+        yield from stream
+        _hold(context)
+
+    def padding(request, context):
+        pad = b"\x7a" + _varint(3_000_000) + bytes(3_000_000)  # unknown field 15: protobuf keeps, ignores
+        yield stream[0]
+        for message in stream[1:]:
+            yield message + pad
+        while context.is_active():
+            yield pad
+
+    def oversize(request, context):
+        yield stream[0]
+        yield stream[1] + b"\x7a" + _varint(64 * MIB) + bytes(64 * MIB)
+
+    def garbage(request, context):
+        chunk = os.urandom(1 * MIB)
+        while context.is_active():
+            yield chunk
+
+    def replay(name):
+        def behaviour(request, context):
+            yield from other[name]
+            _hold(context)
+
+        return behaviour
+
+    return {
+        "slow-loris": slow_loris,
+        "never-ending": never_ending,
+        "padding": padding,
+        "oversize message": oversize,
+        "garbage bytes": garbage,
+        "wrong arch": replay("wrong arch"),
+        "wrong identity": replay("wrong identity"),
+        "TLS wrong CA": replay("honest"),
+    }[attack]
+
+
+@contextlib.contextmanager
+def serving(attack: str, model: str, tls_dir: Path) -> Iterator[tuple[int, dict]]:
+    """Start the server of ``attack``; yields its port and a dict the attacker's counters land in."""
+    weights, masks, spec = masked_model(model, 1)
+    density = mask_density(masks)
+    header = {"node_id": "peer", "fleet_id": FLEET, "round": 1, "density": density}
+    stream = [m.SerializeToString() for m in encode_model(spec, weights, masks, **header)]
+    counters: dict = {}
+    if attack in ("honest", "3e38 values", "not-ready round"):
+        if attack == "3e38 values":
+            weights = {n: torch.full_like(w, 3e38) for n, w in weights.items()}
+        peer = PeerServer(spec, node_id="peer", fleet_id=FLEET)
+        peer.publish(ModelSnapshot(weights, masks, 1, density, "peer", FLEET, spec.arch_id))
+        server, port = create_server("127.0.0.1:0", peer, insecure=True)
+        server.start()
+        try:
+            yield port, counters
+        finally:
+            server.stop(None).wait(10)
+        return
+    other_weights, other_spec = model_weights(model, num_classes=100)  # another architecture
+    other_masks = init_masks(other_weights, 0.5, torch.Generator().manual_seed(2))
+    other = {
+        "honest": stream,
+        "small messages": [
+            m.SerializeToString() for m in encode_model(spec, weights, masks, **header, max_message_bytes=4096)
+        ],
+        "wrong arch": [
+            m.SerializeToString()
+            for m in encode_model(
+                other_spec, other_weights, other_masks, node_id="peer", fleet_id=FLEET, round=1,
+                density=mask_density(other_masks),
+            )
+        ],  # fmt: skip
+        "wrong identity": [
+            m.SerializeToString() for m in encode_model(spec, weights, masks, **header | {"node_id": "x"})
+        ],
+    }
+    tls = None
+    if attack == "TLS wrong CA":
+        ca, ca_key = create_ca("intruders")
+        tls = TlsConfig(ca, *issue_certificate(ca, ca_key, "peer"))
+    with Attacker(attack_behaviour(attack, stream, other), tls=tls) as attacker:
+        try:
+            yield attacker.port, counters
+        finally:
+            counters["attacker_bytes_sent"] = attacker.bytes_sent
+
+
+def make_fleet_tls(tls_dir: Path) -> None:
+    ca, ca_key = create_ca(FLEET)
+    cert, key = issue_certificate(ca, ca_key, "victim")
+    (tls_dir / "ca.pem").write_bytes(ca)
+    (tls_dir / "victim.pem").write_bytes(cert)
+    key_path = tls_dir / "victim.key"
+    key_path.write_bytes(key)
+    key_path.chmod(0o600)
+
+
+def run_victim(attack: str, port: int, model: str, deadline_s: float, tls_dir: Path) -> dict:
+    args = {"attack": attack, "port": port, "model": model, "deadline_s": deadline_s, "tls_dir": str(tls_dir)}
+    proc = subprocess.run(
+        [sys.executable, __file__, "--victim", json.dumps(args)], capture_output=True, text=True, timeout=600
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"victim of {attack!r} failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --- the victim's side (a fresh process per attack) -------------------------------------------------
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_bytes() -> int:
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def victim(args: dict) -> dict:
+    own_w, own_m, spec = masked_model(args["model"], 9)
+    kwargs: dict = {"insecure": True}
+    if args["attack"] == "TLS wrong CA":
+        folder = Path(args["tls_dir"])
+        kwargs = {"tls": TlsConfig.from_files(folder / "ca.pem", folder / "victim.pem", folder / "victim.key")}
+    round_ = 5 if args["attack"] == "not-ready round" else None
+    peer = PeerAddress("peer", "127.0.0.1", args["port"])
+    rss_before = _rss_bytes()
+    exact_peak = _reset_peak()
+    cpu0, start = time.process_time(), time.monotonic()
+    result = pull_models([peer], spec, FLEET, round=round_, deadline_s=args["deadline_s"], **kwargs)
+    seconds = time.monotonic() - start
+    cpu = time.process_time() - cpu0
+    peak_growth = max(0, _peak_bytes() - rss_before)
+    if result.received:
+        model = result.received["peer"]
+        screen = screen_peer_models(own_w, own_m, [("peer", model.weights, model.masks)])
+        outcome = "accepted" if screen.accepted else "screen: refused"
+        wire_bytes = model.wire_bytes
+        detail = screen.refused.get("peer", "")
+    else:
+        failure = result.failures["peer"]
+        outcome, wire_bytes, detail = failure.kind, failure.wire_bytes, failure.detail
+    return {
+        "attack": args["attack"],
+        "outcome": outcome,
+        "detail": detail[:160],
+        "seconds": seconds,
+        "victim_bytes": wire_bytes,
+        "cpu_s": cpu,
+        "peak_rss_growth_bytes": peak_growth,
+        "peak_exact": exact_peak,
+    }
+
+
+# --- the run ----------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--quick", action="store_true", help="tiny model, 1 s deadline (for the test suite)")
+    parser.add_argument("--model", default="cnn", help="cnn, resnet18 or vgg11 (default cnn)")
+    parser.add_argument("--deadline", type=float, default=5.0, help="the victim's pull deadline, seconds")
+    parser.add_argument("--attacks", default=",".join(ATTACKS), help="comma-separated subset")
+    parser.add_argument("--victim", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.victim:
+        print(json.dumps(victim(json.loads(args.victim))))
+        return
+    model = "tiny" if args.quick else args.model
+    deadline_s = 1.0 if args.quick else args.deadline
+    attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
+    unknown = sorted(set(attacks) - set(ATTACKS))
+    if unknown:
+        raise SystemExit(f"unknown attacks {unknown}; choose from {', '.join(ATTACKS)}")
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        tls_dir = Path(folder)
+        make_fleet_tls(tls_dir)
+        for attack in attacks:
+            with serving(attack, model, tls_dir) as (port, counters):
+                if args.quick:
+                    row = victim({"attack": attack, "port": port, "model": model, "deadline_s": deadline_s,
+                                  "tls_dir": str(tls_dir)})  # fmt: skip
+                else:
+                    row = run_victim(attack, port, model, deadline_s, tls_dir)
+            row["attacker_bytes_sent"] = counters.get("attacker_bytes_sent")
+            rows.append(row)
+    _weights, spec = model_weights(model)
+    honest = next((r for r in rows if r["attack"] == "honest"), None)
+    where = "in this process" if args.quick else "in a fresh process per attack"
+    print(
+        f"one pull of {model} ({spec.total_numel:,} parameters, density 0.5), deadline {deadline_s:g} s,"
+        f" on {platform.node()} ({os.cpu_count()} CPUs); victim {where}"
+    )
+    header = f"{'attack':<18} {'outcome':<16} {'seconds':>8} {'victim bytes':>13} {'attacker yielded':>16}"
+    header += f" {'CPU s':>7} {'peak RSS +MiB':>14}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        sent = "-" if r["attacker_bytes_sent"] is None else f"{r['attacker_bytes_sent']:,}"
+        print(
+            f"{r['attack']:<18} {r['outcome']:<16} {r['seconds']:>8.3f} {r['victim_bytes']:>13,} {sent:>16}"
+            f" {r['cpu_s']:>7.3f} {r['peak_rss_growth_bytes'] / MIB:>14.1f}"
+        )
+    if honest:
+        print(
+            f"honest pull: {honest['seconds'] * 1e3:.1f} ms, {honest['victim_bytes']:,} bytes;"
+            f" worst attack: {max(r['seconds'] for r in rows):.2f} s (the deadline bounds it),"
+            f" {max(r['victim_bytes'] for r in rows):,} bytes"
+        )
+    figures = {
+        "model": model,
+        "parameters": spec.total_numel,
+        "deadline_s": deadline_s,
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "rows": rows,
+        "thread_count_after": threading.active_count(),
+    }
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

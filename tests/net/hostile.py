@@ -1,0 +1,97 @@
+"""A real gRPC server on 127.0.0.1 that answers the Peer service however a test tells it to.
+
+For the hostile-network tests: the behaviour is a plain function of the request and the servicer
+context, so a test states its attack in a few lines; the server counts calls and bytes it sent and
+notes when each call ended (completed or cancelled by the client).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from edge_node.net import TlsConfig
+from edge_node.wire.messages import PEER_SERVICE_NAME, GetModelRequest, HelloRequest
+
+GetModel = Callable[[GetModelRequest, grpc.ServicerContext], Iterator[bytes]]
+Hello = Callable[[HelloRequest, grpc.ServicerContext], bytes]
+
+
+def hold_open(context: grpc.ServicerContext) -> Iterator[bytes]:
+    """Keep a stream open, sending nothing, until the client goes away (or 60 s)."""
+    end = time.monotonic() + 60
+    while context.is_active() and time.monotonic() < end:
+        time.sleep(0.02)
+    return
+    yield  # a generator
+
+
+class HostileServer:
+    """``with HostileServer(get_model=..., hello=...) as server:`` then pull from ``server.port``."""
+
+    def __init__(self, get_model: GetModel | None = None, hello: Hello | None = None, tls: TlsConfig | None = None):
+        self._get_model = get_model
+        self._hello = hello
+        self._tls = tls
+        self.calls = 0
+        self.bytes_sent = 0
+        self.open_calls = 0
+        self._lock = threading.Lock()
+        self.all_ended = threading.Condition(self._lock)
+
+    def _count_end(self) -> None:
+        with self._lock:
+            self.open_calls -= 1
+            self.all_ended.notify_all()
+
+    def _model(self, request: GetModelRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+        with self._lock:
+            self.calls += 1
+            self.open_calls += 1
+        context.add_callback(self._count_end)
+        assert self._get_model is not None
+        for message in self._get_model(request, context):
+            with self._lock:
+                self.bytes_sent += len(message)
+            yield message
+
+    def _hello_reply(self, request: HelloRequest, context: grpc.ServicerContext) -> bytes:
+        with self._lock:
+            self.calls += 1
+        assert self._hello is not None
+        return self._hello(request, context)
+
+    def wait_ended(self, timeout_s: float) -> bool:
+        """Whether every GetModel call has ended (the client cancelled or it completed) within ``timeout_s``."""
+        with self._lock:
+            return self.all_ended.wait_for(lambda: self.open_calls == 0, timeout_s)
+
+    def __enter__(self) -> HostileServer:
+        self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hostile")
+        handlers = {}
+        if self._get_model is not None:
+            handlers["GetModel"] = grpc.unary_stream_rpc_method_handler(
+                self._model, request_deserializer=GetModelRequest.FromString, response_serializer=bytes
+            )
+        if self._hello is not None:
+            handlers["Hello"] = grpc.unary_unary_rpc_method_handler(
+                self._hello_reply, request_deserializer=HelloRequest.FromString, response_serializer=bytes
+            )
+        self._server = grpc.server(
+            self._executor, handlers=[grpc.method_handlers_generic_handler(PEER_SERVICE_NAME, handlers)]
+        )
+        address = "127.0.0.1:0"
+        if self._tls is None:
+            self.port = self._server.add_insecure_port(address)
+        else:
+            self.port = self._server.add_secure_port(address, self._tls.server_credentials())
+        self._server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.stop(0).wait(10)
+        self._executor.shutdown(wait=True)
