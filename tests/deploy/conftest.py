@@ -1,0 +1,132 @@
+"""Fixtures of the deployment tests: the cached rootfs, booted test hosts, ansible-playbook runs.
+
+The hosts are real Debian systems with systemd as PID 1 (see tests/deploy/hosts.py); the playbook
+reaches them over SSH exactly as it would reach a fleet. One rootfs and one controller directory
+(the built wheel and the wheelhouse) are cached under /var/cache/edge-node-tests/ between runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.deploy import hosts as deploy_hosts
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+CONTROLLER_CACHE = deploy_hosts.CACHE_DIR / "controller"  # the built wheel and the wheelhouses
+PLAYBOOK_TIMEOUT_S = 600
+
+
+def ansible_tool(name: str) -> str:
+    """The ansible command installed beside this Python (the test extra), else the one on PATH."""
+    path = VENV_BIN / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: pip install -e '.[test]' installs it")
+    return found
+
+
+def ansible_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "ANSIBLE_HOST_KEY_CHECKING": "False",  # every test host makes new host keys at boot
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",  # task times in the output
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+
+
+@dataclass
+class PlaybookRun:
+    returncode: int
+    output: str
+    seconds: float
+
+    def recap(self) -> dict[str, dict[str, int]]:
+        """PLAY RECAP counters per host: {"node1": {"ok": 30, "changed": 0, "failed": 0, ...}}."""
+        recap: dict[str, dict[str, int]] = {}
+        for line in self.output.split("PLAY RECAP", 1)[-1].splitlines():
+            match = re.match(r"^(\S+)\s+:\s+(ok=.*)$", line)
+            if match:
+                recap[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
+        return recap
+
+
+def run_playbook(inventory: Path, *args: str, timeout: float = PLAYBOOK_TIMEOUT_S) -> PlaybookRun:
+    """``ansible-playbook deploy/site.yml -i INVENTORY ARGS`` from the repository root, as the docs say."""
+    cmd = [ansible_tool("ansible-playbook"), "deploy/site.yml", "-i", str(inventory), *args]
+    start = time.monotonic()
+    result = subprocess.run(cmd, cwd=REPO_ROOT, env=ansible_env(), capture_output=True, text=True, timeout=timeout)
+    return PlaybookRun(result.returncode, result.stdout + result.stderr, time.monotonic() - start)
+
+
+def skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to boot test hosts (systemd-nspawn, overlayfs, a bridge)"
+    missing = deploy_hosts.missing_tools()
+    if missing:
+        return f"needs {', '.join(missing)} (apt-get install debootstrap systemd-container openssh-client)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def rootfs() -> Path:
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    deploy_hosts.cleanup_stale()
+    start = time.monotonic()
+    path = deploy_hosts.build_rootfs()
+    print(f"\nrootfs {path} ready in {time.monotonic() - start:.1f} s")
+    return path
+
+
+@pytest.fixture(scope="module")
+def fleet(rootfs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[deploy_hosts.Fleet]:
+    """Two booted hosts for the module's tests; nothing of them is left afterwards (checked)."""
+    before = set(deploy_hosts.leftovers())
+    start = time.monotonic()
+    try:
+        with deploy_hosts.test_fleet(rootfs, 2, tmp_path_factory.mktemp("fleet")) as booted:
+            print(f"\n{len(booted.hosts)} hosts booted, sshd answering, in {time.monotonic() - start:.1f} s")
+            yield booted
+    finally:
+        left = sorted(set(deploy_hosts.leftovers()) - before)
+        assert not left, f"test hosts left behind: {left}"
+
+
+def write_inventory(
+    fleet: deploy_hosts.Fleet, path: Path, extra_vars: dict[str, object] | None = None, **host_vars: dict
+) -> Path:
+    """An inventory of the fleet's hosts with the test settings in ``group_vars/all.yml`` beside it.
+
+    Group variables go in YAML (typed: lists stay lists) rather than an INI ``[all:vars]`` section,
+    where every value is a string. ``host_vars`` (per host name) go on the host lines.
+    """
+    settings: dict[str, object] = {
+        "edge_node_fleet": "deploy-test",
+        "edge_node_install_from": "wheelhouse",  # the hosts have no route to a package index
+        "edge_node_apt_update_cache": False,
+        "edge_node_torch_requirement": "torch==2.13.0+cpu",  # the CPU build; the plain name pulls CUDA
+        "edge_node_controller_dir": str(CONTROLLER_CACHE),
+        "edge_node_interfaces": ["host0"],  # the hosts have no default route, which the daemon's default wants
+        **(extra_vars or {}),
+    }
+    (path.parent / "group_vars").mkdir(exist_ok=True)
+    (path.parent / "group_vars" / "all.yml").write_text(json.dumps(settings, indent=2) + "\n")  # JSON is YAML
+    path.write_text(fleet.inventory(host_vars=host_vars))
+    return path

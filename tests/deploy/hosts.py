@@ -1,0 +1,362 @@
+"""Debian test hosts with systemd as PID 1, booted with systemd-nspawn on a private bridge.
+
+One debootstrap rootfs (cached under ``/var/cache/edge-node-tests/``, keyed by suite and package list)
+is shared read-only by every host through overlayfs (one upper layer per host). Each host has its own
+network namespace (nspawn's private network) with a veth on a bridge made here, which is connected to
+no real interface: the hosts reach each other and the controller (the bridge's address), nothing else,
+so neither their traffic nor their mDNS touches the machine's real network, and they have no route to
+any package index. The controller (ssh, ansible) runs on this machine and reaches them over the bridge.
+
+    rootfs = build_rootfs()                              # minutes the first time, then cached
+    with test_fleet(rootfs, 2, workdir) as fleet:        # hosts booted, sshd answering
+        fleet.ssh(fleet.hosts[0], "systemctl is-system-running")
+        subprocess.run(["ansible-playbook", "-i", inventory_path, ...])
+
+Everything made here (bridge ``endp<pid>``, veths, overlay mounts, cgroups, nspawn processes) carries
+the creating pid (``en-deploy-<pid>-``) and is removed when the context manager exits, also on failure; only processes
+this module started (and what runs inside their containers) are killed. :func:`leftovers` lists what
+exists under that prefix, so a test can check that nothing is left behind.
+
+Needs root, debootstrap, systemd-nspawn (systemd-container), ssh-keygen and ssh (openssh-client).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PREFIX = "en-deploy-"
+SUITE = "bookworm"
+VARIANT = "minbase"
+# What a test host has. python3-apt: Ansible's apt module needs it; the hosts have no package index.
+PACKAGES = (
+    "dbus",
+    "iproute2",
+    "openssh-server",
+    "python3",
+    "python3-apt",
+    "python3-venv",
+    "systemd",
+    "systemd-sysv",
+)
+MIRROR = os.environ.get("EDGE_NODE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+CACHE_DIR = Path(os.environ.get("EDGE_NODE_TEST_CACHE", "/var/cache/edge-node-tests"))
+CGROUP_ROOTS = (Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified"))
+SUBNET = "10.213.0"  # on the private bridge only: .1 is the bridge (the controller), .11.. the hosts
+BRIDGE_PREFIX = "endp"  # + pid: interface names have at most 15 characters
+DEBOOTSTRAP_TIMEOUT_S = 1200
+BOOT_TIMEOUT_S = 90
+SHUTDOWN_TIMEOUT_S = 20
+
+SSHD_HOST_KEYS_DROPIN = """\
+# Test hosts share one rootfs: each generates its own sshd host keys at boot.
+[Service]
+ExecStartPre=
+ExecStartPre=/usr/bin/ssh-keygen -A
+ExecStartPre=/usr/sbin/sshd -t
+"""
+
+
+def missing_tools() -> list[str]:
+    """The host tools this module needs that are not installed."""
+    tools = ("debootstrap", "systemd-nspawn", "ssh", "ssh-keygen", "ip", "mount", "umount")
+    return [tool for tool in tools if shutil.which(tool) is None]
+
+
+def rootfs_key() -> str:
+    """Cache key of the rootfs: suite, variant and package list (a change makes a new rootfs)."""
+    text = f"{SUITE}|{VARIANT}|{','.join(sorted(PACKAGES))}|{SSHD_HOST_KEYS_DROPIN}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _run(cmd: Sequence[str], timeout: float = 60, check: bool = True, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=check, **kw)
+
+
+def build_rootfs(cache_dir: Path = CACHE_DIR) -> Path:
+    """The shared Debian rootfs, built with debootstrap on first use and then taken from the cache.
+
+    A lock file serialises concurrent builders; a half-built tree never takes the final name.
+    """
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    final = cache_dir / f"rootfs-{SUITE}-{rootfs_key()}"
+    with open(cache_dir / "rootfs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / "etc" / "edge-node-test-rootfs").is_file():
+            return final
+        tmp = cache_dir / f"{final.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        cmd = ["debootstrap", f"--variant={VARIANT}", f"--include={','.join(PACKAGES)}", SUITE, str(tmp), MIRROR]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=DEBOOTSTRAP_TIMEOUT_S)
+        if result.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise RuntimeError(
+                f"debootstrap failed ({result.returncode}): {result.stdout[-2000:]}{result.stderr[-2000:]}"
+            )
+        _customise_rootfs(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        return final
+
+
+def _customise_rootfs(root: Path) -> None:
+    """What every host shares: sshd keys made at boot, networkd on, no machine id, clean apt."""
+    for key in (root / "etc" / "ssh").glob("ssh_host_*"):
+        key.unlink()
+    dropin = root / "etc" / "systemd" / "system" / "ssh.service.d" / "host-keys.conf"
+    dropin.parent.mkdir(parents=True, exist_ok=True)
+    dropin.write_text(SSHD_HOST_KEYS_DROPIN)
+    (root / "etc" / "machine-id").write_text("")
+    with contextlib.suppress(FileNotFoundError):
+        (root / "var" / "lib" / "dbus" / "machine-id").unlink()
+    _run(["systemctl", f"--root={root}", "enable", "systemd-networkd.service"], check=False)
+    for unit in ("systemd-networkd-wait-online.service", "apt-daily.timer", "apt-daily-upgrade.timer"):
+        _run(["systemctl", f"--root={root}", "mask", unit], check=False)
+    _run(["chroot", str(root), "apt-get", "clean"], check=False)
+    (root / "etc" / "edge-node-test-rootfs").write_text(f"{SUITE} {VARIANT} {' '.join(PACKAGES)}\n")
+
+
+@dataclass
+class Host:
+    """One booted test host."""
+
+    name: str
+    address: str
+    upper: Path  # the host's own overlay layer: every file it wrote is here
+    merged: Path
+    cgroups: list[Path] = field(default_factory=list)
+    process: subprocess.Popen[bytes] | None = None
+
+    def path(self, inside: str) -> Path:
+        """Where a path inside the running host is on this machine (through the merged mount)."""
+        return self.merged / inside.lstrip("/")
+
+
+@dataclass
+class Fleet:
+    """Booted hosts on bridge ``bridge``; ``key`` logs in as root."""
+
+    bridge: str
+    key: Path
+    hosts: list[Host]
+    workdir: Path
+
+    def ssh_options(self) -> list[str]:
+        return [
+            "-i", str(self.key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5",
+        ]  # fmt: skip
+
+    def ssh(self, host: Host, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run a shell command on ``host`` as root over SSH (not checked)."""
+        cmd = ["ssh", *self.ssh_options(), f"root@{host.address}", command]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+    def inventory(self, groups: dict[str, list[int]] | None = None, host_vars: dict[str, dict] | None = None) -> str:
+        """An INI inventory of the hosts (all in group ``test`` unless ``groups`` maps names to indices)."""
+        groups = groups or {"test": list(range(len(self.hosts)))}
+        lines = []
+        for group, indices in groups.items():
+            lines.append(f"[{group}]")
+            for i in indices:
+                host = self.hosts[i]
+                extra = " ".join(f"{k}={v}" for k, v in (host_vars or {}).get(host.name, {}).items())
+                lines.append(f"{host.name} ansible_host={host.address} {extra}".rstrip())
+            lines.append("")
+        lines += ["[all:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={self.key}", ""]
+        return "\n".join(lines)
+
+
+def _owner_pid(name: str) -> int | None:
+    match = re.match(rf"^{re.escape(PREFIX)}(\d+)-", name)
+    return int(match.group(1)) if match else None
+
+
+def leftovers() -> list[str]:
+    """Bridges, veths, mounts, cgroups and nspawn processes of this module that still exist (any pid)."""
+    found = [f"link {name}" for name in _links() if name.startswith((BRIDGE_PREFIX, "vb-" + PREFIX[:6]))]
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        target = line.split()[1]
+        if PREFIX in target:
+            found.append(f"mount {target}")
+    for root in CGROUP_ROOTS:
+        if root.is_dir():
+            found += [f"cgroup {p}" for p in root.iterdir() if p.name.startswith(PREFIX)]
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if cmdline.startswith("systemd-nspawn") and PREFIX in cmdline:
+                    found.append(f"process {proc.name}: {cmdline[:120]}")
+    return found
+
+
+def _kill_cgroup(cgroup: Path) -> None:
+    """SIGKILL every process in ``cgroup`` and below (all started by us), then remove the cgroups."""
+    if not cgroup.is_dir():
+        return
+    for _ in range(50):
+        pids = set()
+        for procs in cgroup.rglob("cgroup.procs"):
+            with contextlib.suppress(OSError):
+                pids |= {int(p) for p in procs.read_text().split()}
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    for sub in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            sub.rmdir()
+    with contextlib.suppress(OSError):
+        cgroup.rmdir()
+
+
+def _unmount(target: Path) -> None:
+    if _run(["umount", str(target)], check=False).returncode != 0:
+        _run(["umount", "--lazy", str(target)], check=False)
+
+
+def cleanup_stale() -> list[str]:
+    """Remove what a crashed earlier run of this module left (its creating pid no longer exists)."""
+    removed = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        target = line.split()[1]
+        name = next((part for part in Path(target).parts if part.startswith(PREFIX)), None)
+        pid = _owner_pid(name) if name else None
+        if pid is not None and not Path(f"/proc/{pid}").exists():
+            _unmount(Path(target))
+            removed.append(target)
+    for root in CGROUP_ROOTS:
+        if root.is_dir():
+            for cgroup in root.iterdir():
+                pid = _owner_pid(cgroup.name)
+                if pid is not None and not Path(f"/proc/{pid}").exists():
+                    _kill_cgroup(cgroup)
+                    removed.append(str(cgroup))
+    for name in _links():
+        match = re.match(rf"^{BRIDGE_PREFIX}(\d+)$", name)
+        if match and not Path(f"/proc/{match.group(1)}").exists():
+            _run(["ip", "link", "del", name], check=False)
+            removed.append(name)
+    return removed
+
+
+def _links() -> list[str]:
+    return [p.name for p in Path("/sys/class/net").iterdir()]
+
+
+def _enter_cgroups(paths: Sequence[Path]) -> None:
+    """In the forked child before exec: move into our own cgroups (nspawn needs one per host)."""
+    for path in paths:
+        (path / "cgroup.procs").write_text(str(os.getpid()))
+    os.setsid()
+
+
+@contextlib.contextmanager
+def test_fleet(rootfs: Path, count: int, workdir: Path) -> Iterator[Fleet]:
+    """Boot ``count`` hosts from ``rootfs`` on a private bridge; yield once every sshd answers."""
+    tag = f"{PREFIX}{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    bridge = f"{BRIDGE_PREFIX}{os.getpid()}"
+    base = workdir / tag  # the prefix in the path lets leftovers() and cleanup_stale() find the mounts
+    base.mkdir(parents=True)
+    key = base / "id_ed25519"
+    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "edge-node-test", "-f", str(key)])
+    hosts: list[Host] = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, base, ignore_errors=True)  # last: after every unmount
+        _run(["ip", "link", "add", bridge, "type", "bridge"])
+        stack.callback(_run, ["ip", "link", "del", bridge], check=False)
+        _run(["ip", "addr", "add", f"{SUBNET}.1/24", "dev", bridge])
+        _run(["ip", "link", "set", bridge, "up"])
+        for i in range(count):
+            name = f"node{i + 1}"
+            host = Host(name, f"{SUBNET}.{11 + i}", base / name / "upper", base / name / "merged")
+            hosts.append(host)
+            stack.callback(_stop_host, host)
+            _prepare_host(host, rootfs, key.with_suffix(".pub"))
+            host.cgroups = [root / f"{tag}-{name}" for root in CGROUP_ROOTS]
+            for cgroup in host.cgroups:
+                cgroup.mkdir()
+            log = open(base / name / "console.log", "wb")  # noqa: SIM115 (closed by the callback below)
+            stack.callback(log.close)
+            cmd = [
+                "systemd-nspawn", "--boot", "--register=no", "--keep-unit", f"--network-bridge={bridge}",
+                f"--directory={host.merged}", f"--machine={tag}-{name}", f"--hostname={name}",
+                "--console=pipe", "--quiet",
+            ]  # fmt: skip
+            host.process = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=lambda cg=host.cgroups: _enter_cgroups(cg),  # noqa: PLW1509
+            )
+        fleet = Fleet(bridge, key, hosts, base)
+        _wait_for_ssh(fleet)
+        yield fleet
+
+
+def _prepare_host(host: Host, rootfs: Path, pubkey: Path) -> None:
+    """Mount the host's overlay and write what is its own: hostname, address, root's SSH key."""
+    work = host.upper.parent / "work"
+    for d in (host.upper, work, host.merged):
+        d.mkdir(parents=True)
+    opts = f"lowerdir={rootfs},upperdir={host.upper},workdir={work}"
+    _run(["mount", "-t", "overlay", "overlay", "-o", opts, str(host.merged)])
+    (host.merged / "etc" / "hostname").write_text(f"{host.name}\n")
+    hosts = (host.merged / "etc" / "hosts").read_text() if (host.merged / "etc" / "hosts").exists() else ""
+    (host.merged / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {host.name}\n{hosts}")
+    network = host.merged / "etc" / "systemd" / "network" / "10-host0.network"
+    network.parent.mkdir(parents=True, exist_ok=True)
+    network.write_text(
+        "[Match]\nName=host0\n\n[Network]\n"
+        f"Address={host.address}/24\nLinkLocalAddressing=no\nIPv6AcceptRA=no\nMulticastDNS=no\nLLMNR=no\n\n"
+        "[Route]\nDestination=224.0.0.0/4\n"  # mDNS leaves through the bridge
+    )
+    ssh_dir = host.merged / "root" / ".ssh"
+    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (ssh_dir / "authorized_keys").write_text(pubkey.read_text())
+    (ssh_dir / "authorized_keys").chmod(0o600)
+
+
+def _stop_host(host: Host) -> None:
+    """Power the host off (SIGTERM to nspawn), kill what is left in its cgroups, unmount its layer."""
+    proc = host.process
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    for cgroup in host.cgroups:
+        _kill_cgroup(cgroup)
+    if host.merged.is_mount():
+        _unmount(host.merged)
+
+
+def _wait_for_ssh(fleet: Fleet) -> None:
+    deadline = time.monotonic() + BOOT_TIMEOUT_S
+    for host in fleet.hosts:
+        while True:
+            if host.process is not None and host.process.poll() is not None:
+                console = (fleet.workdir / host.name / "console.log").read_text(errors="replace")
+                raise RuntimeError(f"{host.name}: nspawn exited {host.process.returncode}: {console[-3000:]}")
+            if fleet.ssh(host, "true", timeout=15).returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                console = (fleet.workdir / host.name / "console.log").read_text(errors="replace")
+                raise TimeoutError(f"{host.name}: no SSH after {BOOT_TIMEOUT_S} s: {console[-3000:]}")
+            time.sleep(0.5)

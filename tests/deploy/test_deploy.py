@@ -1,0 +1,222 @@
+"""The fleet deployment: lint, inventory checks, and a real converge onto two systemd hosts.
+
+The hosts (tests/deploy/hosts.py) are Debian bookworm systems with systemd as PID 1, sshd and no route
+to a package index, each in its own network namespace on a private bridge; ``ansible-playbook
+deploy/site.yml`` reaches them over SSH with key login and installs from a wheelhouse. The daemons it
+starts find each other over mDNS on that bridge and trade models.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.deploy import hosts as deploy_hosts
+from tests.deploy.conftest import (
+    REPO_ROOT,
+    ansible_env,
+    ansible_tool,
+    run_playbook,
+    write_inventory,
+)
+
+pytestmark = [pytest.mark.deploy, pytest.mark.slow]
+
+STATE_DIR = "/var/lib/edge-node"
+ROUNDS_TIMEOUT_S = 420  # both daemons training on a shared 2-core machine
+UNTOUCHED_PATHS = ("/opt/edge-node", "/etc/edge-node", STATE_DIR, "/etc/systemd/system/edge-node.service")
+
+
+def test_playbook_syntax_check() -> None:
+    cmd = [ansible_tool("ansible-playbook"), "--syntax-check", "-i", "deploy/inventory.example.ini", "deploy/site.yml"]
+    result = subprocess.run(cmd, cwd=REPO_ROOT, env=ansible_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ansible_lint_production_profile() -> None:
+    cmd = [ansible_tool("ansible-lint"), "--offline", "--profile", "production", "deploy/site.yml", "ansible/"]
+    result = subprocess.run(cmd, cwd=REPO_ROOT, env=ansible_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    assert "Profile 'production' was required, and it passed" in result.stdout + result.stderr
+
+
+def _host_changes(host: deploy_hosts.Host) -> set[str]:
+    """Paths in the host's own overlay layer (what it wrote since boot), less logs and systemd's own state."""
+    ignored = ("var/log/", "var/lib/systemd/", "var/tmp/", "tmp/", "root/.ansible/")
+    return {
+        str(p.relative_to(host.upper))
+        for p in host.upper.rglob("*")
+        if not str(p.relative_to(host.upper)).startswith(ignored)
+    }
+
+
+def _assert_not_installed(fleet: deploy_hosts.Fleet, host: deploy_hosts.Host) -> None:
+    checks = " ; ".join(f"test -e {p} && echo present: {p}" for p in UNTOUCHED_PATHS)
+    result = fleet.ssh(host, f"getent passwd edge-node; getent group edge-node; {checks}; true")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "", f"{host.name} has edge-node pieces: {result.stdout}"
+
+
+BAD_INVENTORIES = {
+    "unknown-model": (["edge_node_model=transformer"], 'node2: edge_node_model="transformer" is not one of'),
+    "capacity-zero": (["edge_node_capacity=0"], "node2: edge_node_capacity=0 must be auto or a density in (0, 1]"),
+    "capacity-above-one": (["edge_node_capacity=1.5"], "node2: edge_node_capacity=1.5 must be auto"),
+    "capacity-word": (["edge_node_capacity=fast"], 'node2: edge_node_capacity="fast" must be auto'),
+    "capacity-not-a-tier": (["edge_node_capacity=0.5"], "node2: edge_node_capacity=0.5 must be auto"),
+    "no-fleet-id": (["edge_node_fleet=''"], 'node2: edge_node_fleet="" must be a fleet id'),
+    "tls-cert-without-key": (
+        ["edge_node_tls=True", "edge_node_tls_cert_file=/etc/ssl/node.pem"],
+        "node2: TLS is half-configured",
+    ),
+    "tls-files-without-tls": (
+        ["edge_node_tls_ca_file=/a/ca.pem", "edge_node_tls_cert_file=/a/n.pem", "edge_node_tls_key_file=/a/n.key"],
+        "node2: TLS is half-configured",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INVENTORIES))
+def test_bad_inventory_value_stops_before_any_host_changes(
+    case: str, fleet: deploy_hosts.Fleet, tmp_path: Path
+) -> None:
+    """One bad value on node2 stops the whole play before a task changes node1 or node2."""
+    bad_vars, message = BAD_INVENTORIES[case]
+    node2_vars = dict(item.split("=", 1) for item in bad_vars)
+    inventory = write_inventory(fleet, tmp_path / "inventory.ini", node2=node2_vars)
+    before = {host.name: _host_changes(host) for host in fleet.hosts}
+
+    run = run_playbook(inventory)
+
+    assert run.returncode != 0, run.output[-3000:]
+    assert message in run.output, run.output[-3000:]
+    assert "Install, configure and start" not in run.output, "the deploy play started despite a bad value"
+    for host in fleet.hosts:
+        assert _host_changes(host) == before[host.name], f"{host.name} changed: {case}"
+        _assert_not_installed(fleet, host)
+
+
+def _status(fleet: deploy_hosts.Fleet, host: deploy_hosts.Host) -> dict:
+    result = fleet.ssh(host, f"/opt/edge-node/venv/bin/edge-node status --state-dir {STATE_DIR} --json")
+    assert result.returncode == 0, f"{host.name}: status exit {result.returncode}: {result.stdout}{result.stderr}"
+    return json.loads(result.stdout)
+
+
+def _rounds(fleet: deploy_hosts.Fleet, host: deploy_hosts.Host) -> list[dict]:
+    result = fleet.ssh(host, f"cat {STATE_DIR}/rounds.jsonl 2>/dev/null; true")
+    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+
+
+def _answered(record: dict) -> list[str]:
+    """The peers whose models a round received (``peers_answered``: their ids)."""
+    answered = record.get("peers_answered") or []
+    return list(answered) if isinstance(answered, list) else []
+
+
+def _main_pid(fleet: deploy_hosts.Fleet, host: deploy_hosts.Host) -> str:
+    return fleet.ssh(host, "systemctl show -p MainPID --value edge-node.service").stdout.strip()
+
+
+@pytest.mark.timeout(1200)
+def test_converge_starts_a_fleet_that_trades_models_and_second_run_changes_nothing(
+    fleet: deploy_hosts.Fleet, tmp_path: Path
+) -> None:
+    tls_dir = tmp_path / "fleet-ca"
+    settings = {
+        "edge_node_tls": True,  # a fleet CA made on the controller, a certificate per host
+        "edge_node_tls_ca_dir": str(tls_dir),
+        "edge_node_health_retries": 60,
+        # A quarter of the built-in demo set per node and one epoch: rounds of seconds, not minutes.
+        "edge_node_dataset": "demo",
+        "edge_node_num_clients": 4,
+        # The rollout is serial: node1 trains alone while node2 installs and is many rounds ahead when
+        # node2 starts; with the default staleness (5 rounds) it would refuse node2's snapshots as stale.
+        "edge_node_extra_config": {"epochs": 1, "staleness": 1000},
+    }
+    inventory = write_inventory(
+        fleet,
+        tmp_path / "inventory.ini",
+        extra_vars=settings,
+        node1={"edge_node_client_index": 0},
+        node2={"edge_node_client_index": 1},
+    )
+
+    first = run_playbook(inventory)
+    print(f"\nconverge 1: {first.seconds:.1f} s, recap {first.recap()}")
+    assert first.returncode == 0, first.output[-8000:]
+    assert set(first.recap()) == {"node1", "node2"}
+
+    for host in fleet.hosts:
+        unit = fleet.ssh(
+            host,
+            "systemctl show edge-node.service -p ActiveState -p Type -p Restart -p User "
+            "-p WatchdogUSec -p NoNewPrivileges -p ProtectSystem -p PrivateTmp -p UnitFileState",
+        )
+        props = dict(line.split("=", 1) for line in unit.stdout.split())
+        assert props == props | {
+            "ActiveState": "active", "Type": "notify", "Restart": "on-failure", "User": "edge-node",
+            "NoNewPrivileges": "yes", "ProtectSystem": "strict", "PrivateTmp": "yes", "UnitFileState": "enabled",
+        }, f"{host.name}: {props}"  # fmt: skip
+        assert props["WatchdogUSec"] not in ("0", "infinity"), props
+        account = fleet.ssh(host, "getent passwd edge-node").stdout.strip().split(":")
+        assert account[-1] in ("/usr/sbin/nologin", "/sbin/nologin"), account
+        key = fleet.ssh(host, "stat -c '%U %a' /etc/edge-node/tls/node.key").stdout.strip()
+        assert key == "edge-node 600", f"{host.name}: node.key is {key}"
+        config = fleet.ssh(host, "cat /etc/edge-node/config.toml").stdout
+        assert 'fleet = "deploy-test"' in config and f'node_id = "{host.name}"' in config, config
+        assert _status(fleet, host)["healthy"] is True
+        routes = fleet.ssh(host, "ip route show default").stdout.strip()
+        assert routes == "", f"{host.name} has a default route ({routes}): the wheelhouse test would prove nothing"
+
+    # The daemons found each other over mDNS and trade models: each logs rounds with the other's model.
+    deadline = time.monotonic() + ROUNDS_TIMEOUT_S
+    traded: dict[str, dict] = {}
+    while len(traded) < len(fleet.hosts) and time.monotonic() < deadline:
+        for host in fleet.hosts:
+            others = {h.name for h in fleet.hosts} - {host.name}
+            with_peer = [r for r in _rounds(fleet, host) if others & set(_answered(r)) and r.get("bytes_in", 0) > 0]
+            if with_peer:
+                traded[host.name] = with_peer[0]
+        time.sleep(5)
+    for host in fleet.hosts:
+        print(f"{host.name} rounds.jsonl: {[json.dumps(r)[:300] for r in _rounds(fleet, host)]}")
+        if host.name not in traded:
+            journal = fleet.ssh(host, "journalctl -u edge-node --no-pager -n 60").stdout
+            pytest.fail(f"{host.name}: no round with a model from its peer in {ROUNDS_TIMEOUT_S} s:\n{journal}")
+
+    pids = {host.name: _main_pid(fleet, host) for host in fleet.hosts}
+    second = run_playbook(inventory)
+    print(f"converge 2: {second.seconds:.1f} s, recap {second.recap()}")
+    assert second.returncode == 0, second.output[-8000:]
+    for name, counters in second.recap().items():
+        assert counters["changed"] == 0 and counters["failed"] == 0, f"{name}: {counters}\n{second.output[-8000:]}"
+    assert {host.name: _main_pid(fleet, host) for host in fleet.hosts} == pids, "the second run restarted a daemon"
+
+
+@pytest.mark.timeout(600)
+def test_stop_then_uninstall_leaves_the_host_clean(fleet: deploy_hosts.Fleet, tmp_path: Path) -> None:
+    """After the converge: --tags stop stops the daemons; --tags uninstall removes all but the state."""
+    inventory = write_inventory(fleet, tmp_path / "inventory.ini")
+    for host in fleet.hosts:
+        assert fleet.ssh(host, "systemctl is-active edge-node").stdout.strip() == "active", "no converged host"
+
+    stop = run_playbook(inventory, "--tags", "stop")
+    assert stop.returncode == 0, stop.output[-5000:]
+    for host in fleet.hosts:
+        assert fleet.ssh(host, "systemctl is-active edge-node").stdout.strip() == "inactive"
+        assert fleet.ssh(host, "systemctl is-enabled edge-node").stdout.strip() == "disabled"
+
+    uninstall = run_playbook(inventory, "--tags", "uninstall")
+    assert uninstall.returncode == 0, uninstall.output[-5000:]
+    for host in fleet.hosts:
+        left = fleet.ssh(host, f"ls -d {' '.join(UNTOUCHED_PATHS)} 2>/dev/null; getent passwd edge-node; true")
+        assert left.stdout.split() == [STATE_DIR], f"{host.name} after uninstall: {left.stdout}"
+        assert fleet.ssh(host, "systemctl cat edge-node.service").returncode != 0
+
+    purge = run_playbook(inventory, "--tags", "uninstall", "-e", "edge_node_purge_state=true")
+    assert purge.returncode == 0, purge.output[-5000:]
+    for host in fleet.hosts:
+        _assert_not_installed(fleet, host)
