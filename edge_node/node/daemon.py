@@ -3,13 +3,15 @@
 Each round (no global barrier: every node keeps its own round counter)::
 
     communicate  pick up to k live peers at random (skipping peers in backoff), pull their latest
-                 snapshots in parallel with deadlines, drop stale or refused ones
+                 snapshots in parallel with deadlines, drop stale (more than ``staleness`` rounds
+                 behind) or refused ones (see ``edge_node.algorithm.robust``)
     aggregate    aggregate_peers(state, snapshots)                      (edge_node.algorithm.dispfl)
     train        accuracy before, train_local, accuracy after, update_mask
     then         append the round's record to rounds.jsonl, checkpoint atomically, publish the
                  snapshot (served to peers, advertised over mDNS), write status.json and model.onnx
 
-A node that finds nobody trains locally and keeps looking. A diverged round is never published: the
+A node that finds nobody trains locally and keeps looking; a node whose peers are ahead continues at
+their round (``catch_up``), so late joiners are not refused as stale for ever. A diverged round is never published: the
 state stays at the last checkpoint, and three divergences in a row end the daemon (exit 5). With
 ``lockstep`` the fleet runs the synchronous algorithm of ALGORITHM.md: a node starts round t once every
 node has published round t, and pulls exactly round t's snapshots of the simulation's seeded neighbours.
@@ -381,9 +383,13 @@ class Node:
             "energy_label": energy["label"],
             "energy_source": energy["source"],
         }
+        next_round = catch_up(t, [m.header.round for m in received.values()], lockstep=self.config.lockstep)
+        if next_round > t + 1:
+            record["caught_up_to"] = next_round
+            _LOGGER.info("round %d: peers are ahead; continuing at their round %d", t, next_round)
         append_line(self.rounds_log, json.dumps(record))
-        save_checkpoint(self.checkpoint_path, Checkpoint(self.identity, t + 1, new_state))
-        self.state, self.rounds_done = new_state, t + 1
+        save_checkpoint(self.checkpoint_path, Checkpoint(self.identity, next_round, new_state))
+        self.state, self.rounds_done = new_state, next_round
         self._publish()
         totals = self._totals
         totals.bytes_in += bytes_in
@@ -617,6 +623,20 @@ class Node:
             "started_unix": round(self._started_unix, 3),
             "uptime_s": round(time.time() - self._started_unix, 1),
         }
+
+
+def catch_up(t: int, peer_rounds: list[int], *, lockstep: bool) -> int:
+    """The round after round ``t``: ``t + 1``, or the newest snapshot round aggregated when it is ahead.
+
+    Asynchronous nodes run at their own pace, so a node that joined late (or was off) would stay many
+    rounds behind for ever, and its snapshots would be refused as stale by the others. Adopting the
+    newest aggregated round keeps the fleet's counters, and so its learning-rate and prune schedules,
+    together; the staleness bound then only refuses snapshots that really are old. Lockstep rounds
+    never jump (every node runs every round).
+    """
+    if lockstep or not peer_rounds:
+        return t + 1
+    return max(t + 1, max(peer_rounds))
 
 
 def check_listen_free(listen: str) -> None:

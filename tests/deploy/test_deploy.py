@@ -133,8 +133,9 @@ def test_converge_starts_a_fleet_that_trades_models_and_second_run_changes_nothi
         "edge_node_dataset": "demo",
         "edge_node_num_clients": 4,
         # The rollout is serial: node1 trains alone while node2 installs and is many rounds ahead when
-        # node2 starts; with the default staleness (5 rounds) it would refuse node2's snapshots as stale.
-        "edge_node_extra_config": {"epochs": 1, "staleness": 1000},
+        # node2 starts; node2 continues at node1's round once it has pulled it (the daemon's catch-up), so
+        # the default staleness bound must not make node1 refuse node2 for ever.
+        "edge_node_extra_config": {"epochs": 1},
     }
     inventory = write_inventory(
         fleet,

@@ -205,3 +205,12 @@ def test_state_dir_lock_is_exclusive(tmp_path):
 def test_status_json_is_valid(tmp_path):
     write_status_file(Path(tmp_path), {"a": 1})
     assert json.loads((tmp_path / "status.json").read_text()) == {"a": 1}
+
+
+def test_catch_up_adopts_the_newest_aggregated_round_only_when_ahead():
+    from edge_node.node.daemon import catch_up
+
+    assert catch_up(0, [], lockstep=False) == 1
+    assert catch_up(0, [12, 3], lockstep=False) == 12  # a late joiner continues at the fleet's round
+    assert catch_up(20, [12, 19], lockstep=False) == 21  # peers behind never pull it back
+    assert catch_up(0, [12], lockstep=True) == 1  # lockstep runs every round
