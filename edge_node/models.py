@@ -1,5 +1,10 @@
 """The model registry: CIFAR-sized ``cnn``, ``resnet18`` and ``vgg11``, all with GroupNorm.
 
+``resnet18`` on Tiny-ImageNet (64x64) is the DisPFL paper's ``tiny_resnet18``: the same network (3x3
+stride-1 stem, no max-pool) whose final average pool is global (adaptive to 1x1), so a 64x64 input ends in
+an 8x8 map instead of 4x4; its parameters are the CIFAR count with a 200-class head (11,271,432) and every
+convolution costs 4x the FLOPs. ``cnn`` takes 32x32 images only (its fc1 is sized for a 5x5 map).
+
 GroupNorm, never BatchNorm: DisPFL masks every parameter tensor and models must carry no buffers
 (running statistics cannot be averaged over personal masks). Parameter counts for 10 classes are
 pinned by ALGORITHM.md and by tests: cnn 797,962; resnet18 11,173,962; vgg11 9,231,114.

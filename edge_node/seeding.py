@@ -25,6 +25,8 @@ class Stream(enum.Enum):
     TRAIN = "train"  # (client, round): shuffles and augmentation of local training (and the regrowth batch)
     REGROW = "regrow"  # (client, round): positions of random regrowth
     PEERS = "peers"  # (client, round): which live peers an asynchronous node pulls from
+    FEDAVG_SAMPLE = "fedavg-sample"  # (round,): which clients a FedAvg server trains in a round
+    FINETUNE = "finetune"  # (client, round): shuffles and augmentation of an evaluation-only fine-tune (-ft baselines)
 
 
 def _entropy(seed: int, stream: Stream, ids: tuple[int, ...]) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+from typing import Any
 
 import click
 
@@ -26,9 +27,24 @@ SUBCOMMANDS = {
     "energy": "edge_node.cli.energy",
     "export": "edge_node.cli.export",
     "peers": "edge_node.cli.peers",
+    "report": "edge_node.cli.report",
     "simulate": "edge_node.cli.simulate",
     "start": "edge_node.cli.start",
     "status": "edge_node.cli.status",
+}
+# One-line help of each subcommand for ``edge-node --help`` and shell completion, so that listing the
+# commands imports none of them (simulate pulls in torch: seconds). A subcommand missing here is imported
+# to read its own help.
+SHORT_HELP = {
+    "capacity": "Measure throughput, memory, CPUs, accelerator and link; print every tier's check and the one chosen.",
+    "certs": "Mutual TLS material: a fleet CA signs one certificate per node (SAN = node id).",
+    "energy": "Joules per round and phase, mean power and meter source from RUN_OR_STATE_DIR/energy.jsonl.",
+    "export": "Write the node's latest checkpointed model (masked weights) as ONNX and check it with onnxruntime.",
+    "peers": "Browse for edge-node peers over mDNS and print the live peer table.",
+    "report": "The paper's table and plots across runs; --masks: mask distance vs data similarity of a run.",
+    "simulate": "Simulate N clients of DisPFL (or a baseline of the paper's table) and report what the paper reports.",
+    "start": "Run this device's DisPFL node: discover peers, pull their models, train, publish, log.",
+    "status": "Ask the running node how it is: id, tier, round, phase, peers, accuracy, bytes, energy.",
 }
 
 
@@ -43,14 +59,60 @@ class _LazyGroup(click.Group):
             importlib.import_module(SUBCOMMANDS[cmd_name])  # registers itself on ``app``
         return super().get_command(ctx, cmd_name)
 
+    def _short_help(self, ctx: click.Context, name: str, limit: int = 45) -> str | None:
+        """A command's one-line help without importing it when it is listed in SHORT_HELP (None: hidden/absent)."""
+        if name not in self.commands and name in SHORT_HELP:
+            return SHORT_HELP[name]
+        cmd = self.get_command(ctx, name)
+        return None if cmd is None or cmd.hidden else cmd.get_short_help_str(limit)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = [(n, h) for n in names if (h := self._short_help(ctx, n, limit)) is not None]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        items = [
+            CompletionItem(n, help=h)
+            for n in self.list_commands(ctx)
+            if n.startswith(incomplete) and (h := self._short_help(ctx, n)) is not None
+        ]
+        return items + click.Command.shell_complete(self, ctx, incomplete)
+
+
+def set_verbosity(verbose: int) -> None:
+    """Log level from a count of ``-v``: warnings only, -v info, -vv debug (on the root logger, stderr)."""
+    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger().setLevel(level)
+
+
+def verbose_option(func: Any) -> Any:
+    """``-v/--verbose`` for a subcommand too (``edge-node simulate -v``); more -v than the group's wins."""
+
+    def callback(ctx: click.Context, _param: click.Parameter, value: int) -> int:
+        if value:
+            set_verbosity(max(value, (ctx.find_root().params or {}).get("verbose", 0)))
+        return value
+
+    return click.option(
+        "-v", "--verbose", count=True, expose_value=False, callback=callback, help="More logging: -v info, -vv debug."
+    )(func)
+
 
 @click.group(name="edge-node", cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More logging: -v info, -vv debug.")
 @click.version_option(__version__, "-V", "--version", prog_name="edge-node")
 def app(verbose: int) -> None:
     """Decentralized personalized federated learning (DisPFL) on fleets of edge devices."""
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    set_verbosity(verbose)
 
 
 def fail(message: str, code: ExitCode = ExitCode.BAD_INPUT) -> click.exceptions.Exit:

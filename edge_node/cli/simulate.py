@@ -1,147 +1,201 @@
-"""``edge-node simulate``: N DisPFL clients in one process on a benchmark data set."""
+"""``edge-node simulate``: N clients of DisPFL or one of the paper's baselines in one process."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import click
 
-from edge_node.cli._app import app
-from edge_node.data import DATASET_NAMES, load_dataset
+from edge_node.algorithm.masks import MASK_METHODS
+from edge_node.algorithm.prune_regrow import REGROW_RULES
+from edge_node.algorithm.topology import TOPOLOGIES
+from edge_node.cli._app import app, verbose_option
+from edge_node.data import DATASET_NAMES, PARTITION_NAMES, load_dataset
+from edge_node.energy.detect import BACKENDS
 from edge_node.energy.report import load_energy_log
 from edge_node.energy.report import summarize as energy_summary
 from edge_node.errors import ConfigError
-from edge_node.sim.config import SimConfig
+from edge_node.models import MODEL_NAMES
+from edge_node.sim.config import DERIVED_KEYS, DEVICES, METHODS, OUTPUT_PATTERN, SETTINGS, SimConfig
 from edge_node.sim.report import SUMMARY_FILE, format_summary, plot_run, read_rounds, summarize
-from edge_node.sim.runner import resolve_device, run_simulation
+from edge_node.sim.runner import progress_bars_shown, resolve_device, run_simulation
 from edge_node.storage import atomic_write_text
+from edge_node.tomlconf import build, merge, read_toml, to_toml
 
 _LOGGER = logging.getLogger(__name__)
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
+MAX_JSON_CONFIG_BYTES = 1 << 20
+
+
+def _default(name: str) -> str:
+    value = _DEFAULTS[name]
+    return "none" if value is None else str(value)
+
+
+def _complete_partition(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    forms = [f"{p}:{'0.3' if p.startswith('dir') else '2'}" for p in PARTITION_NAMES]
+    return [f for f in forms if f.startswith(incomplete)]
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The settings of a TOML file, or of a run's ``config.json`` (its derived keys dropped)."""
+    if path.suffix.lower() != ".json":
+        return read_toml(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_JSON_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is {len(data)} bytes; at most {MAX_JSON_CONFIG_BYTES} are read")
+    try:
+        values = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid JSON: {exc}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {path} must hold a JSON object of settings")
+    return {k: v for k, v in values.items() if k not in DERIVED_KEYS}
+
+
+def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
+    return click.Choice(list(values), case_sensitive=False)
 
 
 @app.command()
-@click.option("--method", default="dispfl", show_default=True, help="Learning method (baselines follow).")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Settings from a TOML file (keys as the flags, with _ for -) or a run's config.json; flags override it.",
+)
+@click.option("--method", type=_choice(METHODS), help=f"Learning method [default: {_default('method')}].")
 @click.option(
     "--dataset",
-    default="demo",
-    show_default=True,
-    help=f"One of {', '.join(DATASET_NAMES)}; 'demo' is built in and needs no download.",
+    type=_choice(DATASET_NAMES),
+    help=f"Data set; 'demo' is built in and needs no download [default: {_default('dataset')}].",
 )
 @click.option(
     "--data-dir",
     type=click.Path(path_type=Path),
     default=None,
-    help="Data set location: python batches, an image-folder tree, or a .tar.gz of either.",
+    help="Data set location: python batches, an image-folder or Tiny-ImageNet tree, or a .tar.gz of one.",
 )
 @click.option("--download", is_flag=True, help="Download CIFAR python batches (checksummed) when absent.")
-@click.option("--model", default="cnn", show_default=True, help="cnn, resnet18 or vgg11.")
-@click.option("--clients", default=100, show_default=True, type=int)
-@click.option("--neighbours", default=10, show_default=True, type=int, help="Peers each client pulls per round.")
-@click.option("--topology", default="random", show_default=True, help="random, ring or full.")
-@click.option("--max-in-degree", default=None, type=int, help="Cap pulls a node serves per round (paper: 10).")
-@click.option("--rounds", default=500, show_default=True, type=int, help="Rounds to run (resume: run up to this).")
-@click.option("--planned-rounds", default=None, type=int, help="T of the cosine prune schedule [default: --rounds].")
-@click.option("--epochs", default=5, show_default=True, type=int, help="Local epochs per round.")
-@click.option("--batch-size", default=128, show_default=True, type=int)
-@click.option("--lr", default=0.1, show_default=True, type=float, help="Initial learning rate (x0.998 per round).")
-@click.option("--density", default=None, type=float, help="Model density in (0, 1] [default: 0.5].")
+@click.option("--model", type=_choice(MODEL_NAMES), help=f"Model [default: {_default('model')}].")
+@click.option("--clients", type=int, help=f"Number of clients [default: {_default('clients')}; paper: 100].")
 @click.option(
-    "--setting", default="i", show_default=True, help="'ii': heterogeneous tiers 0.2..1.0 (client i gets tier i mod 5)."
-)
-@click.option("--mask-init", default="erk", show_default=True, help="erk or uniform.")
-@click.option("--regrow", default="random", show_default=True, help="gradient (paper) or random (reference).")
-@click.option("--partition", default="dir:0.3", show_default=True, help="dir:ALPHA or path:K.")
-@click.option(
-    "--samples-per-client",
-    default=None,
+    "--neighbours",
     type=int,
-    help="dir partitions: samples per client [default: training set size // clients].",
+    help=f"Peers each client pulls per round, random topology [default: {_default('neighbours')}; paper: 10].",
 )
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
+@click.option("--topology", type=_choice(TOPOLOGIES), help=f"Who pulls from whom [default: {_default('topology')}].")
+@click.option("--max-in-degree", type=int, help="Cap pulls a node serves per round (paper: 10) [default: none].")
+@click.option(
+    "--rounds", type=int, help=f"Rounds to run; resume: run up to this [default: {_default('rounds')}; paper: 500]."
+)
+@click.option("--planned-rounds", type=int, help="T of the cosine prune schedule [default: --rounds].")
+@click.option("--epochs", type=int, help=f"Local epochs per round [default: {_default('epochs')}].")
+@click.option("--batch-size", type=int, help=f"[default: {_default('batch_size')}]")
+@click.option("--lr", type=float, help=f"Initial learning rate, x0.998 per round [default: {_default('lr')}].")
+@click.option(
+    "--density", type=float, help="DisPFL model density in (0, 1] [default: 0.5; the dense baselines use 1]."
+)
+@click.option(
+    "--setting",
+    type=_choice(SETTINGS),
+    help="'ii': heterogeneous tiers 0.2..1.0, client i gets tier i mod 5 [default: i].",
+)
+@click.option("--mask-init", type=_choice(MASK_METHODS), help=f"[default: {_default('mask_init')}]")
+@click.option(
+    "--regrow", type=_choice(REGROW_RULES), help="gradient (the paper) or random (reference code) [default: random]."
+)
+@click.option(
+    "--partition",
+    shell_complete=_complete_partition,
+    help="dir:ALPHA, path:K (the reference code's procedure), dir-reuse:ALPHA, dir-balanced:ALPHA, "
+    f"path-balanced:K (see docs) [default: {_default('partition')}].",
+)
+@click.option("--samples-per-client", type=int, help="Quota per client [default: training set size // clients].")
+@click.option(
+    "--fedavg-clients", type=int, help=f"fedavg: clients trained per round [default: {_default('fedavg_clients')}]."
+)
+@click.option(
+    "--target-density",
+    type=float,
+    help=f"dispfl-s2s: prune further down to this density [default: {_default('target_density')}].",
+)
+@click.option(
+    "--s2s-stable-threshold",
+    type=float,
+    help="dispfl-s2s: a client votes stable when |D_t - D_t-1| / D_0 <= this "
+    f"[default: {_default('s2s_stable_threshold')}].",
+)
+@click.option("--seed", type=int, help=f"[default: {_default('seed')}]")
+@click.option("--device", type=_choice(DEVICES), help=f"[default: {_default('device')}]")
 @click.option(
     "--output",
     type=click.Path(path_type=Path),
     default=None,
-    help="Run directory [default: runs/<dataset>-<model>-<setting>-seed<N>]. Resumed if it holds a run.",
+    help=f"Run directory [default: {OUTPUT_PATTERN}, ':' dropped]. Resumed if it holds a run.",
 )
 @click.option("--fresh", is_flag=True, help="Discard a previous run in --output instead of resuming it.")
-@click.option("--energy-backend", default="auto", show_default=True, help="auto, nvml, rapl, jetson, rpi5 or estimate.")
+@click.option("--energy-backend", type=_choice(BACKENDS), help=f"Energy meter [default: {_default('energy_backend')}].")
 @click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Decoded data-set cache.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bars in a terminal, else one line per round [default: progress].",
+)
+@click.option("--print-config", is_flag=True, help="Print the settings as TOML (a --config file) and exit.")
+@verbose_option
+@click.pass_context
 def simulate(
-    method: str,
-    dataset: str,
-    data_dir: Path | None,
+    ctx: click.Context,
+    config_file: Path | None,
     download: bool,
-    model: str,
-    clients: int,
-    neighbours: int,
-    topology: str,
-    max_in_degree: int | None,
-    rounds: int,
-    planned_rounds: int | None,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    density: float | None,
-    setting: str,
-    mask_init: str,
-    regrow: str,
-    partition: str,
-    samples_per_client: int | None,
-    seed: int,
-    device: str,
-    output: Path | None,
     fresh: bool,
-    energy_backend: str,
     cache_dir: Path | None,
-    progress: bool,
+    print_config: bool,
+    **flags: Any,
 ) -> None:
-    """Run DisPFL with N simulated clients and report what the paper reports.
+    """Simulate N clients of DisPFL (or a baseline of the paper's table) and report what the paper reports.
 
-    Writes per-round JSONL (accuracy before/after local training, bytes per node, busiest node,
-    paper-convention MB, FLOPs, wall time), energy.jsonl, summary.json and PNG plots to the run
-    directory; a run is resumable from its last completed round.
+    Writes per-round JSONL (accuracy, bytes per node, busiest node, paper-convention MB, FLOPs, wall time),
+    energy.jsonl, summary.json and PNG plots to the run directory; a run resumes from its last completed
+    round. Its config.json reproduces it: --config RUN/config.json --output OTHER.
     """
-    if setting == "ii" and density is not None:
+    file_values = read_config_file(config_file) if config_file is not None else {}
+    given_flags = {
+        k: v
+        for k, v in flags.items()
+        if v is not None and ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE
+    }
+    values = merge(file_values, given_flags)
+    # What the user chose: flags and a TOML file's keys; a run's config.json records every setting.
+    chosen = given_flags if config_file is not None and config_file.suffix.lower() == ".json" else values
+    if values.get("setting") == "ii" and chosen.get("density") is not None:
         raise ConfigError("--density and --setting ii exclude each other (setting ii uses tiers 0.2..1.0)")
-    if output is None:
-        output = Path("runs") / f"{dataset}-{model}-setting{setting}-seed{seed}"
-    config = SimConfig(
-        method=method,
-        dataset=dataset,
-        data_dir=data_dir,
-        model=model,
-        clients=clients,
-        neighbours=neighbours,
-        topology=topology,
-        max_in_degree=max_in_degree,
-        rounds=rounds,
-        planned_rounds=planned_rounds,
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        density=0.5 if density is None else density,
-        setting=setting,
-        mask_init=mask_init,
-        regrow=regrow,
-        partition=partition,
-        samples_per_client=samples_per_client,
-        seed=seed,
-        device=device,
-        output=output,
-        energy_backend=energy_backend,
-        progress=progress,
-    )
+    config = build(SimConfig, values, str(config_file) if config_file else "the command line")
+    for warning in config.ignored(set(chosen)):
+        click.echo(f"edge-node: warning: {warning}", err=True)
+    if print_config:
+        click.echo(to_toml(config), nl=False)
+        return
     resolve_device(config.device)  # before the (possibly long) data decode
-    data = load_dataset(dataset, data_dir, cache_dir=cache_dir, download=download)
+    data = load_dataset(config.dataset, config.data_dir, cache_dir=cache_dir, download=download)
     click.echo(
-        f"simulating {clients} clients of {model} on {dataset} for {rounds} rounds -> {output.resolve()}", err=True
+        f"simulating {config.method}: {config.clients} clients of {config.model} on {config.dataset} "
+        f"({config.partition}, {config.partition_variant} partition) for {config.rounds} rounds -> "
+        f"{config.run_dir.resolve()}",
+        err=True,
     )
-    run_dir = run_simulation(config, data, fresh=fresh)
+    # In a terminal: progress bars. In a pipe or under a service: one line per round (unless -v logs them).
+    lines = config.progress and not progress_bars_shown(config) and not _LOGGER.isEnabledFor(logging.INFO)
+    run_dir = run_simulation(config, data, fresh=fresh, on_round=_round_line(config) if lines else None)
     records = read_rounds(run_dir)
     summary = summarize(records, energy_summary(load_energy_log(run_dir)))
     atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
@@ -150,3 +204,15 @@ def simulate(
     click.echo(f"\nrun directory: {run_dir.resolve()}")
     for path in plots:
         click.echo(f"plot: {path.resolve()}")
+
+
+def _round_line(config: SimConfig) -> Any:
+    def line(record: dict[str, Any]) -> None:
+        click.echo(
+            f"round {record['round'] + 1}/{config.rounds}: acc {100 * record['acc_mean']:.2f}% "
+            f"({record['acc_metric']}), busiest node {record['busiest_node']} "
+            f"{record['busiest_node_bytes'] / 1e6:.2f} MB, {record['wall_s']:.1f} s",
+            err=True,
+        )
+
+    return line

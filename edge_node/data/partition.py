@@ -1,28 +1,52 @@
 """Non-IID client partitions of a labelled training set, and per-client test sets (ALGORITHM.md, "Data
 partitions"). All randomness comes from the ``numpy.random.Generator`` passed in.
 
-``dir`` (Dirichlet, as in DisPFL's reference implementation): each client draws a class prior from
-Dir(alpha); clients then take turns, in a random order, drawing one sample at a time: a class from their
-prior, redrawing when that class is exhausted (equivalently: from the prior renormalised over the classes
-that still have samples), and the next unused sample of that class. The turns interleave all clients (a
-random permutation of the quota slots), so that running out of a class hits every client alike. (The
-reference implementation instead gives each next sample to a uniformly drawn client that is not yet full;
-both fill every quota the way ALGORITHM.md says, but when classes run out the two orders give slightly
-different mixes, so partitions are not sample-for-sample those of the reference code.)
+Two families, named in the partition spec (``--partition``), and recorded in every run:
 
-``path`` (pathological): every client holds exactly ``k`` distinct classes and the SAME number of samples
-of each. Classes are dealt at random but balanced, so that each class is held by floor or ceil of
-N*k/C clients; every (client, class) pair then gets a fixed share, the smallest of
-``count(class) // holders(class)`` over the classes in use. Why this and not "split each class among its
-holders": with independent random picks a class can end up with 30 holders and another with 10, which
-makes clients' sizes and class proportions unequal; the balanced deal reproduces the paper's 500
-samples per client exactly (CIFAR-10, N=100, k=2: 20 holders x 250; CIFAR-100, k=10: 10 x 50), with every
-sample used and none given twice.
+========================  ===========  ==============================================================
+spec                      variant      procedure
+========================  ===========  ==============================================================
+``dir:ALPHA``             reference    the reference code's ``dir``: exhausted class -> draw again
+``dir-reuse:ALPHA``       reuse        ``dir`` priors, exhausted class -> reset its count (reuse)
+``dir-balanced:ALPHA``    balanced     no reuse, quota slots in a random order (edge-node <= 0.x)
+``path:K``                reference    the reference code's ``n_cls``: exhausted class -> reset (reuse)
+``path-balanced:K``       balanced     classes dealt evenly, equal shares, no reuse
+========================  ===========  ==============================================================
+
+**Reference** (:func:`partition_reference`; DisPFL's public code, ``fedml_api/data_preprocessing/
+cifar10/data_loader.py:partition_data``, which produced the paper's tables). Every client has a class
+prior and a quota (training size // N). While any quota is unfilled, a uniformly drawn client that is not
+yet full takes one sample: a class drawn from its prior, then the next sample of that class's pool (pools
+are served from their end). When the drawn class's pool is exhausted, the reference code does one of two
+things and then draws a class from the prior again:
+
+* ``path`` (its ``n_cls`` branch): it resets that class's remaining count to a uniform integer in
+  ``[0, pool size)``, so samples of popular classes are given to several clients and every client's data
+  follows its prior's classes exactly (classes have unequal numbers of holders: k classes are chosen
+  independently per client);
+* ``dir``: nothing is reset (the reset line is commented out in the code's CIFAR-100 loader and absent
+  in the CIFAR-10 one): an exhausted class stays exhausted and the client draws again, so no sample is
+  given twice and, once popular classes run out, late clients get classes their prior rarely picks.
+  ALGORITHM.md describes the reset for ``dir`` too; ``dir-reuse`` is that reading.
+
+Where a client's prior has no mass left on any available class (only possible without reuse, for
+priors with exact zeros), it draws uniformly among the available classes instead of looping forever.
+Pools are shuffled by the seeded generator (the reference serves them in file order; CIFAR's file order
+is random anyway).
+
+**Balanced** (:func:`partition_dir`, :func:`partition_path`: what edge-node used before the reference
+procedure, kept as an option). ``dir-balanced``: clients take turns in a random order of the quota slots
+(a random permutation, not a uniform client draw), drawing again while a class is exhausted; no sample is
+given twice. ``path-balanced``: every client holds exactly ``k`` distinct classes and the same number of
+samples of each; classes are dealt so that each is held by floor or ceil of N*k/C clients and every
+(client, class) pair gets the smallest ``count(class) // holders(class)``: CIFAR-10, N=100, k=2 gives 20
+holders x 250 samples, every sample used once.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -63,7 +87,7 @@ def partition_dir(
     rng: np.random.Generator,
     samples_per_client: int | None = None,
 ) -> list[np.ndarray]:
-    """Dirichlet non-IID partition: per-client sorted int64 index arrays, disjoint, each of the quota size.
+    """``dir-balanced``: Dirichlet non-IID partition; per-client sorted int64 index arrays, disjoint, of the quota size.
 
     The quota is ``len(labels) // num_clients`` unless ``samples_per_client`` is given.
     """
@@ -141,7 +165,7 @@ def _deal_classes(num_clients: int, k: int, num_classes: int, rng: np.random.Gen
 def partition_path(
     labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
-    """Pathological partition: each client gets exactly ``classes_per_client`` classes, equal share of each.
+    """``path-balanced``: each client gets exactly ``classes_per_client`` classes, equal share of each.
 
     See the module docstring for how classes are dealt and why shares are fixed.
     """
@@ -202,12 +226,138 @@ def client_test_indices(
     return np.concatenate(out).astype(np.int64, copy=False)
 
 
-def parse_partition(spec: str) -> tuple[str, float]:
-    """``"dir:0.3"`` -> ``("dir", 0.3)``; ``"path:2"`` -> ``("path", 2)`` (an int). ConfigError otherwise."""
-    kind, sep, value = str(spec).strip().partition(":")
-    kind = kind.strip().lower()
-    if not sep or kind not in ("dir", "path"):
-        raise ConfigError(f"partition {spec!r} must be 'dir:<alpha>' (e.g. dir:0.3) or 'path:<k>' (e.g. path:2)")
+def dir_priors(num_clients: int, num_classes: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
+    """[N, C] class priors drawn from Dir(alpha), one row per client (the reference's ``dir``)."""
+    if not (isinstance(alpha, (int, float, np.floating)) and math.isfinite(alpha) and alpha > 0):
+        raise ConfigError(f"alpha={alpha!r} must be a positive finite number")
+    return rng.dirichlet(np.full(num_classes, float(alpha)), size=num_clients)
+
+
+def path_priors(num_clients: int, num_classes: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """[N, C] priors uniform over ``k`` classes chosen independently per client (the reference's ``n_cls``)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= num_classes:
+        raise ConfigError(f"classes_per_client={k!r} must be an integer in 1..{num_classes}")
+    priors = np.zeros((num_clients, num_classes))
+    for i in range(num_clients):
+        priors[i, rng.choice(num_classes, size=int(k), replace=False)] = 1.0 / k
+    return priors
+
+
+def partition_reference(
+    labels: np.ndarray,
+    priors: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    samples_per_client: int | None = None,
+    reuse: bool,
+) -> list[np.ndarray]:
+    """The reference code's one-sample-at-a-time partition (module docstring): sorted int64 indices per client.
+
+    Args:
+        labels: the training labels.
+        priors: [N, C] class prior of each client (:func:`dir_priors`, :func:`path_priors`).
+        samples_per_client: the quota; default ``len(labels) // N`` (the reference's).
+        reuse: on drawing an exhausted class, reset its remaining count to a uniform integer in
+            ``[0, pool size)`` (the reference's ``path``), else leave it exhausted (its ``dir``); either
+            way a class is then drawn from the prior again. With reuse a client's indices may repeat.
+    """
+    y = _check_labels(labels)
+    n = len(y)
+    priors = np.asarray(priors, dtype=np.float64)
+    num_clients = priors.shape[0] if priors.ndim == 2 else 0
+    _check_clients(num_clients, n)
+    num_classes = max(int(y.max()) + 1, priors.shape[1])
+    quota = n // num_clients if samples_per_client is None else samples_per_client
+    if isinstance(quota, bool) or not isinstance(quota, (int, np.integer)) or quota < 1 or quota * num_clients > n:
+        raise ConfigError(
+            f"samples_per_client={samples_per_client!r} must be an integer in 1..{n // num_clients} "
+            f"for {num_clients} clients and {n} samples"
+        )
+    pools = _class_pools(y, num_classes, rng)
+    sizes = np.array([len(pool) for pool in pools], dtype=np.int64)
+    prior = np.zeros((num_clients, num_classes))
+    prior[:, : priors.shape[1]] = priors
+    prior[:, sizes == 0] = 0.0  # a class absent from the data set can never be served
+    mass = prior.sum(axis=1)
+    if (mass <= 0).any():
+        bad = int(np.flatnonzero(mass <= 0)[0])
+        raise ConfigError(f"client {bad}'s class prior has no mass on any class present in the data set")
+    cdf = np.cumsum(prior / mass[:, None], axis=1)
+    cdf[:, -1] = 1.0
+    remaining = sizes.copy()
+    left = np.full(num_clients, int(quota), dtype=np.int64)
+    open_clients = list(range(num_clients))  # not yet full; drawing among them = the reference's redraw loop
+    out: list[list[int]] = [[] for _ in range(num_clients)]
+    while open_clients:
+        slot = int(rng.integers(len(open_clients)))
+        client = open_clients[slot]
+        left[client] -= 1
+        if left[client] == 0:
+            open_clients[slot] = open_clients[-1]
+            open_clients.pop()
+        while True:  # the reference's inner loop
+            cls = int(np.searchsorted(cdf[client], rng.random(), side="right"))
+            if remaining[cls] > 0:
+                break
+            if reuse:
+                remaining[cls] = int(rng.integers(sizes[cls]))
+                continue
+            # Drawing again until an available class comes up is drawing from the prior renormalised over
+            # the available classes: do that in one draw (a prior can put 1e-10 on the last class left).
+            avail = np.flatnonzero(remaining > 0)
+            weights = prior[client, avail]
+            total = weights.sum()
+            cls = int(avail[rng.choice(len(avail), p=weights / total)] if total > 0 else rng.choice(avail))
+            break
+        remaining[cls] -= 1
+        out[client].append(int(pools[cls][remaining[cls]]))
+    return [np.sort(np.asarray(idx, dtype=np.int64)) for idx in out]
+
+
+PARTITION_KINDS = ("dir", "path")
+PARTITION_VARIANTS = ("reference", "reuse", "balanced")
+_SPEC_NAMES = {  # spec prefix -> (kind, variant)
+    "dir": ("dir", "reference"),
+    "dir-reuse": ("dir", "reuse"),
+    "dir-balanced": ("dir", "balanced"),
+    "path": ("path", "reference"),
+    "path-balanced": ("path", "balanced"),
+}
+PARTITION_NAMES = tuple(_SPEC_NAMES)
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """A parsed ``--partition``: kind (``dir``/``path``), its argument (alpha or k) and the procedure variant."""
+
+    kind: str
+    value: float | int
+    variant: str
+
+    @property
+    def name(self) -> str:
+        """The canonical spec string (``dir:0.3``, ``path-balanced:2``)."""
+        prefix = next(p for p, kv in _SPEC_NAMES.items() if kv == (self.kind, self.variant))
+        return f"{prefix}:{self.value:g}" if self.kind == "dir" else f"{prefix}:{self.value}"
+
+    @property
+    def takes_quota(self) -> bool:
+        """Whether ``samples_per_client`` applies (not to ``path-balanced``, whose shares are fixed)."""
+        return not (self.kind == "path" and self.variant == "balanced")
+
+
+def parse_partition_spec(spec: str) -> PartitionSpec:
+    """``"dir:0.3"``, ``"dir-reuse:0.3"``, ``"dir-balanced:0.3"``, ``"path:2"``, ``"path-balanced:2"`` -> a spec.
+
+    Raises:
+        ConfigError: anything else, the spec quoted.
+    """
+    prefix, sep, value = str(spec).strip().partition(":")
+    prefix = prefix.strip().lower()
+    if not sep or prefix not in _SPEC_NAMES:
+        forms = ", ".join(p + (":<alpha>" if p.startswith("dir") else ":<k>") for p in _SPEC_NAMES)
+        raise ConfigError(f"partition {spec!r} must be one of {forms} (e.g. dir:0.3, path:2)")
+    kind, variant = _SPEC_NAMES[prefix]
     if kind == "dir":
         try:
             alpha = float(value)
@@ -215,14 +365,23 @@ def parse_partition(spec: str) -> tuple[str, float]:
             raise ConfigError(f"partition {spec!r}: alpha {value!r} is not a number") from None
         if not (math.isfinite(alpha) and alpha > 0):
             raise ConfigError(f"partition {spec!r}: alpha must be a positive finite number")
-        return "dir", alpha
+        return PartitionSpec("dir", alpha, variant)
     try:
         k = int(value.strip())
     except ValueError:
         raise ConfigError(f"partition {spec!r}: k {value!r} is not an integer") from None
     if k < 1:
         raise ConfigError(f"partition {spec!r}: k must be >= 1")
-    return "path", k
+    return PartitionSpec("path", k, variant)
+
+
+def parse_partition(spec: str) -> tuple[str, float]:
+    """``"dir:0.3"`` -> ``("dir", 0.3)``; ``"path-balanced:2"`` -> ``("path", 2)`` (an int). ConfigError otherwise.
+
+    The kind and its argument only; :func:`parse_partition_spec` also gives the variant.
+    """
+    parsed = parse_partition_spec(spec)
+    return parsed.kind, parsed.value
 
 
 def partition_clients(
@@ -237,21 +396,35 @@ def partition_clients(
     """Training and test index arrays of every client of a benchmark partition (ALGORITHM.md "Data partitions").
 
     A function of (labels, partition, number of clients, seed) alone: a device computes it and keeps
-    its own client's slice, and gets the slice the simulation gives that client.
+    its own client's slice, and gets the slice the simulation gives that client. ``partition`` is a spec
+    of :func:`parse_partition_spec`; the reference procedure is the default of ``dir`` and ``path``.
     """
-    kind, arg = parse_partition(partition)
+    spec = parse_partition_spec(partition)
     rng = numpy_generator(seed, Stream.PARTITION)
-    if kind == "dir":
-        if samples_per_client is not None and samples_per_client * num_clients > len(train_labels):
+    if samples_per_client is not None:
+        if not spec.takes_quota:
+            raise ConfigError("samples_per_client does not apply to path-balanced partitions (fixed shares)")
+        if samples_per_client * num_clients > len(train_labels):
             raise ConfigError(
                 f"samples_per_client={samples_per_client} x clients={num_clients} exceeds the "
                 f"{len(train_labels)} training samples"
             )
-        train = partition_dir(train_labels, num_clients, float(arg), rng, samples_per_client)
+    if spec.variant == "balanced":
+        if spec.kind == "dir":
+            train = partition_dir(train_labels, num_clients, float(spec.value), rng, samples_per_client)
+        else:
+            train = partition_path(train_labels, num_clients, int(spec.value), rng)
     else:
-        if samples_per_client is not None:
-            raise ConfigError("samples_per_client applies to dir partitions only (path splits classes evenly)")
-        train = partition_path(train_labels, num_clients, int(arg), rng)
+        y = _check_labels(train_labels)
+        _check_clients(num_clients, len(y))
+        classes = max(int(y.max()) + 1, num_classes)
+        if spec.kind == "dir":
+            priors = dir_priors(num_clients, classes, float(spec.value), rng)
+        else:
+            priors = path_priors(num_clients, classes, int(spec.value), rng)
+        train = partition_reference(
+            y, priors, rng, samples_per_client=samples_per_client, reuse=spec.kind == "path" or spec.variant == "reuse"
+        )
     test_rng = numpy_generator(seed, Stream.TEST_SPLIT)
     test = [client_test_indices(train_labels[idx], test_labels, num_classes, test_rng) for idx in train]
     return train, test

@@ -27,8 +27,11 @@ def save_checkpoint(
     weights: list[dict[str, torch.Tensor]],
     train_masks: list[dict[str, torch.Tensor]],
     next_masks: list[dict[str, torch.Tensor]],
+    extra: dict[str, Any] | None = None,
 ) -> None:
     """Write the state after round ``round_index`` atomically to ``path``.
+
+    ``extra`` holds a method's own state across rounds (plain numbers, strings, lists, dicts, None).
 
     Raises:
         StorageError: it could not be written (disk full, ...); the previous checkpoint is intact.
@@ -40,6 +43,7 @@ def save_checkpoint(
         "values": [pack_weights(w, m) for w, m in zip(weights, train_masks, strict=True)],
         "train_masks": [{k: v.cpu() for k, v in m.items()} for m in train_masks],
         "next_masks": [{k: v.cpu() for k, v in m.items()} for m in next_masks],
+        "extra": extra or {},
     }
     save_payload(path, payload)
 
@@ -58,4 +62,5 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
         "weights": weights,
         "train_masks": train_masks,
         "next_masks": next_masks,
+        "extra": payload.get("extra", {}),
     }

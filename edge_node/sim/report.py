@@ -42,6 +42,13 @@ def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
+def headline_accuracy(record: dict[str, Any]) -> float:
+    """A round's headline accuracy: ``acc_mean`` (what the run's method reports), or for records written
+    before methods existed, the accuracy after local training."""
+    value = record.get("acc_mean")
+    return float(record["acc_after_mean"] if value is None else value)
+
+
 def summarize(records: list[dict[str, Any]], energy: dict[str, Any] | None = None) -> dict[str, Any]:
     """Headline figures of a run: final/best accuracy, bytes, paper MB, FLOPs, time, energy.
 
@@ -56,15 +63,23 @@ def summarize(records: list[dict[str, Any]], energy: dict[str, Any] | None = Non
     }
     last = records[-1]
     n = len(records)
+    after = [r["acc_after_mean"] for r in records if r.get("acc_after_mean") is not None]
     return {
         "rounds": n,
-        "acc_after_final": last["acc_after_mean"],
+        "method": last.get("method", "dispfl"),
+        "acc_final": headline_accuracy(last),
+        "acc_metric": last.get("acc_metric", "after local training"),
+        "acc_best": max(headline_accuracy(r) for r in records),
+        "acc_after_final": last.get("acc_after_mean"),
         "acc_before_final": last["acc_before_mean"],
-        "acc_after_best": max(r["acc_after_mean"] for r in records),
+        "acc_after_best": max(after) if after else None,
         "bytes_received_per_node_round": sum(r["bytes_received_mean"] for r in records) / n,
         "busiest_node_bytes_max": max(r["busiest_node_bytes"] for r in records),
+        "busiest_node_bytes_mean": sum(r["busiest_node_bytes"] for r in records) / n,
         "paper_comm_mb_busiest": max(r["paper_comm_mb_busiest"] for r in records),
+        "paper_comm_mb_busiest_mean": sum(r["paper_comm_mb_busiest"] for r in records) / n,
         "paper_comm_mb_mean": sum(r["paper_comm_mb_mean"] for r in records) / n,
+        "density_final": last.get("density_mean"),
         "flops_per_client_round": sum(r["flops_per_client_mean"] for r in records) / n,
         "modelled_energy_j": sum(r["modelled_energy"]["total_j"] for r in records),
         "machine_energy": machine_energy,
@@ -77,11 +92,16 @@ def format_summary(summary: dict[str, Any]) -> str:
     """A paper-style table of the summary, for the terminal."""
     if not summary.get("rounds"):
         return "no completed rounds"
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.2f}%"
+
     rows = [
+        ("method", f"{summary.get('method', 'dispfl')}"),
         ("rounds", f"{summary['rounds']}"),
-        ("accuracy after local training (final)", f"{100 * summary['acc_after_final']:.2f}%"),
-        ("accuracy before local training (final)", f"{100 * summary['acc_before_final']:.2f}%"),
-        ("accuracy after local training (best)", f"{100 * summary['acc_after_best']:.2f}%"),
+        ("accuracy (final)", f"{pct(summary.get('acc_final'))} ({summary.get('acc_metric', '')})"),
+        ("accuracy (best round)", pct(summary.get("acc_best"))),
+        ("accuracy after local training (final)", pct(summary.get("acc_after_final"))),
+        ("accuracy before local training (final)", pct(summary.get("acc_before_final"))),
         ("bytes received per node per round", f"{summary['bytes_received_per_node_round'] / 1e6:.3f} MB (encoded)"),
         ("busiest node per round (recv+sent)", f"{summary['busiest_node_bytes_max'] / 1e6:.3f} MB (encoded)"),
         ("Comm, paper convention (busiest)", f"{summary['paper_comm_mb_busiest']:.2f} MB"),
@@ -101,10 +121,12 @@ def format_summary(summary: dict[str, Any]) -> str:
 def plot_run(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     """Write ``accuracy.png`` and ``communication.png`` (against rounds); returns their paths."""
     rounds = [r["round"] + 1 for r in records]
-    accuracy = [
-        ([100 * r["acc_after_mean"] for r in records], {"marker": "o", "label": "after local training"}),
-        ([100 * r["acc_before_mean"] for r in records], {"marker": ".", "label": "before (aggregated)"}),
-    ]
+    last = records[-1] if records else {}
+    before_label = last.get("acc_before_is") or "before (aggregated)"
+    accuracy = [([100 * r["acc_before_mean"] for r in records], {"marker": ".", "label": before_label})]
+    if all(r.get("acc_after_mean") is not None for r in records):
+        after = [100 * r["acc_after_mean"] for r in records]
+        accuracy.insert(0, (after, {"marker": "o", "label": last.get("acc_after_is") or "after local training"}))
     communication = [
         ([r["busiest_node_bytes"] / 1e6 for r in records], {"marker": "o", "label": "busiest node, recv+sent"}),
         ([r["bytes_received_mean"] / 1e6 for r in records], {"marker": ".", "label": "mean node, received"}),

@@ -1,4 +1,5 @@
-"""Partition statistics (ALGORITHM.md, "Data partitions"): dir, path, per-client test sets, the spec parser."""
+"""Partition statistics (ALGORITHM.md, "Data partitions"): the reference procedure (default) and the balanced
+variants of dir and path, per-client test sets, the spec parser."""
 
 from __future__ import annotations
 
@@ -7,7 +8,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_node.data import client_test_indices, parse_partition, partition_dir, partition_path
+from edge_node.data import (
+    client_slice,
+    client_test_indices,
+    dir_priors,
+    parse_partition,
+    parse_partition_spec,
+    partition_clients,
+    partition_dir,
+    partition_path,
+    partition_reference,
+    path_priors,
+)
 from edge_node.errors import ConfigError
 
 CIFAR10_LABELS = np.repeat(np.arange(10), 5000)
@@ -137,7 +149,9 @@ def test_client_test_sets_for_a_dir_partition_match_each_clients_mix() -> None:
 
 
 @pytest.mark.parametrize(("spec", "expected"), [("dir:0.3", ("dir", 0.3)), ("path:2", ("path", 2)),
-                                                (" DIR:1e-1 ", ("dir", 0.1)), ("path:10", ("path", 10))])  # fmt: skip
+                                                (" DIR:1e-1 ", ("dir", 0.1)), ("path:10", ("path", 10)),
+                                                ("dir-balanced:0.3", ("dir", 0.3)), ("path-balanced:2", ("path", 2)),
+                                                ("dir-reuse:0.5", ("dir", 0.5))])  # fmt: skip
 def test_parse_partition_accepts(spec: str, expected: tuple[str, float]) -> None:
     kind, value = parse_partition(spec)
     assert (kind, value) == expected
@@ -146,7 +160,8 @@ def test_parse_partition_accepts(spec: str, expected: tuple[str, float]) -> None
 
 
 @pytest.mark.parametrize("spec", ["dir", "dir:", "dir:abc", "dir:-1", "dir:0", "dir:nan", "dir:inf", "path:0",
-                                  "path:1.5", "path:x", "iid:1", "", "0.3"])  # fmt: skip
+                                  "path:1.5", "path:x", "iid:1", "", "0.3", "path-reuse:2",
+                                  "dir-balanced"])  # fmt: skip
 def test_parse_partition_refuses_with_the_value_quoted(spec: str) -> None:
     with pytest.raises(ConfigError, match="partition"):
         parse_partition(spec)
@@ -204,3 +219,125 @@ def test_dir_matches_the_literal_one_sample_at_a_time_process_when_classes_run_o
     # prior moves these means by ~0.23 and ~0.4.
     assert distinct == pytest.approx(distinct_ref, abs=0.08), (distinct, distinct_ref)
     assert top == pytest.approx(top_ref, abs=0.15), (top, top_ref)
+
+
+@pytest.mark.parametrize(
+    ("spec", "variant", "name"),
+    [("dir:0.3", "reference", "dir:0.3"), ("DIR-Reuse:0.30", "reuse", "dir-reuse:0.3"),
+     ("dir-balanced:1e-1", "balanced", "dir-balanced:0.1"), ("path:2", "reference", "path:2"),
+     ("path-balanced: 10", "balanced", "path-balanced:10")],
+)  # fmt: skip
+def test_partition_spec_names_its_variant_and_canonical_form(spec: str, variant: str, name: str) -> None:
+    parsed = parse_partition_spec(spec)
+    assert parsed.variant == variant and parsed.name == name
+    assert parse_partition_spec(parsed.name) == parsed
+
+
+def _literal_reference(
+    labels: np.ndarray, priors: np.ndarray, quota: int, reset: bool, rng: np.random.Generator
+) -> np.ndarray:
+    """DisPFL's reference code, line for line (client redrawn while full; class redrawn, after a reset of an
+    exhausted class's count when ``reset``), returning the [clients, classes] counts."""
+    clients, num_classes = priors.shape
+    pools = [np.flatnonzero(labels == c) for c in range(num_classes)]
+    amount = [len(p) for p in pools]
+    cdf = np.cumsum(priors, axis=1)
+    left = np.full(clients, quota)
+    counts = np.zeros((clients, num_classes), dtype=np.int64)
+    while left.sum() != 0:
+        client = int(rng.integers(clients))
+        if left[client] <= 0:
+            continue
+        left[client] -= 1
+        while True:
+            cls = int(np.argmax(rng.uniform() <= cdf[client]))
+            if amount[cls] <= 0:
+                if reset:
+                    amount[cls] = int(rng.integers(0, len(pools[cls])))
+                continue
+            amount[cls] -= 1
+            counts[client, cls] += 1
+            break
+    return counts
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_reference_procedure_matches_the_reference_code_in_distribution(reuse: bool) -> None:
+    """Classes run out mid-way (all samples handed out): the mixes must be distributed as the literal code's."""
+    labels = np.repeat(np.arange(3), [4, 8, 12])
+    # Without reuse the literal code loops forever once a client's classes are all gone: full-support priors.
+    priors = (
+        np.array([[0.6, 0.4, 0.0], [0.0, 0.5, 0.5], [0.7, 0.0, 0.3]])
+        if reuse
+        else np.array([[0.6, 0.3, 0.1], [0.1, 0.5, 0.4], [0.7, 0.05, 0.25]])
+    )
+    trials, quota = 600, 8
+
+    def summary(mixes: list[np.ndarray]) -> np.ndarray:
+        return np.stack(mixes).mean(axis=0)  # mean count of each (client, class)
+
+    ours = []
+    for seed in range(trials):
+        parts = partition_reference(labels, priors, np.random.default_rng(seed), reuse=reuse)
+        ours.append(np.stack([np.bincount(labels[p], minlength=3) for p in parts]))
+    rng = np.random.default_rng(10_000)
+    literal = [_literal_reference(labels, priors, quota, reuse, rng) for _ in range(trials)]
+    # ~4 standard errors at 600 trials (per-cell std <= ~2 samples)
+    np.testing.assert_allclose(summary(ours), summary(literal), atol=0.35)
+    if reuse:  # a client never gets a class its prior excludes
+        assert all((np.stack(ours)[:, priors == 0] == 0).ravel())
+
+
+def test_reference_path_follows_each_prior_exactly_and_reuses_popular_classes() -> None:
+    train, _ = partition_clients(CIFAR10_LABELS, np.repeat(np.arange(10), 1000), 10, "path:2", 100, seed=3)
+    assert [len(p) for p in train] == [500] * 100
+    holders = np.zeros(10, dtype=np.int64)
+    for p in train:
+        classes = np.unique(CIFAR10_LABELS[p])
+        assert len(classes) == 2  # exactly its prior's two classes, whatever ran out
+        holders[classes] += 1
+    assert holders.max() > holders.min()  # chosen independently per client: unequal numbers of holders
+    given = np.concatenate(train)
+    assert len(np.unique(given)) < len(given)  # exhausted pools were reset: samples given more than once
+
+
+def test_reference_dir_gives_no_sample_twice_and_dir_reuse_does() -> None:
+    tl = np.repeat(np.arange(10), 1000)
+    train, _ = partition_clients(CIFAR10_LABELS, tl, 10, "dir:0.3", 100, seed=0)
+    assert [len(p) for p in train] == [500] * 100
+    _assert_disjoint(train, len(CIFAR10_LABELS))
+    reused, _ = partition_clients(CIFAR10_LABELS, tl, 10, "dir-reuse:0.3", 100, seed=0)
+    given = np.concatenate(reused)
+    assert [len(p) for p in reused] == [500] * 100 and len(np.unique(given)) < len(given)
+
+
+def test_reference_dir_terminates_when_a_prior_has_almost_no_mass_left() -> None:
+    """The last class left may carry 1e-12 of a client's prior: drawn at once, not by looping 1e12 times."""
+    labels = np.repeat(np.arange(2), [10, 10])
+    priors = np.array([[1.0 - 1e-12, 1e-12], [0.5, 0.5]])
+    parts = partition_reference(labels, priors, np.random.default_rng(0), reuse=False)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(20))
+
+
+def test_priors() -> None:
+    rng = np.random.default_rng(0)
+    p = path_priors(50, 10, 3, rng)
+    assert ((p > 0).sum(axis=1) == 3).all() and np.allclose(p.sum(axis=1), 1.0)
+    d = dir_priors(50, 10, 0.3, rng)
+    assert d.shape == (50, 10) and np.allclose(d.sum(axis=1), 1.0)
+    with pytest.raises(ConfigError, match="classes_per_client"):
+        path_priors(5, 10, 11, rng)
+    with pytest.raises(ConfigError, match="alpha"):
+        dir_priors(5, 10, 0.0, rng)
+
+
+def test_variants_differ_and_client_slice_is_the_simulations_slice() -> None:
+    tl = np.repeat(np.arange(10), 1000)
+    ref, _ = partition_clients(CIFAR10_LABELS, tl, 10, "path:2", 20, seed=1)
+    bal, _ = partition_clients(CIFAR10_LABELS, tl, 10, "path-balanced:2", 20, seed=1)
+    assert not all(np.array_equal(a, b) for a, b in zip(ref, bal, strict=True))
+    train, test = partition_clients(CIFAR10_LABELS, tl, 10, "dir:0.3", 20, seed=1, samples_per_client=100)
+    one = client_slice(CIFAR10_LABELS, tl, 10, "dir:0.3", 20, 7, seed=1, samples_per_client=100)
+    assert np.array_equal(one[0], train[7]) and np.array_equal(one[1], test[7])
+    with pytest.raises(ConfigError, match="path-balanced"):
+        partition_clients(CIFAR10_LABELS, tl, 10, "path-balanced:2", 20, seed=1, samples_per_client=100)

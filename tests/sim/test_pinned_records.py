@@ -2,9 +2,10 @@
 
 ``data/pinned_records.json`` was written by the simulation as it was before the client round moved into
 ``edge_node.algorithm.dispfl`` (commit c13fca1), with the settings below; the moved round reproduced it
-exactly. Counts (bytes, FLOPs, densities) must match exactly; accuracies and losses up to float noise of
-another CPU (a change to the algorithm moves them far more). If you change the algorithm on purpose,
-regenerate the file and say why in the commit.
+exactly. The runs name the partition they were made with, ``dir-balanced:0.3`` (the default ``dir`` became
+the reference code's procedure later). Counts (bytes, FLOPs, densities) must match exactly; accuracies and
+losses up to float noise of another CPU (a change to the algorithm moves them far more). If you change the
+algorithm on purpose, regenerate the file and say why in the commit.
 """
 
 import json
@@ -19,7 +20,7 @@ from edge_node.sim.runner import run_simulation
 PINNED = json.loads((Path(__file__).parent / "data" / "pinned_records.json").read_text())
 COMMON = dict(
     dataset="demo", clients=4, neighbours=2, epochs=3, samples_per_client=300, batch_size=32, lr=0.05,
-    planned_rounds=10, seed=11, rounds=2, progress=False, energy_backend="estimate",
+    planned_rounds=10, seed=11, rounds=2, progress=False, energy_backend="estimate", partition="dir-balanced:0.3",
 )  # fmt: skip
 SETTINGS = {"i": dict(regrow="random"), "ii": dict(setting="ii", regrow="gradient")}
 EXACT = (

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -112,7 +114,9 @@ def test_setting_ii_with_gradient_regrowth(tmp_path: Path):
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--model", "resnet50"], "unknown model 'resnet50'"),
+        (["--model", "resnet50"], "'resnet50' is not one of 'cnn', 'resnet18', 'vgg11'"),
+        (["--method", "fedprox"], "'fedprox' is not one of"),
+        (["--energy-backend", "foo"], "'foo' is not one of"),
         (["--density", "1.5"], "density=1.5"),
         (["--density", "0"], "density=0.0"),
         (["--neighbours", "6"], "neighbours=6"),
@@ -183,3 +187,101 @@ def test_a_diverging_run_stops_with_exit_5_keeping_earlier_rounds(tmp_path: Path
     diverged = int(found.group(1))
     recorded = rounds(out) if (out / "rounds.jsonl").exists() else []
     assert [r["round"] for r in recorded] == list(range(diverged))
+
+
+def _snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in run_dir.iterdir()}
+
+
+def test_fresh_with_a_meter_that_cannot_be_opened_keeps_the_old_run(two_round_run: Path, capsys):
+    assert shutil.which("vcgencmd") is None, "this test needs a machine without the Raspberry Pi tool"
+    before = _snapshot(two_round_run)
+    args = [*SMALL, "--rounds", "3", "--fresh", "--energy-backend", "rpi5", "--output", str(two_round_run)]
+    assert run_cli(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines()[-1].startswith("edge-node: error:") and "Traceback" not in err, err
+    assert "rpi5" in err.splitlines()[-1] or "vcgencmd" in err.splitlines()[-1], err
+    assert _snapshot(two_round_run) == before
+
+
+def test_config_json_reproduces_a_run_and_a_pipe_gets_one_line_per_round(two_round_run: Path, tmp_path: Path):
+    """config.json fed back (--config) gives the same records; flags override it (--output, --progress);
+    stderr is a pipe here, so progress is one line per round, no bars, no carriage returns."""
+    out = tmp_path / "again"
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_node", "simulate", "--config", str(two_round_run / "config.json"),
+         "--output", str(out), "--progress"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert strip_timing(rounds(out)) == strip_timing(rounds(two_round_run))
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("round ")]
+    assert [line.split(":")[0] for line in lines] == ["round 1/2", "round 2/2"], proc.stderr
+    assert "acc " in lines[0] and "busiest node" in lines[0]
+    assert "\r" not in proc.stderr
+
+
+def run_print_config(args: list[str], capsys) -> tuple[int, str, str]:
+    code = run_cli(["simulate", *args, "--print-config"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_defaults_fit_a_first_run_and_the_output_pattern_is_the_helps(capsys):
+    code, out, _ = run_print_config([], capsys)
+    assert code == 0
+    for line in ('clients = 10', 'neighbours = 3', 'rounds = 5', 'dataset = "demo"', 'partition = "dir:0.3"',
+                 'output = "runs/demo-cnn-dispfl-dir0.3-seed0"'):  # fmt: skip
+        assert line in out.splitlines(), line
+    code, out, _ = run_print_config(["--method", "fedavg", "--partition", "PATH:2", "--seed", "3"], capsys)
+    assert 'output = "runs/demo-cnn-fedavg-path2-seed3"' in out.splitlines()
+    assert run_cli(["simulate", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "runs/{dataset}-{model}-{method}-{partition}-seed{seed}" in "".join(help_text.split())
+    for listed in ("[cnn|resnet18|vgg11]", "[random|ring|full]", "[gradient|random]", "[cpu|cuda]",
+                   "[dispfl|dispfl-s2s|local|dpsgd|dpsgd-ft|fedavg|fedavg-ft]", "[auto|nvml|rapl|jetson|rpi5|estimate]",
+                   "[cifar10|cifar100|tiny-imagenet|demo]"):  # fmt: skip
+        assert listed in help_text, listed
+
+
+@pytest.mark.parametrize(
+    ("args", "warning"),
+    [
+        (["--topology", "ring", "--neighbours", "5"], "neighbours is ignored with topology ring"),
+        (["--topology", "full", "--neighbours", "5"], "neighbours is ignored with topology full"),
+        (["--method", "local", "--neighbours", "5"], "neighbours is ignored by method local"),
+        (["--method", "dpsgd", "--density", "0.3"], "density is ignored by method dpsgd"),
+        (["--method", "dispfl", "--fedavg-clients", "4"], "fedavg_clients is ignored by method dispfl"),
+        (["--target-density", "0.3"], "target_density is ignored by method dispfl"),
+    ],
+)
+def test_settings_a_run_ignores_are_named(capsys, args, warning):
+    code, out, err = run_print_config(args, capsys)
+    assert code == 0 and f"edge-node: warning: {warning}" in err, err
+    if "--density" in args:
+        assert "density = 1.0" in out.splitlines()  # the dense baselines train dense models
+
+
+def test_toml_config_file_with_flags_overriding_it(tmp_path: Path, capsys):
+    cfg = tmp_path / "sim.toml"
+    cfg.write_text('method = "fedavg"\nclients = 6\nrounds = 9\npartition = "path-balanced:2"\n')
+    code, out, _ = run_print_config(["--config", str(cfg), "--rounds", "1"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert 'method = "fedavg"' in lines and "clients = 6" in lines and "rounds = 1" in lines
+    cfg.write_text("clients = 6\nneighbors = 2\n")
+    code, _, err = run_print_config(["--config", str(cfg)], capsys)
+    assert code == 2 and "unknown key 'neighbors'" in err and str(cfg) in err
+
+
+def test_verbose_works_after_the_subcommand(capsys):
+    root = logging.getLogger()
+    level = root.level
+    try:
+        root.setLevel(logging.WARNING)
+        assert run_cli(["simulate", "-v", "--print-config"]) == 0
+        assert root.level == logging.INFO
+        assert run_cli(["simulate", "-vv", "--print-config"]) == 0
+        assert root.level == logging.DEBUG
+    finally:
+        root.setLevel(level)

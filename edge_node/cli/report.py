@@ -1,0 +1,66 @@
+"""``edge-node report``: the paper's table across run directories, or a run's mask analysis (--masks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from edge_node.cli._app import app, verbose_option
+from edge_node.errors import ConfigError
+
+
+@app.command(short_help="The paper's table and plots across runs; --masks: mask distance vs data similarity of a run.")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the files [default: ./report; with --masks: the run directory].",
+)
+@click.option(
+    "--target-acc",
+    type=float,
+    default=None,
+    help="Accuracy (%) for the rounds-to-target columns [default: the lowest final accuracy of each partition].",
+)
+@click.option(
+    "--masks",
+    is_flag=True,
+    help="For one run: Hamming distances of the clients' final masks vs cosine similarity of their label "
+    "distributions, and their correlation (heat-map PNG and CSV).",
+)
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["markdown", "csv"]),
+    default="markdown",
+    show_default=True,
+    help="What to print (both are written).",
+)
+@verbose_option
+def report(run_dirs: tuple[Path, ...], out_dir: Path | None, target_acc: float | None, masks: bool,
+           output_format: str) -> None:  # fmt: skip
+    """A table like the DisPFL paper's from simulation RUN_DIRS (method x Dir/Path accuracy, busiest-node MB
+    in encoded bytes and in the paper's convention, FLOPs per client per round, rounds to a target accuracy)
+    as Markdown and CSV, with accuracy and communication plots of all runs; or, with --masks, a run's
+    mask-distance analysis (the paper's section 4.4)."""
+    if masks:
+        from edge_node.sim.masks import mask_report, write_mask_report
+
+        if len(run_dirs) != 1:
+            raise ConfigError(f"--masks takes one run directory, got {len(run_dirs)}")
+        result = mask_report(run_dirs[0])
+        files = write_mask_report(result, out_dir or run_dirs[0])
+        click.echo(result.summary())
+    else:
+        from edge_node.sim.table import read_run, write_report
+
+        if target_acc is not None and not 0 <= target_acc <= 100:
+            raise ConfigError(f"--target-acc {target_acc} must be a percentage in 0..100")
+        runs = [read_run(path) for path in run_dirs]
+        table, files = write_report(runs, out_dir or Path("report"), target_acc)
+        click.echo(table.markdown() if output_format == "markdown" else table.csv(), nl=False)
+    for path in files:
+        click.echo(f"wrote {path}", err=True)

@@ -1,0 +1,109 @@
+"""Every method of the paper's table on a tiny configuration: two rounds each, the same record fields, and
+the accounting each method implies (Local sends nothing, FedAvg's busiest node is its server, D-PSGD pulls
+dense models, sparse-to-sparser reaches its target density and never goes below it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edge_node.data import load_dataset
+from edge_node.sim.config import METHODS, SimConfig
+from edge_node.sim.runner import RECORD_KEYS, run_simulation
+
+TINY = dict(
+    clients=4, neighbours=2, epochs=1, samples_per_client=60, batch_size=32, rounds=2, fedavg_clients=2,
+    progress=False, energy_backend="estimate", seed=5,
+)  # fmt: skip
+CNN_PARAMS = 797_962
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return load_dataset("demo")
+
+
+@pytest.fixture(scope="module")
+def runs(demo, tmp_path_factory) -> dict[str, list[dict]]:
+    root = tmp_path_factory.mktemp("methods")
+    out = {}
+    for method in METHODS:
+        config = SimConfig(method=method, output=root / method, **TINY)
+        out[method] = _records(run_simulation(config, demo))
+    return out
+
+
+def test_every_method_runs_two_rounds_with_the_same_record_fields(runs):
+    for method, records in runs.items():
+        assert [r["round"] for r in records] == [0, 1], method
+        for r in records:
+            assert tuple(r) == RECORD_KEYS, method
+            assert r["method"] == method and r["partition"] == "dir:0.3" and r["partition_variant"] == "reference"
+            assert 0.0 <= r["acc_mean"] <= 1.0 and len(r["acc_before"]) == 4
+            assert r["flops_per_client_mean"] > 0 and r["busiest_node_bytes"] >= 0
+
+
+def test_headline_accuracy_is_the_methods_own_metric(runs):
+    for method in ("dispfl", "dispfl-s2s", "local", "dpsgd-ft", "fedavg-ft"):
+        assert all(r["acc_mean"] == r["acc_after_mean"] for r in runs[method]), method
+    for method in ("dpsgd", "fedavg"):
+        assert all(r["acc_mean"] == r["acc_before_mean"] for r in runs[method]), method
+    assert all(r["acc_after"] is None and r["acc_after_mean"] is None for r in runs["fedavg"])
+    # dpsgd and dpsgd-ft are one trajectory, evaluated before / after the fine-tune of local training
+    for a, b in zip(runs["dpsgd"], runs["dpsgd-ft"], strict=True):
+        assert a["acc_before"] == b["acc_before"] and a["acc_after"] == b["acc_after"]
+
+
+def test_local_sends_and_receives_zero_bytes(runs):
+    for r in runs["local"]:
+        assert r["bytes_received"] == r["bytes_sent"] == [0, 0, 0, 0]
+        assert r["busiest_node_bytes"] == 0 and r["paper_comm_mb_busiest"] == 0.0
+        assert r["server_bytes_received"] is None and r["density_mean"] == 1.0
+
+
+def test_fedavg_busiest_node_is_the_server(runs):
+    dense_mb = 4 * CNN_PARAMS / 1e6
+    for method in ("fedavg", "fedavg-ft"):
+        for r in runs[method]:
+            assert r["busiest_node"] == "server" and r["trained_clients"] == 2
+            assert r["server_bytes_received"] == sum(r["bytes_sent"]) > 2 * 4 * CNN_PARAMS  # 2 dense models up
+            assert r["server_bytes_sent"] == sum(r["bytes_received"])  # the global model down to the 2 sampled
+            assert r["busiest_node_bytes"] == r["server_bytes_received"] + r["server_bytes_sent"]
+            assert r["paper_comm_mb_busiest"] == pytest.approx(2 * dense_mb)  # 2 received dense models
+            assert sorted(b > 0 for b in r["bytes_sent"]) == [False, False, True, True]
+
+
+def test_dense_baselines_train_and_send_dense_models(runs):
+    dispfl, dpsgd = runs["dispfl"][0], runs["dpsgd"][0]
+    assert dpsgd["density_mean"] == 1.0 and dpsgd["prune_rate"] is None
+    assert dpsgd["paper_comm_mb_mean"] == pytest.approx(2 * 4 * CNN_PARAMS / 1e6)  # 2 neighbours, dense
+    assert dispfl["paper_comm_mb_mean"] < 0.6 * dpsgd["paper_comm_mb_mean"]  # density 0.5
+    # FLOPs of dense training: E * n * 3 * F(dense); DisPFL's sparse training costs less
+    assert dpsgd["flops_per_client_mean"] == pytest.approx(1 * 60 * 3 * dpsgd["forward_flops_dense"])
+    assert dispfl["flops_per_client_mean"] < dpsgd["flops_per_client_mean"]
+    assert runs["local"][0]["flops_per_client_mean"] == dpsgd["flops_per_client_mean"]
+
+
+def test_sparse_to_sparser_reaches_its_target_density_and_never_goes_below(demo, tmp_path):
+    target = 0.26
+    config = SimConfig(
+        method="dispfl-s2s", output=tmp_path / "s2s", density=0.28, target_density=target,
+        s2s_stable_threshold=1e9,  # every client votes "stable" in round 1: pruning starts in round 2
+        **{**TINY, "rounds": 5},
+    )  # fmt: skip
+    records = _records(run_simulation(config, demo))
+    assert [r["s2s_pruned"] for r in records] == [False, False, True, False, True]  # T0 = 2, then gaps of 2
+    assert records[1]["s2s_start_round"] == 2 and records[1]["s2s_stable_fraction"] == 1.0
+    densities = [r["density_mean"] for r in records]
+    assert densities[:2] == pytest.approx([0.28, 0.28], abs=1e-4)
+    assert all(d >= target for d in densities)
+    assert densities[-1] == pytest.approx(target, abs=1e-5)
+    # fewer active weights published: fewer bytes than before the prune
+    assert records[-1]["paper_comm_mb_busiest"] < records[0]["paper_comm_mb_busiest"]
+    assert records[-1]["busiest_node_bytes"] < records[0]["busiest_node_bytes"]
