@@ -134,6 +134,12 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     help="dispfl-s2s: a client votes stable when |D_t - D_t-1| / D_0 <= this "
     f"[default: {_default('s2s_stable_threshold')}].",
 )
+@click.option(
+    "--screen/--no-screen",
+    default=None,
+    help="DisPFL: refuse a peer's model whose scale is far outside the client's own and its other peers' before "
+    "aggregating, as a device does (edge_node/algorithm/robust.py) [default: screen].",
+)
 @click.option("--seed", type=int, help=f"[default: {_default('seed')}]")
 @click.option("--device", type=_choice(DEVICES), help=f"[default: {_default('device')}]")
 @click.option(

@@ -26,6 +26,8 @@ SETTINGS = ("i", "ii")
 DEVICES = ("cpu", "cuda")
 # Settings that may change when a run is resumed (the rest must match the checkpoint).
 RESUMABLE_CHANGES = frozenset({"rounds", "device", "output", "data_dir", "progress", "energy_backend"})
+# Values of settings added after runs were saved, for a checkpoint's config that lacks them (what those runs did).
+LEGACY_DEFAULTS = {"screen": False}
 # Keys config.json holds beyond the fields (derived, written for readers; ignored when the file is read back).
 DERIVED_KEYS = frozenset({"partition_variant"})
 # The run directory when --output is not given (one pattern, for the help text and the code).
@@ -63,6 +65,7 @@ class SimConfig:
     fedavg_clients: int = 10  # clients a FedAvg server trains per round (paper: 10)
     target_density: float = 0.2  # dispfl-s2s: prune further down to this density, never below (paper: 0.2)
     s2s_stable_threshold: float = 0.02  # dispfl-s2s: a client votes "stable" when s_t <= this (paper: 0.02)
+    screen: bool = True  # DisPFL methods: screen peers' models before aggregating, as a device does (robust.py)
     seed: int = 0
     device: str = "cpu"
     output: Path | None = None  # None: OUTPUT_PATTERN, filled in on construction
@@ -168,6 +171,8 @@ class SimConfig:
                     out.append(f"{name} is ignored by method {method} (a dense baseline: density 1, no mask updates)")
         if "fedavg_clients" in given and method not in CENTRALISED_METHODS:
             out.append(f"fedavg_clients is ignored by method {method}")
+        if "screen" in given and method not in SPARSE_METHODS:
+            out.append(f"screen is ignored by method {method} (the receive-path screen is DisPFL's, as on a device)")
         if method != "dispfl-s2s":
             for name in ("target_density", "s2s_stable_threshold"):
                 if name in given:
@@ -185,7 +190,9 @@ class SimConfig:
     def differences(self, saved: dict[str, Any]) -> list[str]:
         """Settings that differ from a checkpoint's saved config (ignoring resumable ones)."""
         mine = self.to_json()
-        return sorted(k for k in mine if k not in RESUMABLE_CHANGES and saved.get(k) != mine[k])
+        return sorted(
+            k for k in mine if k not in RESUMABLE_CHANGES and saved.get(k, LEGACY_DEFAULTS.get(k)) != mine[k]
+        )
 
 
 def default_output(config: SimConfig) -> Path:

@@ -41,6 +41,7 @@ from edge_node.algorithm import (
     nnz_per_tensor,
     read_weights,
     round_training_flops,
+    screen_peer_models,
     train_masked,
     weight_positions,
 )
@@ -114,7 +115,7 @@ RECORD_KEYS = (
     "server_bytes_sent", "bytes_received_mean", "busiest_node", "busiest_node_bytes", "paper_comm_mb_mean",
     "paper_comm_mb_busiest", "flops_per_client_mean", "flops_per_client_max", "density_mean", "densities_target",
     "forward_flops_dense", "s2s_pruned", "s2s_start_round", "s2s_stable_fraction", "s2s_stability_median",
-    "modelled_energy", "wall_s",
+    "screen", "screen_refusals", "screen_refused", "modelled_energy", "wall_s",
 )  # fmt: skip
 
 
@@ -324,6 +325,7 @@ class _Round:
     s2s_pruned: bool | None = None
     s2s_stable_fraction: float | None = None
     s2s_stability_median: float | None = None
+    screen_refused: dict[str, dict[str, str]] | None = None  # client -> peer -> reason (screened methods only)
 
 
 @dataclass
@@ -463,8 +465,10 @@ class _Sim:
         nbrs = round_neighbours(config.topology, n, config.neighbours, config.seed, t, config.max_in_degree)
         traffic = self.traffic(t, clients, nbrs)
         device = self.data[0].pool.device
+        screen_refused: dict[str, dict[str, str]] = {}
         with self.accountant.phase("aggregate"):  # every client from the models as they were at the round's start
-            clients = [aggregate_peers(clients[i], [published(clients[j]) for j in nbrs[i]]) for i in range(n)]
+            peers = [self._peers(clients, i, nbrs[i], screen_refused) for i in range(n)]
+            clients = [aggregate_peers(clients[i], peers[i]) for i in range(n)]
             _sync(device)
         s2s = config.s2s_params() if config.method == "dispfl-s2s" else None
         extra = dict(state.extra)
@@ -496,6 +500,7 @@ class _Sim:
                 )
             _sync(device)
         result = _Round(acc_before, acc_after, losses, flops, traffic["received"], traffic["sent"], traffic["paper_mb"])
+        result.screen_refused = screen_refused if config.screen else None
         if s2s is not None:
             if extra.get("start_round") is None and t >= 1 and vote(stable, s2s.vote_fraction):
                 extra["start_round"] = t + 1
@@ -505,6 +510,22 @@ class _Sim:
             result.s2s_stable_fraction = sum(stable) / n if t >= 1 else None
             result.s2s_stability_median = float(np.median(stability_values)) if t >= 1 else None
         return RunState(clients, extra), result
+
+    def _peers(
+        self, clients: list[ClientState], i: int, nbrs: list[int], refused: dict[str, dict[str, str]]
+    ) -> list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
+        """Client ``i``'s neighbours' published models that it aggregates: with ``screen``, those the receive-path
+        screen accepts against ``i``'s own (as a device's daemon does); refusals go into ``refused``."""
+        models = {f"client-{j}": published(clients[j]) for j in nbrs}
+        if not self.config.screen or not models:
+            return list(models.values())
+        own_weights, own_mask = published(clients[i])
+        result = screen_peer_models(own_weights, own_mask, [(k, w, m) for k, (w, m) in models.items()])
+        if result.refused:
+            refused[f"client-{i}"] = dict(result.refused)
+            for peer, reason in result.refused.items():
+                _LOGGER.warning("round screen: client-%d refused %s: %s", i, peer, reason)
+        return [models[k] for k in result.accepted]
 
     def _track_distance(self, t: int, i: int, client: ClientState, extra: dict[str, Any]) -> float:
         """Record client ``i``'s ``D_t``; returns ``s_t`` (infinite in round 0, which only sets ``D_0``)."""
@@ -671,6 +692,9 @@ class _Sim:
             "s2s_start_round": state.extra.get("start_round") if method == "dispfl-s2s" else None,
             "s2s_stable_fraction": r.s2s_stable_fraction,
             "s2s_stability_median": r.s2s_stability_median,
+            "screen": config.screen if method in SPARSE_METHODS else None,
+            "screen_refusals": None if r.screen_refused is None else sum(len(v) for v in r.screen_refused.values()),
+            "screen_refused": r.screen_refused,
             "modelled_energy": {
                 "label": "modelled",
                 "total_j": modelled_total,
