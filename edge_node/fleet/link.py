@@ -77,7 +77,8 @@ class LinkSpec:
         """Each asked property as tc writes it (``{"rate": "10mbit", "delay": "20ms", "loss": "1%"}``)."""
         out = {}
         if self.rate_bit_s is not None:
-            out["rate"] = f"{self.rate_bit_s}bit"
+            unit = next(u for u in ("gbit", "mbit", "kbit", "bit") if self.rate_bit_s % _RATE_UNITS[u] == 0)
+            out["rate"] = f"{self.rate_bit_s // _RATE_UNITS[unit]}{unit}"
         if self.delay_ms is not None:
             out["delay"] = f"{self.delay_ms:g}ms"
         if self.loss_pct is not None:
