@@ -70,8 +70,11 @@ class FleetConfig:
             raise ConfigError(
                 "--link needs --netns: shaping 127.0.0.1 would slow down every program of this machine"
             )
-        if self.neighbours is not None and not 1 <= self.neighbours <= self.nodes - 1:
-            raise ConfigError(f"--neighbours {self.neighbours} must be in 1..{self.nodes - 1} for {self.nodes} nodes")
+        if self.neighbours is not None and self.neighbours < 1:
+            raise ConfigError(f"--neighbours {self.neighbours} must be at least 1")
+        if self.lockstep and self.neighbours is not None and self.neighbours > self.nodes - 1:
+            raise ConfigError(f"--neighbours {self.neighbours}: a lock-step fleet of {self.nodes} has "
+                              f"{self.nodes - 1} others to pick from")  # fmt: skip
         if self.threads < 1:
             raise ConfigError(f"--threads {self.threads} must be at least 1")
         if self.dataset != "demo" and self.data_dir is None:

@@ -244,13 +244,13 @@ class Fleet:
             namespace=namespace, env=self._env,
         )  # fmt: skip
 
-    def add_host(self, tag: str) -> tuple[str, str]:
-        """One more namespace on the fleet's bridge (``netns`` only): ``(namespace, address)``."""
+    def add_host(self, tag: str) -> int:
+        """One more namespace on the fleet's bridge (``netns`` only); its index in ``net.namespaces``."""
         if self.net is None:
             raise ConfigError("add_host needs a --netns fleet")
         i = self.net.add_host(tag)
         self._write_run_file()
-        return self.net.namespaces[i], self.net.addresses[i]
+        return i
 
     # -- running ------------------------------------------------------------------------------------
     def start(self) -> None:

@@ -9,6 +9,7 @@ of ours would only show in the machine's own namespace if they escaped the fleet
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -86,10 +87,8 @@ def no_leftovers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     if procs:
         problems.append(f"processes left running: {[(p.pid, ' '.join(p.cmdline()[:6])) for p in procs]}")
         for proc in procs:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
-            except psutil.NoSuchProcess:
-                pass
         psutil.wait_procs(procs, timeout=10)
     if os.geteuid() == 0:
         left = [ns for ns in set(_netns.list_namespaces()) - namespaces_before if _ours(ns, mark)]

@@ -25,17 +25,19 @@ def config(output: Path, **settings: Any) -> FleetConfig:
 
 
 def wait_until(fleet: Fleet, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll the fleet (reading records) until ``predicate()``; AssertionError with every log tail otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    """Poll the fleet (reading records) until ``predicate()``; AssertionError with every log tail when
+    ``timeout_s`` passes or a running daemon exits with an error (one the test killed does not count)."""
+    started = time.monotonic()
+    running = [d for d in fleet.daemons if d.running]
+    while time.monotonic() < started + timeout_s:
         fleet.poll()
         if predicate():
             return
-        crashed = [d for d in fleet.daemons if d.returncode not in (None, 0)]
+        crashed = [d.node_id for d in running if d.returncode not in (None, 0)]
         if crashed:
-            break
+            raise AssertionError(f"not {what}: {crashed} exited with an error\n{logs(fleet)}")
         time.sleep(0.3)
-    raise AssertionError(f"not {what} after {timeout_s} s\n{logs(fleet)}")
+    raise AssertionError(f"not {what} after {time.monotonic() - started:.0f} s\n{logs(fleet)}")
 
 
 def run_to_end(fleet: Fleet, timeout_s: float = FLEET_TIMEOUT_S) -> None:
