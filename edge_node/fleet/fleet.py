@@ -114,6 +114,7 @@ class Fleet:
         self.resumed = False
         self._stack = ExitStack()
         self._exits_seen: set[tuple[int, int]] = set()  # (daemon, its start count) whose exit was reported
+        self._run_file_written = False  # only a run file this fleet wrote is removed by it
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(config.threads)}
 
     # -- set-up -------------------------------------------------------------------------------------
@@ -134,7 +135,7 @@ class Fleet:
         config = self.config
         if config.netns:
             _netns.check_available()
-            _netns.cleanup_stale()
+            _netns.cleanup_stale(self.kind)
         self._end_leftovers()
         self._prepare_output()
         if config.tls:
@@ -318,7 +319,9 @@ class Fleet:
                 self._stack.close()
             finally:
                 self.net = None
-                (self.output / RUN_FILE).unlink(missing_ok=True)
+                if self._run_file_written:
+                    (self.output / RUN_FILE).unlink(missing_ok=True)
+                    self._run_file_written = False
 
     def _write_run_file(self) -> None:
         run = {
@@ -328,3 +331,4 @@ class Fleet:
             "namespaces": self.net.names if self.net is not None else [],
         }
         atomic_write_text(self.output / RUN_FILE, json.dumps(run, indent=1) + "\n")
+        self._run_file_written = True
