@@ -99,19 +99,21 @@ class LiveTable:
             self.event(round_line(node, record))
 
     def refresh(self, nodes: list[NodeView], title: str) -> None:
+        from rich import box
         from rich.table import Table
 
-        table = Table(title=f"{title}  [{time.monotonic() - self._started:.0f} s]", title_justify="left")
-        for name, justify in (("node", "left"), ("round", "right"), ("phase", "left"), ("acc before", "right"),
-                              ("acc after", "right"), ("peers answered", "left"), ("refused", "right"),
-                              ("in MB", "right"), ("out MB", "right"), ("state", "left")):  # fmt: skip
-            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        table = Table(title=f"{title}  [{time.monotonic() - self._started:.0f} s]", title_justify="left",
+                      box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))  # fmt: skip
+        for name, justify in (("node", "left"), ("round", "right"), ("phase", "left"), ("before", "right"),
+                              ("after", "right"), ("peers", "right"), ("refused", "right"), ("MB in", "right"),
+                              ("MB out", "right"), ("state", "left")):  # fmt: skip
+            table.add_column(name, justify=justify, no_wrap=True, min_width=len(name))  # type: ignore[arg-type]
         for n in nodes:
             total = f"/{n.rounds_total}" if n.rounds_total else ""
             table.add_row(
                 n.node_id, f"{n.rounds_done}{total}", n.phase, _pct(n.acc_before), _pct(n.acc_after),
-                ",".join(n.peers_answered) or "-", str(n.refused), f"{n.bytes_in / 1e6:.2f}",
-                f"{n.bytes_out / 1e6:.2f}", n.state,
+                str(len(n.peers_answered)), str(n.refused), f"{n.bytes_in / 1e6:.1f}", f"{n.bytes_out / 1e6:.1f}",
+                n.state,
             )  # fmt: skip
         self._live.update(table, refresh=True)
 

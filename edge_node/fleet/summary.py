@@ -172,6 +172,9 @@ def plot_summary(summary: dict[str, Any], per_node: dict[str, list[dict[str, Any
                     lw=2.5, label="fleet mean")  # fmt: skip
     ax_acc.set(xlabel="round", ylabel="test accuracy after local training (%)", title="accuracy per node")
     ax_bytes.set(xlabel="round", ylabel="MB received (encoded)", title="bytes received per node")
+    ax_bytes.ticklabel_format(axis="y", useOffset=False, style="plain")
+    top = max((r.get("bytes_in", 0) / 1e6 for rs in per_node.values() for r in rs), default=0.0)
+    ax_bytes.set_ylim(0, top * 1.15 or 1.0)
     ax_acc.legend(fontsize=7, ncol=2)
     ax_acc.grid(alpha=0.3)
     ax_bytes.grid(alpha=0.3)

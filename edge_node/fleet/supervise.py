@@ -140,7 +140,7 @@ def _handle(
             elif final:
                 view.state, view.phase = f"exit {code}", "stopped"
             else:
-                view.state, view.phase = f"exit {code}" if code > 0 else f"killed by signal {-code}", "stopped"
+                view.state, view.phase = f"exit {code}" if code > 0 else f"signal {-code}", "stopped"
                 display.event(f"{event.node_id}: exited with code {code}; stopping the fleet")
                 if outcome is None:
                     fleet_code = code if code in PASSED_ON else int(ExitCode.UNEXPECTED)
