@@ -85,5 +85,6 @@ def test_soak_bench_samples_every_daemon(tmp_path: Path):
     assert "worst RSS slope" in proc.stdout
     result = json.loads(out.read_text())
     assert [n["node"] for n in result["per_node"]] == ["node0", "node1"]
-    assert all(n["rss_mb_max"] > 50 and n["fds_max"] > 3 for n in result["per_node"]), result["per_node"]  # torch loaded
+    # each daemon was sampled while alive (torch loaded: tens of MB) and holds a few descriptors
+    assert all(n["rss_mb_max"] > 50 and n["fds_max"] > 3 for n in result["per_node"]), result["per_node"]
     assert set(result["exit_codes"].values()) == {0}  # stopped cleanly by SIGTERM
