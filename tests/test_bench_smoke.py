@@ -72,3 +72,19 @@ def test_hostile_mdns_bench_quick_burst_prints_the_victims_costs(tmp_path: Path,
     assert "burst" in proc.stdout and "reals kept" in proc.stdout
     [row] = json.loads(out.read_text())["rows"]
     assert row["scenario"] == "burst" and row["packets_sent_by_attacker"] > 0 and "cpu_s" in row
+
+
+def test_soak_bench_samples_every_daemon(tmp_path: Path):
+    out = tmp_path / "soak.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "soak.py"), "--nodes", "2", "--minutes", "0.25", "--sample-s", "2", "--json",
+         str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "worst RSS slope" in proc.stdout
+    result = json.loads(out.read_text())
+    assert [n["node"] for n in result["per_node"]] == ["node0", "node1"]
+    # each daemon was sampled while alive (torch loaded: tens of MB) and holds a few descriptors
+    assert all(n["rss_mb_max"] > 50 and n["fds_max"] > 3 for n in result["per_node"]), result["per_node"]
+    assert set(result["exit_codes"].values()) == {0}  # stopped cleanly by SIGTERM

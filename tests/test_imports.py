@@ -15,6 +15,7 @@ SUBPACKAGES = [
     "edge_node.net",
     "edge_node.energy",
     "edge_node.sim",
+    "edge_node.fleet",
     "edge_node.cli",
 ]
 
@@ -85,3 +86,13 @@ def test_no_module_imports_from_a_higher_layer():
         own = _layer_of(top)
         violations += [f"{rel} imports edge_node.{t}" for t in _imported_tops(path) if _layer_of(t) > own]
     assert not violations, violations
+
+
+def test_fleet_supervisor_imports_no_torch():
+    """``edge-node loopback``'s supervisor shares the cores with N daemons: it must stay light."""
+    code = (
+        "import sys, edge_node.fleet.supervise, edge_node.fleet.progress, edge_node.node.status\n"
+        "bad = [m for m in ('torch', 'grpc', 'zeroconf') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -31,9 +31,16 @@ def hold_open(context: grpc.ServicerContext) -> Iterator[bytes]:
 
 
 class HostileServer:
-    """``with HostileServer(get_model=..., hello=...) as server:`` then pull from ``server.port``."""
+    """``with HostileServer(get_model=..., hello=...) as server:`` then pull from ``server.port``.
 
-    def __init__(self, get_model: GetModel | None = None, hello: Hello | None = None, tls: TlsConfig | None = None):
+    ``address`` is where it listens (``HOST:0`` picks a port): 127.0.0.1, or a namespace's own address.
+    """
+
+    def __init__(
+        self, get_model: GetModel | None = None, hello: Hello | None = None, tls: TlsConfig | None = None,
+        address: str = "127.0.0.1:0",
+    ):  # fmt: skip
+        self._address = address
         self._get_model = get_model
         self._hello = hello
         self._tls = tls
@@ -84,7 +91,7 @@ class HostileServer:
         self._server = grpc.server(
             self._executor, handlers=[grpc.method_handlers_generic_handler(PEER_SERVICE_NAME, handlers)]
         )
-        address = "127.0.0.1:0"
+        address = self._address
         if self._tls is None:
             self.port = self._server.add_insecure_port(address)
         else:

@@ -1,0 +1,115 @@
+"""``edge-node loopback``: a fleet of real ``edge-node start`` daemons on this machine, watched and summarised."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from edge_node.cli._app import app, fail, verbose_option
+from edge_node.exit_codes import ExitCode
+from edge_node.fleet.config import DEFAULT_OUTPUT, FleetConfig
+
+_DATASETS = ("demo", "cifar10", "cifar100", "tiny-imagenet")  # edge_node.data.DATASET_NAMES, without importing torch
+_MODELS = ("cnn", "resnet18", "vgg11")  # edge_node.models.MODEL_NAMES
+_BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.energy.detect.BACKENDS
+
+
+@app.command(context_settings={"max_content_width": 120})
+@click.option("--nodes", type=click.IntRange(2, 64), required=True, help="Number of daemons (2..64).")
+@click.option("--rounds", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Rounds each node runs (0: until Ctrl-C).")  # fmt: skip
+@click.option("--netns", is_flag=True, help="Each node in its own network namespace on a bridge, found over mDNS "
+              "(root).")  # fmt: skip
+@click.option("--link", default=None, metavar="rate=..,delay=..,loss=..",
+              help="Condition every node's link, e.g. 'rate=10mbit,delay=20ms,loss=1%' (with --netns; netem, or "
+              "tbf + iptables where the kernel has no netem: then delay is not applied and the run says "
+              "so).")  # fmt: skip
+@click.option("--lockstep", is_flag=True, help="The synchronous algorithm: the simulation's seeded neighbours, "
+              "every node waits for the fleet each round.")  # fmt: skip
+@click.option("--tls", is_flag=True, help="Mutual TLS: a fleet CA and one certificate per node in OUTPUT/tls.")
+@click.option("--output", type=click.Path(path_type=Path), default=DEFAULT_OUTPUT, show_default=True,
+              help="Fleet directory: a state dir and a log per node, the summary. Resumed if it holds a "
+              "fleet.")  # fmt: skip
+@click.option("--fresh", is_flag=True, help="Discard the fleet in --output and start over.")
+@click.option("--fleet", "fleet_id", default="loopback", show_default=True, help="Fleet id.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Fleet seed (initial weights, partition, masks).")
+@click.option("--model", type=click.Choice(_MODELS), default="cnn", show_default=True)
+@click.option("--dataset", type=click.Choice(_DATASETS), default="demo", show_default=True,
+              help="Data set each node takes its slice of; demo is built in.")  # fmt: skip
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Where --dataset's files are.")
+@click.option("--partition", default="dir:0.3", show_default=True, help="How the data set is split among the nodes.")
+@click.option("--neighbours", type=int, default=None, help="Peers each node pulls per round [default: min(3, N-1)].")
+@click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True, help="Local epochs per round.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Training batch size [default: 32 on the demo set, else the daemon's 128].")  # fmt: skip
+@click.option("--lr", type=float, default=None, help="Initial learning rate [default: the daemon's, 0.1].")
+@click.option("--capacity", default="0.6", show_default=True, help="Every node's density tier, or auto.")
+@click.option("--planned-rounds", type=click.IntRange(min=1), default=None,
+              help="T of the prune schedule [default: --rounds].")  # fmt: skip
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads per node.")
+@click.option("--pull-timeout-s", type=float, default=60.0, show_default=True, help="Per node: longest wait for "
+              "a round's pulls.")  # fmt: skip
+@click.option("--round-budget-s", type=float, default=600.0, show_default=True,
+              help="Per node: round budget (the lock-step wait bound).")  # fmt: skip
+@click.option("--energy-backend", type=click.Choice(_BACKENDS), default="estimate", show_default=True,
+              help="Energy meter per node (a machine-wide meter would count the same joules once per "
+              "node).")  # fmt: skip
+@click.option("--daemon-arg", "daemon_args", multiple=True, metavar="FLAG",
+              help="One more `edge-node start` argument for every node (repeat; e.g. --daemon-arg=--value-type "
+              "--daemon-arg=float16).")  # fmt: skip
+@click.option("--progress/--no-progress", default=None,
+              help="Live table [default: in a terminal], or plain lines (always in a pipe).")  # fmt: skip
+@verbose_option
+def loopback(fresh: bool, progress: bool | None, fleet_id: str, daemon_args: tuple[str, ...], **flags: Any) -> None:
+    """Run N real edge-node daemons on this machine (127.0.0.1 or namespaces) and summarise the fleet.
+
+    Each node is an `edge-node start` process with its own state directory, port and slice of the data
+    set. Shows live progress, stops every daemon cleanly on Ctrl-C or when done, removes every namespace
+    it made, and writes fleet-summary.json, fleet-summary.md and fleet-accuracy.png to --output.
+    """
+    from edge_node.fleet.netns import NetnsError
+    from edge_node.fleet.progress import LineProgress, LiveTable
+    from edge_node.fleet.summary import format_markdown
+    from edge_node.fleet.supervise import run_fleet
+
+    live = progress is not False and sys.stderr.isatty()
+    config = FleetConfig(fleet=fleet_id, daemon_args=daemon_args, progress=live, **flags)
+    stop = threading.Event()
+    caught: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt  # second signal: kill the daemons now
+        caught.append(signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    display: Any = LiveTable(sys.stderr) if live else LineProgress(lambda line: click.echo(line, err=True))
+    try:
+        outcome = run_fleet(config, display, stop, fresh=fresh)
+    except NetnsError as exc:
+        raise fail(str(exc), ExitCode.NETWORK) from None
+    finally:
+        close = getattr(display, "close", None)
+        if close is not None:
+            close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    click.echo(format_markdown(outcome.summary))
+    for path in outcome.files:
+        click.echo(f"wrote {path.resolve()}")
+    for line in outcome.warnings:
+        click.echo(f"edge-node: warning: {line}", err=True)
+    if outcome.code == ExitCode.INTERRUPTED:
+        click.echo("edge-node: interrupted; every daemon stopped, completed rounds are kept", err=True)
+    elif outcome.code != ExitCode.SUCCESS:
+        click.echo(f"edge-node: error: {outcome.reason}; its log ends:", err=True)
+        for line in outcome.log_tail.splitlines():
+            click.echo(f"  | {line}", err=True)
+    raise click.exceptions.Exit(outcome.code)

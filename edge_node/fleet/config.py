@@ -1,0 +1,170 @@
+"""``FleetConfig``: the settings of a loopback fleet, checked once before anything is started or written.
+
+Each node ``i`` (id ``node<i>``) runs ``edge-node start`` with the fleet-wide settings below and its own
+state directory (``OUTPUT/node<i>``), port and data slice (``--dataset X --num-clients N --client-index i
+--partition P``): the slice the simulation gives client ``i``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edge_node.errors import ConfigError
+
+MAX_NODES = 64  # one machine; the bridge would take 250
+DEFAULT_OUTPUT = Path("runs/loopback")
+NODE_PREFIX = "node"
+NETNS_PORT = 7878  # every node has its own network stack in --netns mode, so they share the port number
+DEFAULT_SUBNET = "10.78.0"  # inside the fleet's own namespaces only, never on the machine's interfaces
+CONFIG_FILE = "fleet-config.json"
+# Settings a re-run of the same output directory may change (the rest must match the saved fleet).
+RESUMABLE_CHANGES = frozenset({"rounds", "output", "progress", "pull_timeout_s", "round_budget_s", "daemon_args",
+                               "link", "data_dir"})  # fmt: skip
+_SUBNET_RE = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})$")
+# The demo set's settings when none are given: enough SGD steps per round for a first run to show
+# learning (README "Demo settings"): batch 32 over a quarter of the demo set is ~47 steps per epoch.
+DEMO_BATCH_SIZE = 32
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """A loopback fleet; node settings mirror ``edge-node start``'s keys of the same names."""
+
+    nodes: int = 4
+    rounds: int = 5  # 0: until stopped
+    output: Path = DEFAULT_OUTPUT
+    netns: bool = False  # each node in its own namespace on a bridge, found over mDNS (root)
+    link: str | None = None  # "rate=10mbit,delay=20ms,loss=1%" (needs netns)
+    lockstep: bool = False  # the synchronous algorithm: seeded neighbours, wait for the fleet each round
+    tls: bool = False  # mutual TLS with a fleet CA made in OUTPUT/tls
+    fleet: str = "loopback"
+    seed: int = 0
+    model: str = "cnn"
+    dataset: str = "demo"
+    data_dir: Path | None = None
+    partition: str = "dir:0.3"
+    neighbours: int | None = None  # None: min(3, nodes - 1)
+    epochs: int = 1
+    batch_size: int | None = None  # None: DEMO_BATCH_SIZE on the demo set, else the daemon's (128)
+    lr: float | None = None  # None: the daemon's
+    capacity: str = "0.6"  # every node's tier, or "auto" (each measures its own)
+    planned_rounds: int | None = None  # None: rounds (or the daemon's 500 when running until stopped)
+    threads: int = 1  # torch threads per daemon: N daemons share the machine's cores
+    pull_timeout_s: float = 60.0
+    round_budget_s: float = 600.0
+    energy_backend: str = "estimate"  # a machine-wide meter would count the same joules once per node
+    progress: bool = True
+    daemon_args: tuple[str, ...] = ()  # more `edge-node start` flags, given to every node
+    subnet: str = DEFAULT_SUBNET
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.nodes <= MAX_NODES:
+            raise ConfigError(f"--nodes {self.nodes} must be in 2..{MAX_NODES}")
+        if self.rounds < 0:
+            raise ConfigError(f"--rounds {self.rounds} must be >= 0 (0: run until stopped)")
+        if self.link is not None and not self.netns:
+            raise ConfigError(
+                "--link needs --netns: shaping 127.0.0.1 would slow down every program of this machine"
+            )
+        if self.neighbours is not None and self.neighbours < 1:
+            raise ConfigError(f"--neighbours {self.neighbours} must be at least 1")
+        if self.lockstep and self.neighbours is not None and self.neighbours > self.nodes - 1:
+            raise ConfigError(f"--neighbours {self.neighbours}: a lock-step fleet of {self.nodes} has "
+                              f"{self.nodes - 1} others to pick from")  # fmt: skip
+        if self.threads < 1:
+            raise ConfigError(f"--threads {self.threads} must be at least 1")
+        if self.dataset != "demo" and self.data_dir is None:
+            raise ConfigError(f"--dataset {self.dataset} needs --data-dir (only the demo set is built in)")
+        if self.data_dir is not None and not Path(self.data_dir).exists():
+            raise ConfigError(f"--data-dir {self.data_dir} does not exist")
+        match = _SUBNET_RE.match(self.subnet)
+        if match is None or not all(0 <= int(g) <= 255 for g in match.groups()):
+            raise ConfigError(f"subnet {self.subnet!r} must be three octets, e.g. 10.78.0")
+        if self.link is not None:
+            from edge_node.fleet.link import LinkSpec
+
+            LinkSpec.parse(self.link)
+        object.__setattr__(self, "output", Path(self.output))
+        object.__setattr__(self, "daemon_args", tuple(self.daemon_args))
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [f"{NODE_PREFIX}{i}" for i in range(self.nodes)]
+
+    @property
+    def effective_neighbours(self) -> int:
+        return self.neighbours if self.neighbours is not None else min(3, self.nodes - 1)
+
+    @property
+    def effective_batch_size(self) -> int | None:
+        if self.batch_size is not None:
+            return self.batch_size
+        return DEMO_BATCH_SIZE if self.dataset == "demo" else None
+
+    @property
+    def effective_planned_rounds(self) -> int | None:
+        if self.planned_rounds is not None:
+            return self.planned_rounds
+        return self.rounds or None
+
+    def node_settings(self, i: int) -> dict[str, Any]:
+        """``edge-node start`` config keys of node ``i`` that do not depend on where it runs."""
+        settings: dict[str, Any] = {
+            "node_id": self.node_ids[i],
+            "fleet": self.fleet,
+            "seed": self.seed,
+            "client_index": i,
+            "model": self.model,
+            "dataset": self.dataset,
+            "partition": self.partition,
+            "num_clients": self.nodes,
+            "neighbours": self.effective_neighbours,
+            "rounds": self.rounds,
+            "epochs": self.epochs,
+            "capacity": self.capacity,
+            "threads": self.threads,
+            "pull_timeout_s": self.pull_timeout_s,
+            "round_budget_s": self.round_budget_s,
+            "energy_backend": self.energy_backend,
+            "export_onnx": False,  # one model.onnx per round per node costs CPU the fleet shares
+            "lockstep": self.lockstep,
+        }
+        optional = {
+            "data_dir": self.data_dir,
+            "batch_size": self.effective_batch_size,
+            "lr": self.lr,
+            "planned_rounds": self.effective_planned_rounds,
+        }
+        settings.update({k: v for k, v in optional.items() if v is not None})
+        return settings
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["output"] = str(self.output)
+        out["data_dir"] = str(self.data_dir) if self.data_dir is not None else None
+        out["daemon_args"] = list(self.daemon_args)
+        return out
+
+    def differences(self, saved: dict[str, Any]) -> list[str]:
+        """Settings that differ from a saved fleet's (those a re-run may change are ignored)."""
+        mine = self.to_json()
+        return sorted(k for k in mine if k not in RESUMABLE_CHANGES and k != "progress" and saved.get(k) != mine[k])
+
+
+def settings_to_flags(settings: dict[str, Any]) -> list[str]:
+    """``edge-node start`` flags for config keys (``{"pull_timeout_s": 5}`` -> ``--pull-timeout-s 5``)."""
+    flags: list[str] = []
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{flag[2:]}")
+        elif isinstance(value, (list, tuple)):
+            if value:
+                flags += [flag, ",".join(str(v) for v in value)]
+        else:
+            flags += [flag, str(value)]
+    return flags

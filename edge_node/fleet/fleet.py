@@ -1,0 +1,334 @@
+"""A loopback fleet's life: network, TLS material, N daemons, and the clean-up of all of it.
+
+    with Fleet(config) as fleet:          # stale leftovers removed; namespaces, links and daemons made
+        fleet.start()                     # every node's `edge-node start`
+        while not fleet.finished():
+            events = fleet.poll()         # new round records and exits
+    # every daemon stopped (SIGTERM, bounded wait, SIGKILL by pid), every namespace deleted
+
+On 127.0.0.1 the nodes know each other as static peers ``node<j>@127.0.0.1:PORT``. With ``netns``
+each runs in its own namespace on a bridge in another one, listens on its address there and finds the
+others over mDNS on its ``eth0`` (a lock-step fleet lists them as static peers instead: lock-step needs
+the whole fleet in client-index order). Bridges, veths, qdiscs and iptables rules all live inside the
+fleet's namespaces, so deleting those removes everything; nothing is added to the machine's own network.
+
+``OUTPUT/fleet-run.json`` names the supervisor, its daemons and namespaces while the fleet runs; a
+later start on the same output directory ends what a killed supervisor left there, and any start
+removes namespaces of killed fleets (:func:`edge_node.fleet.netns.cleanup_stale`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edge_node.errors import ConfigError
+from edge_node.fleet import netns as _netns
+from edge_node.fleet.config import CONFIG_FILE, NETNS_PORT, FleetConfig, settings_to_flags
+from edge_node.fleet.daemons import STOP_GRACE_S, DaemonProcess, end_leftover, pid_alive, python_command
+from edge_node.fleet.link import LinkReport, LinkSpec, shape_links
+from edge_node.storage import atomic_write_text
+
+_LOGGER = logging.getLogger(__name__)
+
+RUN_FILE = "fleet-run.json"
+TLS_DIR = "tls"
+# What a --fresh start removes besides the node state directories (the summary's files are added by it).
+FLEET_FILES = (CONFIG_FILE, RUN_FILE)
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something a poll saw: a node's new round record, or its exit."""
+
+    node_id: str
+    kind: str  # "record" or "exit"
+    record: dict[str, Any] | None = None
+    code: int | None = None
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 right now (bound and released; a tiny race is accepted)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """A key file readable by its owner only (the daemon refuses group/other-readable keys)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def issue_tls_material(tls_dir: Path, fleet: str, node_ids: list[str]) -> None:
+    """A fleet CA in ``tls_dir`` (kept when there) and a certificate per node id that lacks one."""
+    from edge_node.net.tls import create_ca, issue_certificate
+
+    tls_dir.mkdir(parents=True, exist_ok=True)
+    ca_pem, ca_key = tls_dir / "ca.pem", tls_dir / "ca.key"
+    if not (ca_pem.exists() and ca_key.exists()):
+        cert, key = create_ca(fleet)
+        _write_private(ca_key, key)
+        ca_pem.write_bytes(cert)
+    for node_id in node_ids:
+        if not (tls_dir / f"{node_id}.pem").exists() or not (tls_dir / f"{node_id}.key").exists():
+            cert, key = issue_certificate(ca_pem.read_bytes(), ca_key.read_bytes(), node_id)
+            _write_private(tls_dir / f"{node_id}.key", key)
+            (tls_dir / f"{node_id}.pem").write_bytes(cert)
+
+
+class Fleet:
+    """N ``edge-node start`` daemons on this machine; a context manager that always cleans up."""
+
+    def __init__(self, config: FleetConfig, *, fresh: bool = False, kind: str = "fleet") -> None:
+        self.config = config
+        self.fresh = fresh
+        self.kind = kind
+        self.output = config.output
+        self.net: _netns.BridgeNet | None = None
+        self.link_report = LinkReport()
+        self.daemons: list[DaemonProcess] = []
+        self.endpoints: list[tuple[str, int]] = []  # (host, port) of each node
+        self.started_unix: float | None = None
+        self.stopped_unix: float | None = None
+        self.resumed = False
+        self._stack = ExitStack()
+        self._exits_seen: set[tuple[int, int]] = set()  # (daemon, its start count) whose exit was reported
+        self._run_file_written = False  # only a run file this fleet wrote is removed by it
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(config.threads)}
+
+    # -- set-up -------------------------------------------------------------------------------------
+    def __enter__(self) -> Fleet:
+        try:
+            self.open()
+        except BaseException:
+            self.close(grace_s=0.0)
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # A second Ctrl-C arrives as KeyboardInterrupt: then the daemons are killed without waiting.
+        self.close(grace_s=0.0 if exc_type is KeyboardInterrupt else STOP_GRACE_S)
+
+    def open(self) -> None:
+        """Clean up leftovers, check the output directory, make the network and the daemons (not started)."""
+        config = self.config
+        if config.netns:
+            _netns.check_available()
+            _netns.cleanup_stale(self.kind)
+        self._end_leftovers()
+        self._prepare_output()
+        if config.tls:
+            issue_tls_material(self.output / TLS_DIR, config.fleet, config.node_ids)
+        if config.netns:
+            self.net = self._stack.enter_context(
+                _netns.bridge_with_namespaces(config.nodes, subnet=config.subnet, kind=self.kind, tag="node")
+            )
+            self.endpoints = [(address, NETNS_PORT) for address in self.net.addresses]
+            if config.link is not None:
+                self.link_report = shape_links(self.net, LinkSpec.parse(config.link))
+        else:
+            self.endpoints = [("127.0.0.1", port) for port in free_ports(config.nodes)]
+        self.daemons = [self.make_daemon(i) for i in range(config.nodes)]
+        self._write_run_file()
+
+    def _end_leftovers(self) -> None:
+        """End daemons (and namespaces) a killed supervisor left in this output directory."""
+        path = self.output / RUN_FILE
+        try:
+            run = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        owner = int(run.get("pid", 0))
+        if owner and owner != os.getpid() and pid_alive(owner):
+            raise ConfigError(
+                f"{self.output} is in use by a running fleet (pid {owner}); stop it or use another --output"
+            )
+        ended = [n["node_id"] for n in run.get("nodes", []) if n.get("pid")
+                 and end_leftover(int(n["pid"]), Path(n["state_dir"]))]  # fmt: skip
+        for ns in run.get("namespaces", []):
+            if ns in _netns.list_namespaces() and _netns.creator_pid(ns) == owner:
+                _netns.delete_namespace(ns)
+        if ended:
+            _LOGGER.warning("ended %s, left running by a killed fleet (pid %d)", ", ".join(ended), owner)
+        path.unlink(missing_ok=True)
+
+    def _prepare_output(self) -> None:
+        config = self.config
+        out = self.output
+        saved_path = out / CONFIG_FILE
+        if self.fresh:
+            for node_id in config.node_ids:
+                shutil.rmtree(out / node_id, ignore_errors=True)
+                (out / f"{node_id}.log").unlink(missing_ok=True)
+            shutil.rmtree(out / TLS_DIR, ignore_errors=True)
+            for name in FLEET_FILES:
+                (out / name).unlink(missing_ok=True)
+        elif saved_path.exists():
+            try:
+                saved = json.loads(saved_path.read_text())
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"{saved_path} is unreadable ({exc}); pass --fresh to start over") from None
+            diff = config.differences(saved)
+            if diff:
+                raise ConfigError(
+                    f"{out} holds a fleet with other settings ({', '.join(diff)}); use another --output or --fresh"
+                )
+            self.resumed = True
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(saved_path, json.dumps(config.to_json(), indent=2) + "\n")
+
+    def node_flags(self, i: int, *, node_id: str | None = None, tls_name: str | None = None,
+                   host: int | None = None, overrides: dict[str, Any] | None = None) -> list[str]:  # fmt: skip
+        """``edge-node start`` flags of node ``i`` (or of a node ``node_id`` with node ``i``'s data slice
+        on host ``host``'s address, certificate ``tls_name``: tests add rogue and foreign nodes so)."""
+        config = self.config
+        settings = config.node_settings(i)
+        node_id = node_id or config.node_ids[i]
+        settings["node_id"] = node_id
+        settings["state_dir"] = self.output / node_id
+        where = i if host is None else host
+        if self.net is not None:
+            address = self.net.addresses[where]
+            settings["listen"] = f"{address}:{NETNS_PORT}"
+        else:
+            address, port = self.endpoints[i] if host is None else ("127.0.0.1", free_ports(1)[0])
+            settings["listen"] = f"{address}:{port}"
+        if self.net is not None and not config.lockstep:
+            settings["discovery"] = "mdns"
+            settings["interfaces"] = [self.net.addresses[where]]
+        else:
+            settings["discovery"] = "static"
+            settings["peers"] = [f"{nid}@{h}:{p}" for nid, (h, p) in zip(config.node_ids, self.endpoints, strict=True)]
+        if config.tls:
+            tls_dir = self.output / TLS_DIR
+            name = tls_name or node_id
+            settings.update(
+                tls_ca=tls_dir / "ca.pem", tls_cert=tls_dir / f"{name}.pem", tls_key=tls_dir / f"{name}.key"
+            )
+        else:
+            settings["insecure"] = True
+        settings.update(overrides or {})
+        return [*settings_to_flags(settings), *config.daemon_args]
+
+    def make_daemon(self, i: int, *, node_id: str | None = None, host: int | None = None,
+                    flags: list[str] | None = None) -> DaemonProcess:  # fmt: skip
+        """The daemon of node ``i`` (not started); ``flags`` replace :meth:`node_flags`'s."""
+        node_id = node_id or self.config.node_ids[i]
+        argv = [*python_command(), "start", *(flags if flags is not None else self.node_flags(i, host=host))]
+        namespace = None
+        if self.net is not None:
+            namespace = self.net.namespaces[i if host is None else host]
+            argv = ["ip", "netns", "exec", namespace, *argv]
+        return DaemonProcess(
+            node_id=node_id, state_dir=self.output / node_id, argv=argv, log_path=self.output / f"{node_id}.log",
+            namespace=namespace, env=self._env,
+        )  # fmt: skip
+
+    def add_host(self, tag: str) -> int:
+        """One more namespace on the fleet's bridge (``netns`` only); its index in ``net.namespaces``."""
+        if self.net is None:
+            raise ConfigError("add_host needs a --netns fleet")
+        i = self.net.add_host(tag)
+        self._write_run_file()
+        return i
+
+    # -- running ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start every daemon that is not running."""
+        self.started_unix = self.started_unix or time.time()
+        for daemon in self.daemons:
+            if not daemon.running:
+                daemon.start()
+        self._write_run_file()
+
+    def start_extra(self, daemon: DaemonProcess) -> DaemonProcess:
+        """Start a daemon beyond the fleet's own (tests' foreign nodes); it is stopped with the fleet."""
+        self.daemons.append(daemon)
+        daemon.start()
+        self._write_run_file()
+        return daemon
+
+    def restart(self, daemon: DaemonProcess) -> None:
+        """Start ``daemon`` again (after it exited or was killed) with the same command and state directory."""
+        daemon.wait(STOP_GRACE_S)
+        daemon.start()
+        self._write_run_file()
+
+    def poll(self) -> list[Event]:
+        """New round records of every daemon, and the exits of daemons that ended since the last poll."""
+        events: list[Event] = []
+        for daemon in self.daemons:
+            events += [Event(daemon.node_id, "record", record=r) for r in daemon.read_new_records()]
+            code = daemon.returncode
+            if code is not None and (id(daemon), daemon.starts) not in self._exits_seen:
+                self._exits_seen.add((id(daemon), daemon.starts))
+                daemon.reaped()
+                events.append(Event(daemon.node_id, "exit", code=code))
+        return events
+
+    def own_daemons(self) -> list[DaemonProcess]:
+        """The fleet's N nodes (not the extra ones tests add)."""
+        return self.daemons[: self.config.nodes]
+
+    def finished(self) -> bool:
+        """Every node of the fleet has exited."""
+        return all(d.proc is not None and not d.running for d in self.own_daemons())
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM to every running daemon at once, a shared bounded wait, then SIGKILL by pid."""
+        running = [d for d in self.daemons if d.running]
+        for daemon in running:
+            daemon.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for daemon in running:
+            if daemon.wait(max(0.0, deadline - time.monotonic())) is None:
+                _LOGGER.warning("%s did not stop within %.0f s of SIGTERM; killing pid %s", daemon.node_id,
+                                grace_s, daemon.pid)  # fmt: skip
+                daemon.kill()
+        for daemon in self.daemons:
+            daemon.stop(0)
+        self.stopped_unix = time.time()
+
+    def close(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop every daemon, delete every namespace (with its bridge, veths, qdiscs, rules); idempotent."""
+        try:
+            self.stop(grace_s)
+        finally:
+            try:
+                self._stack.close()
+            finally:
+                self.net = None
+                if self._run_file_written:
+                    (self.output / RUN_FILE).unlink(missing_ok=True)
+                    self._run_file_written = False
+
+    def _write_run_file(self) -> None:
+        run = {
+            "pid": os.getpid(),
+            "started_unix": self.started_unix,
+            "nodes": [{"node_id": d.node_id, "pid": d.pid, "state_dir": str(d.state_dir)} for d in self.daemons],
+            "namespaces": self.net.names if self.net is not None else [],
+        }
+        atomic_write_text(self.output / RUN_FILE, json.dumps(run, indent=1) + "\n")
+        self._run_file_written = True

@@ -1,0 +1,121 @@
+"""Live progress of a loopback fleet: a table that redraws in a terminal, plain lines in a pipe.
+
+The table (``rich``) shows per node its round, phase (from the daemon's status socket), last accuracy
+before and after local training, peers answered, bytes and state. In a pipe or a log, one line per
+node round, one per completed fleet round (the mean accuracy), and one per start, exit or restart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+
+@dataclass
+class NodeView:
+    """What the display knows about one node."""
+
+    node_id: str
+    rounds_total: int
+    rounds_done: int = 0
+    phase: str = "starting"
+    acc_before: float | None = None
+    acc_after: float | None = None
+    peers_answered: list[str] = field(default_factory=list)
+    refused: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    state: str = "starting"  # starting, running, done, exited N, killed
+
+    def add_record(self, record: dict[str, Any]) -> None:
+        if record.get("diverged"):
+            return
+        self.rounds_done = int(record["round"]) + 1
+        self.acc_before, self.acc_after = record.get("acc_before"), record.get("acc_after")
+        self.peers_answered = list(record.get("peers_answered", []))
+        self.refused += sum(int(v) for v in (record.get("refusals") or {}).values())
+        self.bytes_in += int(record.get("bytes_in", 0))
+        self.bytes_out += int(record.get("bytes_out", 0))
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def round_line(node: NodeView, record: dict[str, Any]) -> str:
+    """One node's completed round as a plain line."""
+    total = f"/{node.rounds_total}" if node.rounds_total else ""
+    if record.get("diverged"):
+        return f"{node.node_id} round {record['round'] + 1}{total}: DIVERGED ({record.get('reason')}), rolled back"
+    refusals = record.get("refusals") or {}
+    refused = f", refused {', '.join(f'{k} {v}' for k, v in refusals.items())}" if refusals else ""
+    seconds = sum((record.get("seconds") or {}).values())
+    return (
+        f"{node.node_id} round {record['round'] + 1}{total}: acc {_pct(record.get('acc_before'))} -> "
+        f"{_pct(record.get('acc_after'))}, peers {','.join(record.get('peers_answered', [])) or 'none'}{refused}, "
+        f"in {record.get('bytes_in', 0) / 1e6:.2f} MB, out {record.get('bytes_out', 0) / 1e6:.2f} MB, {seconds:.1f} s"
+    )
+
+
+class LineProgress:
+    """Plain lines, written through ``write`` (the command's echo)."""
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        self.write = write
+
+    def event(self, line: str) -> None:
+        self.write(line)
+
+    def record(self, node: NodeView, record: dict[str, Any]) -> None:
+        self.write(round_line(node, record))
+
+    def refresh(self, nodes: list[NodeView], title: str) -> None:
+        """Nothing to redraw in a pipe."""
+
+    def close(self) -> None:
+        """Nothing to tear down."""
+
+
+class LiveTable:
+    """A table redrawn in place (``rich.live``); events scroll above it."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console(file=stream)
+        self._live = Live(console=self.console, auto_refresh=False, transient=False)
+        self._live.start()
+        self._started = time.monotonic()
+
+    def event(self, line: str) -> None:
+        self.console.print(line, markup=False, highlight=False)
+
+    def record(self, node: NodeView, record: dict[str, Any]) -> None:
+        """Rounds show in the table; only divergences are worth a line of their own."""
+        if record.get("diverged"):
+            self.event(round_line(node, record))
+
+    def refresh(self, nodes: list[NodeView], title: str) -> None:
+        from rich import box
+        from rich.table import Table
+
+        table = Table(title=f"{title}  [{time.monotonic() - self._started:.0f} s]", title_justify="left",
+                      box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))  # fmt: skip
+        for name, justify in (("node", "left"), ("round", "right"), ("phase", "left"), ("before", "right"),
+                              ("after", "right"), ("peers", "right"), ("refused", "right"), ("MB in", "right"),
+                              ("MB out", "right"), ("state", "left")):  # fmt: skip
+            table.add_column(name, justify=justify, no_wrap=True, min_width=len(name))  # type: ignore[arg-type]
+        for n in nodes:
+            total = f"/{n.rounds_total}" if n.rounds_total else ""
+            table.add_row(
+                n.node_id, f"{n.rounds_done}{total}", n.phase, _pct(n.acc_before), _pct(n.acc_after),
+                str(len(n.peers_answered)), str(n.refused), f"{n.bytes_in / 1e6:.1f}", f"{n.bytes_out / 1e6:.1f}",
+                n.state,
+            )  # fmt: skip
+        self._live.update(table, refresh=True)
+
+    def close(self) -> None:
+        self._live.stop()

@@ -1,0 +1,192 @@
+"""The fleet summary: per node rounds, accuracy, bytes, refusals and energy; JSON, Markdown and a plot.
+
+Built only from what the daemons wrote (each node's ``rounds.jsonl``), so it says what the nodes did,
+not what the supervisor hoped: a round a node did not record is not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from edge_node.storage import atomic_write_text
+
+SUMMARY_JSON = "fleet-summary.json"
+SUMMARY_MD = "fleet-summary.md"
+SUMMARY_PLOT = "fleet-accuracy.png"
+SUMMARY_FILES = (SUMMARY_JSON, SUMMARY_MD, SUMMARY_PLOT)
+
+
+def node_summary(node_id: str, records: list[dict[str, Any]], *, exit_code: int | None, starts: int) -> dict[str, Any]:
+    """One node's figures over its completed rounds."""
+    done = [r for r in records if not r.get("diverged")]
+    refused: dict[str, int] = {}
+    for r in records:
+        for kind, count in (r.get("refusals") or {}).items():
+            refused[kind] = refused.get(kind, 0) + int(count)
+    answered = sorted({p for r in done for p in r.get("peers_answered", [])})
+    labels = sorted({str(r.get("energy_label")) for r in done if r.get("energy_label")})
+    first, last = (done[0], done[-1]) if done else (None, None)
+    return {
+        "node_id": node_id,
+        "rounds": len(done),
+        "last_round": last["round"] if last else None,
+        "diverged_rounds": sum(1 for r in records if r.get("diverged")),
+        "acc_first": first["acc_after"] if first else None,
+        "acc_final": last["acc_after"] if last else None,
+        "acc_final_before": last["acc_before"] if last else None,
+        "bytes_in": sum(int(r.get("bytes_in", 0)) for r in done),
+        "bytes_out": sum(int(r.get("bytes_out", 0)) for r in done),
+        "peers_answered": answered,
+        "peers_refused": dict(sorted(refused.items())),
+        "server_refusals": dict(last.get("server_refusals") or {}) if last else {},
+        "energy_j": round(sum(float(r.get("energy_total_j", 0.0)) for r in done), 3),
+        "energy_label": "+".join(labels) if labels else None,
+        "exit_code": exit_code,
+        "restarts": max(starts - 1, 0),
+    }
+
+
+def fleet_rounds(per_node: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per round: how many nodes recorded it and their mean accuracies (before and after local training)."""
+    by_round: dict[int, list[dict[str, Any]]] = {}
+    for records in per_node.values():
+        for r in records:
+            if not r.get("diverged"):
+                by_round.setdefault(int(r["round"]), []).append(r)
+    out = []
+    for t in sorted(by_round):
+        rs = by_round[t]
+        out.append({
+            "round": t,
+            "nodes": len(rs),
+            "acc_before_mean": sum(r["acc_before"] for r in rs) / len(rs),
+            "acc_after_mean": sum(r["acc_after"] for r in rs) / len(rs),
+            "bytes_in_total": sum(int(r.get("bytes_in", 0)) for r in rs),
+        })  # fmt: skip
+    return out
+
+
+def summarize(
+    fleet: dict[str, Any], per_node: dict[str, list[dict[str, Any]]], exits: dict[str, int | None],
+    starts: dict[str, int],
+) -> dict[str, Any]:  # fmt: skip
+    """The whole summary: ``fleet`` (settings, link report, wall time, outcome) plus what the nodes recorded."""
+    nodes = [node_summary(n, per_node.get(n, []), exit_code=exits.get(n), starts=starts.get(n, 1)) for n in per_node]
+    busiest = max(nodes, key=lambda n: n["bytes_in"] + n["bytes_out"], default=None)
+    refusals: dict[str, int] = {}
+    for n in nodes:
+        for kind, count in n["peers_refused"].items():
+            refusals[kind] = refusals.get(kind, 0) + count
+    finals = [n["acc_final"] for n in nodes if n["acc_final"] is not None]
+    firsts = [n["acc_first"] for n in nodes if n["acc_first"] is not None]
+    return {
+        "fleet": fleet,
+        "nodes": nodes,
+        "rounds": fleet_rounds(per_node),
+        "acc_first_mean": sum(firsts) / len(firsts) if firsts else None,
+        "acc_final_mean": sum(finals) / len(finals) if finals else None,
+        "busiest_node": {"node_id": busiest["node_id"], "bytes": busiest["bytes_in"] + busiest["bytes_out"]}
+        if busiest else None,
+        "peers_refused_total": dict(sorted(refusals.items())),
+    }
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"
+
+
+def _mb(value: int) -> str:
+    return f"{value / 1e6:.2f}"
+
+
+def format_markdown(summary: dict[str, Any]) -> str:
+    """The summary as a Markdown table per node plus the fleet's lines."""
+    fleet = summary["fleet"]
+    lines = [
+        f"# Loopback fleet: {fleet['nodes']} nodes, {fleet['model']} on {fleet['dataset']} ({fleet['partition']})",
+        "",
+        "| node | rounds | accuracy first -> final | bytes in (MB) | bytes out (MB) | peers answered | "
+        "peers refused | energy (J) |",
+        "|---|---:|---|---:|---:|---|---|---:|",
+    ]
+    for n in summary["nodes"]:
+        refused = ", ".join(f"{k} {v}" for k, v in n["peers_refused"].items()) or "none"
+        energy = f"{n['energy_j']:.1f} ({n['energy_label']})" if n["energy_label"] else "-"
+        extra = []
+        if n["restarts"]:
+            extra.append(f"restarted {n['restarts']}x")
+        if n["exit_code"] not in (0, None):
+            extra.append(f"exit {n['exit_code']}")
+        name = n["node_id"] + (f" ({', '.join(extra)})" if extra else "")
+        lines.append(
+            f"| {name} | {n['rounds']} | {_pct(n['acc_first'])} -> {_pct(n['acc_final'])} | {_mb(n['bytes_in'])} | "
+            f"{_mb(n['bytes_out'])} | {', '.join(n['peers_answered']) or 'none'} | {refused} | {energy} |"
+        )
+    lines.append("")
+    lines.append(
+        f"Fleet mean accuracy (after local training): first round {_pct(summary['acc_first_mean'])}, "
+        f"final {_pct(summary['acc_final_mean'])}."
+    )
+    per_round = ", ".join(f"{r['round'] + 1}: {_pct(r['acc_after_mean'])}" for r in summary["rounds"])
+    if per_round:
+        lines.append(f"Per round (mean over the nodes that recorded it): {per_round}.")
+    if summary["busiest_node"]:
+        b = summary["busiest_node"]
+        lines.append(f"Busiest node: {b['node_id']}, {_mb(b['bytes'])} MB received + sent.")
+    link = fleet.get("link") or {}
+    if link.get("asked"):
+        applied = ", ".join(f"{k}={link['asked'][k]} ({how})" for k, how in link["applied"].items()) or "none"
+        lines.append(f"Link per node: applied {applied}.")
+        for k, why in link.get("not_applied", {}).items():
+            lines.append(f"Link per node: **{k}={link['asked'][k]} NOT applied**: {why}.")
+    mode = "network namespaces, mDNS" if fleet.get("netns") else "127.0.0.1, static peers"
+    if fleet.get("lockstep"):
+        mode += ", lock-step"
+    if fleet.get("tls"):
+        mode += ", mutual TLS"
+    lines.append(f"Network: {mode}. Wall time {fleet.get('wall_s', 0):.0f} s; outcome: {fleet.get('outcome')}.")
+    return "\n".join(lines) + "\n"
+
+
+def plot_summary(summary: dict[str, Any], per_node: dict[str, list[dict[str, Any]]], path: Path) -> Path:
+    """Accuracy per node and the fleet mean against rounds (left), bytes received per node (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_acc, ax_bytes) = plt.subplots(1, 2, figsize=(11, 4))
+    for node_id, records in per_node.items():
+        done = [r for r in records if not r.get("diverged")]
+        if done:
+            ax_acc.plot([r["round"] + 1 for r in done], [100 * r["acc_after"] for r in done], alpha=0.5, lw=1,
+                        marker=".", label=node_id)  # fmt: skip
+            ax_bytes.plot([r["round"] + 1 for r in done], [r.get("bytes_in", 0) / 1e6 for r in done], alpha=0.7,
+                          marker=".", label=node_id)  # fmt: skip
+    rounds = summary["rounds"]
+    if rounds:
+        ax_acc.plot([r["round"] + 1 for r in rounds], [100 * r["acc_after_mean"] for r in rounds], color="black",
+                    lw=2.5, label="fleet mean")  # fmt: skip
+    ax_acc.set(xlabel="round", ylabel="test accuracy after local training (%)", title="accuracy per node")
+    ax_bytes.set(xlabel="round", ylabel="MB received (encoded)", title="bytes received per node")
+    ax_bytes.ticklabel_format(axis="y", useOffset=False, style="plain")
+    top = max((r.get("bytes_in", 0) / 1e6 for rs in per_node.values() for r in rs), default=0.0)
+    ax_bytes.set_ylim(0, top * 1.15 or 1.0)
+    ax_acc.legend(fontsize=7, ncol=2)
+    ax_acc.grid(alpha=0.3)
+    ax_bytes.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_summary(out: Path, summary: dict[str, Any], per_node: dict[str, list[dict[str, Any]]]) -> list[Path]:
+    """Write the JSON, the Markdown and the plot into ``out``; returns their paths."""
+    json_path, md_path = out / SUMMARY_JSON, out / SUMMARY_MD
+    atomic_write_text(json_path, json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(md_path, format_markdown(summary))
+    return [json_path, md_path, plot_summary(summary, per_node, out / SUMMARY_PLOT)]

@@ -1,0 +1,166 @@
+"""Run a loopback fleet to its end: start, watch, stop, summarise (what ``edge-node loopback`` does).
+
+The fleet ends when every node has recorded its rounds and exited 0; when a node exits otherwise (the
+others are then stopped: a lock-step fleet would wait for it for ever, and a partial fleet is not the
+run that was asked for); or when ``stop`` is set (Ctrl-C / SIGTERM). The summary is written in every
+case, with the outcome named, from what the nodes recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from edge_node.exit_codes import ExitCode
+from edge_node.fleet.config import FleetConfig
+from edge_node.fleet.fleet import Event, Fleet
+from edge_node.fleet.progress import NodeView
+from edge_node.fleet.summary import summarize, write_summary
+
+_LOGGER = logging.getLogger(__name__)
+
+POLL_S = 0.5
+STATUS_EVERY_S = 1.0
+STATUS_TIMEOUT_S = 0.5
+# A daemon's own exit codes that mean the same for the fleet; any other (a signal, 1) is an internal error.
+PASSED_ON = {int(c) for c in (ExitCode.BAD_INPUT, ExitCode.NETWORK, ExitCode.STORAGE, ExitCode.DIVERGED)}
+
+
+class Display(Protocol):
+    def event(self, line: str) -> None: ...
+
+    def record(self, node: NodeView, record: dict[str, Any]) -> None: ...
+
+    def refresh(self, nodes: list[NodeView], title: str) -> None: ...
+
+
+@dataclass
+class Outcome:
+    """How the fleet ended, and what it wrote."""
+
+    code: int
+    reason: str
+    summary: dict[str, Any]
+    files: list[Path] = field(default_factory=list)
+    failed_node: str | None = None
+    log_tail: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+
+def _phase(state_dir: Path) -> str | None:
+    from edge_node.node.status import query
+
+    status = query(state_dir, timeout_s=STATUS_TIMEOUT_S)
+    return str(status.get("phase")) if status else None
+
+
+def run_fleet(config: FleetConfig, display: Display, stop: threading.Event, *, fresh: bool = False) -> Outcome:
+    """Run the fleet of ``config`` until it is done, fails or ``stop`` is set; always cleans up."""
+    started = time.monotonic()
+    with Fleet(config, fresh=fresh) as fleet:
+        warnings = fleet.link_report.warnings()
+        for line in warnings:
+            display.event(f"edge-node: warning: {line}")
+        where = "network namespaces (mDNS)" if config.netns else "127.0.0.1 (static peers)"
+        display.event(
+            f"loopback fleet: {config.nodes} nodes of {config.model} on {config.dataset} ({config.partition}), "
+            f"{config.rounds or 'unbounded'} rounds{', lock-step' if config.lockstep else ''}"
+            f"{', mutual TLS' if config.tls else ''}, on {where} -> {config.output.resolve()}"
+            + (" (resumed)" if fleet.resumed else "")
+        )
+        views = {d.node_id: NodeView(d.node_id, config.rounds) for d in fleet.own_daemons()}
+        fleet.start()
+        for daemon in fleet.own_daemons():
+            views[daemon.node_id].state = "running"
+            display.event(f"{daemon.node_id}: started, pid {daemon.pid}, log {daemon.log_path}")
+        outcome: tuple[int, str, str | None] | None = None
+        announced = 0
+        last_status = 0.0
+        while outcome is None:
+            events = fleet.poll()
+            outcome = _handle(events, views, fleet, display)
+            announced = _fleet_round_lines(views, fleet, announced, display)
+            now = time.monotonic()
+            if now - last_status >= STATUS_EVERY_S:
+                last_status = now
+                for daemon in fleet.own_daemons():
+                    view = views[daemon.node_id]
+                    if daemon.running:
+                        view.phase = _phase(daemon.state_dir) or view.phase
+            display.refresh(list(views.values()), f"loopback fleet {config.fleet}")
+            if outcome is None and fleet.finished():
+                outcome = (int(ExitCode.SUCCESS), "done", None)
+            if outcome is None and stop.wait(POLL_S):
+                outcome = (int(ExitCode.INTERRUPTED), "interrupted", None)
+        code, reason, failed = outcome
+        display.event(f"stopping the fleet ({reason})" if reason != "done" else "every node finished its rounds")
+        fleet.stop()
+        _handle(fleet.poll(), views, fleet, display, final=True)
+        per_node = {d.node_id: d.records for d in fleet.own_daemons()}
+        exits = {d.node_id: d.returncode for d in fleet.own_daemons()}
+        starts = {d.node_id: d.starts for d in fleet.own_daemons()}
+        info = {
+            **config.to_json(),
+            "link": fleet.link_report.to_json(),
+            "wall_s": round(time.monotonic() - started, 1),
+            "outcome": reason,
+            "exit_code": code,
+            "resumed": fleet.resumed,
+        }
+        summary = summarize(info, per_node, exits, starts)
+        files = write_summary(config.output, summary, per_node)
+        tail = ""
+        if failed is not None:
+            tail = next(d.log_tail() for d in fleet.own_daemons() if d.node_id == failed)
+        return Outcome(code, reason, summary, files, failed, tail, warnings)
+
+
+def _handle(
+    events: list[Event], views: dict[str, NodeView], fleet: Fleet, display: Display, *, final: bool = False
+) -> tuple[int, str, str | None] | None:
+    """Show events; the fleet's outcome when a node exited with an error (None otherwise)."""
+    outcome = None
+    for event in events:
+        view = views.get(event.node_id)
+        if view is None:
+            continue
+        if event.kind == "record" and event.record is not None:
+            view.add_record(event.record)
+            display.record(view, event.record)
+        elif event.kind == "exit":
+            code = event.code if event.code is not None else 1
+            if code == 0:
+                view.state, view.phase = "done", "stopped"
+                if not final:
+                    display.event(f"{event.node_id}: finished ({view.rounds_done} rounds)")
+            elif final:
+                view.state, view.phase = f"exit {code}", "stopped"
+            else:
+                view.state, view.phase = f"exit {code}" if code > 0 else f"signal {-code}", "stopped"
+                display.event(f"{event.node_id}: exited with code {code}; stopping the fleet")
+                if outcome is None:
+                    fleet_code = code if code in PASSED_ON else int(ExitCode.UNEXPECTED)
+                    outcome = (fleet_code, f"{event.node_id} exited with code {code}", event.node_id)
+    return outcome
+
+
+def _fleet_round_lines(views: dict[str, NodeView], fleet: Fleet, announced: int, display: Display) -> int:
+    """A line per round every node has completed: the fleet's mean accuracy before and after local training."""
+    done = min(v.rounds_done for v in views.values())
+    while announced < done:
+        t = announced
+        rs = [r for d in fleet.own_daemons() for r in d.completed if r.get("round") == t]
+        if rs:
+            before = sum(r["acc_before"] for r in rs) / len(rs)
+            after = sum(r["acc_after"] for r in rs) / len(rs)
+            total = f"/{fleet.config.rounds}" if fleet.config.rounds else ""
+            display.event(
+                f"fleet round {t + 1}{total}: mean accuracy {100 * after:.1f}% after local training "
+                f"({100 * before:.1f}% before), {len(rs)} of {len(views)} nodes"
+            )
+        announced += 1
+    return announced
