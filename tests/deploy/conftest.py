@@ -66,12 +66,18 @@ class PlaybookRun:
         return recap
 
 
-def run_playbook(inventory: Path, *args: str, timeout: float = PLAYBOOK_TIMEOUT_S) -> PlaybookRun:
-    """``ansible-playbook deploy/site.yml -i INVENTORY ARGS`` from the repository root, as the docs say."""
+def run_playbook(inventory: Path, *args: str, log: str = "", timeout: float = PLAYBOOK_TIMEOUT_S) -> PlaybookRun:
+    """``ansible-playbook deploy/site.yml -i INVENTORY ARGS`` from the repository root, as the docs say.
+
+    The output (with profile_tasks' time per task) is also kept beside the inventory as ``LOG.log``.
+    """
     cmd = [ansible_tool("ansible-playbook"), "deploy/site.yml", "-i", str(inventory), *args]
     start = time.monotonic()
     result = subprocess.run(cmd, cwd=REPO_ROOT, env=ansible_env(), capture_output=True, text=True, timeout=timeout)
-    return PlaybookRun(result.returncode, result.stdout + result.stderr, time.monotonic() - start)
+    run = PlaybookRun(result.returncode, result.stdout + result.stderr, time.monotonic() - start)
+    if log:
+        (inventory.parent / f"{log}.log").write_text(f"$ {' '.join(cmd)}\n{run.output}")
+    return run
 
 
 def skip_reason() -> str | None:

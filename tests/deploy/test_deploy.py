@@ -89,7 +89,7 @@ def test_bad_inventory_value_stops_before_any_host_changes(
     inventory = write_inventory(fleet, tmp_path / "inventory.ini", node2=node2_vars)
     before = {host.name: _host_changes(host) for host in fleet.hosts}
 
-    run = run_playbook(inventory)
+    run = run_playbook(inventory, log="bad")
 
     assert run.returncode != 0, run.output[-3000:]
     assert message in run.output, run.output[-3000:]
@@ -145,7 +145,7 @@ def test_converge_starts_a_fleet_that_trades_models_and_second_run_changes_nothi
         node2={"edge_node_client_index": 1},
     )
 
-    first = run_playbook(inventory)
+    first = run_playbook(inventory, log="converge1")
     print(f"\nconverge 1: {first.seconds:.1f} s, recap {first.recap()}")
     assert first.returncode == 0, first.output[-8000:]
     assert set(first.recap()) == {"node1", "node2"}
@@ -189,7 +189,7 @@ def test_converge_starts_a_fleet_that_trades_models_and_second_run_changes_nothi
             pytest.fail(f"{host.name}: no round with a model from its peer in {ROUNDS_TIMEOUT_S} s:\n{journal}")
 
     pids = {host.name: _main_pid(fleet, host) for host in fleet.hosts}
-    second = run_playbook(inventory)
+    second = run_playbook(inventory, log="converge2")
     print(f"converge 2: {second.seconds:.1f} s, recap {second.recap()}")
     assert second.returncode == 0, second.output[-8000:]
     for name, counters in second.recap().items():
@@ -204,20 +204,20 @@ def test_stop_then_uninstall_leaves_the_host_clean(fleet: deploy_hosts.Fleet, tm
     for host in fleet.hosts:
         assert fleet.ssh(host, "systemctl is-active edge-node").stdout.strip() == "active", "no converged host"
 
-    stop = run_playbook(inventory, "--tags", "stop")
+    stop = run_playbook(inventory, "--tags", "stop", log="stop")
     assert stop.returncode == 0, stop.output[-5000:]
     for host in fleet.hosts:
         assert fleet.ssh(host, "systemctl is-active edge-node").stdout.strip() == "inactive"
         assert fleet.ssh(host, "systemctl is-enabled edge-node").stdout.strip() == "disabled"
 
-    uninstall = run_playbook(inventory, "--tags", "uninstall")
+    uninstall = run_playbook(inventory, "--tags", "uninstall", log="uninstall")
     assert uninstall.returncode == 0, uninstall.output[-5000:]
     for host in fleet.hosts:
         left = fleet.ssh(host, f"ls -d {' '.join(UNTOUCHED_PATHS)} 2>/dev/null; getent passwd edge-node; true")
         assert left.stdout.split() == [STATE_DIR], f"{host.name} after uninstall: {left.stdout}"
         assert fleet.ssh(host, "systemctl cat edge-node.service").returncode != 0
 
-    purge = run_playbook(inventory, "--tags", "uninstall", "-e", "edge_node_purge_state=true")
+    purge = run_playbook(inventory, "--tags", "uninstall", "-e", "edge_node_purge_state=true", log="purge")
     assert purge.returncode == 0, purge.output[-5000:]
     for host in fleet.hosts:
         _assert_not_installed(fleet, host)
