@@ -26,6 +26,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 CONTROLLER_CACHE = deploy_hosts.CACHE_DIR / "controller"  # the built wheel and the wheelhouses
 PLAYBOOK_TIMEOUT_S = 600
+# Seconds per phase of this session's deployment tests, printed in the terminal summary (docs/DEPLOY.md).
+TIMINGS: dict[str, float] = {}
 
 
 def ansible_tool(name: str) -> str:
@@ -86,7 +88,7 @@ def skip_reason() -> str | None:
     missing = deploy_hosts.missing_tools()
     if missing:
         return f"needs {', '.join(missing)} (apt-get install debootstrap systemd-container openssh-client)"
-    return None
+    return deploy_hosts.cgroup_layout_problem()
 
 
 @pytest.fixture(scope="session")
@@ -97,7 +99,7 @@ def rootfs() -> Path:
     deploy_hosts.cleanup_stale()
     start = time.monotonic()
     path = deploy_hosts.build_rootfs()
-    print(f"\nrootfs {path} ready in {time.monotonic() - start:.1f} s")
+    TIMINGS["rootfs (debootstrap, or the cache)"] = time.monotonic() - start
     return path
 
 
@@ -108,11 +110,20 @@ def fleet(rootfs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[de
     start = time.monotonic()
     try:
         with deploy_hosts.test_fleet(rootfs, 2, tmp_path_factory.mktemp("fleet")) as booted:
-            print(f"\n{len(booted.hosts)} hosts booted, sshd answering, in {time.monotonic() - start:.1f} s")
+            TIMINGS["2 hosts booted, sshd answering"] = time.monotonic() - start
             yield booted
     finally:
         left = sorted(set(deploy_hosts.leftovers()) - before)
         assert not left, f"test hosts left behind: {left}"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if TIMINGS:
+        terminalreporter.write_sep("-", "deployment test timings")
+        for phase, seconds in TIMINGS.items():
+            terminalreporter.write_line(f"{seconds:7.1f} s  {phase}")
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        terminalreporter.write_line(f"load average now (1, 5, 15 min): {load} on {os.cpu_count()} CPUs")
 
 
 def write_inventory(
