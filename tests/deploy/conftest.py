@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +92,31 @@ def skip_reason() -> str | None:
     return deploy_hosts.cgroup_layout_problem()
 
 
+_HERE = Path(__file__).resolve().parent
+_rootfs_build: Future[tuple[Path, float]] | None = None
+
+
+def _timed_build() -> tuple[Path, float]:
+    start = time.monotonic()
+    return deploy_hosts.build_rootfs(), time.monotonic() - start
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deployment tests without hosts first; the rootfs is built meanwhile, in a thread, when hosts are wanted.
+
+    A cold debootstrap takes minutes; lint, renders and the wheelhouse tests fill them. Only this
+    directory's tests move, among their own places in the run.
+    """
+    global _rootfs_build
+    slots = [i for i, item in enumerate(items) if _HERE in Path(str(item.path)).resolve().parents]
+    ours = [items[i] for i in slots]
+    for slot, item in zip(slots, sorted(ours, key=lambda item: "rootfs" in item.fixturenames), strict=True):
+        items[slot] = item
+    wants_hosts = any("rootfs" in item.fixturenames for item in ours)
+    if wants_hosts and not config.option.collectonly and skip_reason() is None and _rootfs_build is None:
+        _rootfs_build = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rootfs").submit(_timed_build)
+
+
 @pytest.fixture(scope="session")
 def rootfs() -> Path:
     reason = skip_reason()
@@ -98,8 +124,13 @@ def rootfs() -> Path:
         pytest.skip(reason)
     deploy_hosts.cleanup_stale()
     start = time.monotonic()
-    path = deploy_hosts.build_rootfs()
-    TIMINGS["rootfs (debootstrap, or the cache)"] = time.monotonic() - start
+    if _rootfs_build is not None:
+        path, built_s = _rootfs_build.result()
+        TIMINGS["rootfs (debootstrap, or the cache), built from collection on"] = built_s
+        TIMINGS["  of which the tests waited for"] = time.monotonic() - start
+    else:
+        path, built_s = _timed_build()
+        TIMINGS["rootfs (debootstrap, or the cache)"] = built_s
     return path
 
 

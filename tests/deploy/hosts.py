@@ -184,11 +184,11 @@ class Host:
 
         A path the host wrote only later is compared with the shared rootfs (what it saw before), so a
         file written and then restored to its old content and mode is no change; paths under the
-        ``ignored`` prefixes are left out.
+        ``ignored`` prefixes are left out ("var/log/" covers var/log itself too).
         """
         changes = {}
         for rel in sorted(self.written() | set(snapshot)):
-            if rel.startswith(tuple(ignored)):
+            if any(rel == prefix.rstrip("/") or rel.startswith(prefix) for prefix in ignored):
                 continue
             then = snapshot[rel] if rel in snapshot else fingerprint(self.lower / rel)
             now = fingerprint(self.merged / rel)

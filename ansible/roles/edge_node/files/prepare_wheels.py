@@ -5,7 +5,8 @@
         Build edge-node's wheel from the checkout's files (tracked and untracked-but-not-ignored when
         it is a git checkout) in a scratch copy, so stale build/ output never enters the wheel, with
         SOURCE_DATE_EPOCH fixed so that the same sources give the same bytes (and the hosts' copies
-        stay unchanged). Prints JSON: {"wheel": PATH, "changed": BOOL}.
+        stay unchanged); sources identical to the last build's are not built again. Prints JSON:
+        {"wheel": PATH, "changed": BOOL}.
 
     prepare_wheels.py wheelhouse --wheel W --dest DIR --machine aarch64 --glibc 2.36 --python 3.11
                                  [--requirement torch==2.13.0] [--exclude torch] [--pip-args "..."]
@@ -75,12 +76,29 @@ def _copy_sources(source: Path, scratch: Path) -> None:
             shutil.copy2(src, scratch / name)
 
 
+def _tree_digest(root: Path) -> str:
+    """sha256 over a tree's files: relative path, executable bit and content."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(root)}\0{os.access(path, os.X_OK)}\0".encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
 def build_wheel(source: Path, dest: Path) -> dict[str, object]:
+    """Build the wheel unless ``dest`` holds the one these very sources gave (``dest/.wheel-sources.json``)."""
     dest.mkdir(parents=True, exist_ok=True)
+    stamp = dest / ".wheel-sources.json"
     with tempfile.TemporaryDirectory(prefix="edge-node-wheel-") as tmp:
         scratch, out = Path(tmp) / "src", Path(tmp) / "dist"
         scratch.mkdir()
         _copy_sources(source, scratch)
+        # The build is reproducible (SOURCE_DATE_EPOCH), so the same sources and builder give the same bytes.
+        inputs = {"sources": _tree_digest(scratch), "python": sys.version, "epoch": SOURCE_DATE_EPOCH}
+        recorded = json.loads(stamp.read_text()) if stamp.exists() else {}
+        kept = dest / str(recorded.get("wheel", "-"))
+        if recorded.get("inputs") == inputs and kept.is_file() and _sha256(kept) == recorded.get("sha256"):
+            return {"wheel": str(kept), "changed": False}
         env = {**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
         cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(scratch)]
         # The controller's own setuptools when it is new enough (seconds faster), else an isolated build.
@@ -91,6 +109,7 @@ def build_wheel(source: Path, dest: Path) -> dict[str, object]:
         changed = not target.exists() or _sha256(target) != _sha256(built)
         if changed:
             shutil.move(str(built), target)
+    stamp.write_text(json.dumps({"inputs": inputs, "wheel": target.name, "sha256": _sha256(target)}) + "\n")
     return {"wheel": str(target), "changed": changed}
 
 
