@@ -168,7 +168,6 @@ def write_inventory(
     settings: dict[str, object] = {
         "edge_node_fleet": "deploy-test",
         "edge_node_install_from": "wheelhouse",  # the hosts have no route to a package index
-        "edge_node_apt_update_cache": False,
         "edge_node_torch_requirement": "torch==2.13.0+cpu",  # the CPU build; the plain name pulls CUDA
         "edge_node_controller_dir": str(CONTROLLER_CACHE),
         "edge_node_interfaces": ["host0"],  # the hosts have no default route, which the daemon's default wants
