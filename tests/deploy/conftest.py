@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 CONTROLLER_CACHE = deploy_hosts.CACHE_DIR / "controller"  # the built wheel and the wheelhouses
 PLAYBOOK_TIMEOUT_S = 600
+# Seconds per phase of this session's deployment tests, printed in the terminal summary (docs/DEPLOY.md).
+TIMINGS: dict[str, float] = {}
 
 
 def ansible_tool(name: str) -> str:
@@ -66,12 +69,18 @@ class PlaybookRun:
         return recap
 
 
-def run_playbook(inventory: Path, *args: str, timeout: float = PLAYBOOK_TIMEOUT_S) -> PlaybookRun:
-    """``ansible-playbook deploy/site.yml -i INVENTORY ARGS`` from the repository root, as the docs say."""
+def run_playbook(inventory: Path, *args: str, log: str = "", timeout: float = PLAYBOOK_TIMEOUT_S) -> PlaybookRun:
+    """``ansible-playbook deploy/site.yml -i INVENTORY ARGS`` from the repository root, as the docs say.
+
+    The output (with profile_tasks' time per task) is also kept beside the inventory as ``LOG.log``.
+    """
     cmd = [ansible_tool("ansible-playbook"), "deploy/site.yml", "-i", str(inventory), *args]
     start = time.monotonic()
     result = subprocess.run(cmd, cwd=REPO_ROOT, env=ansible_env(), capture_output=True, text=True, timeout=timeout)
-    return PlaybookRun(result.returncode, result.stdout + result.stderr, time.monotonic() - start)
+    run = PlaybookRun(result.returncode, result.stdout + result.stderr, time.monotonic() - start)
+    if log:
+        (inventory.parent / f"{log}.log").write_text(f"$ {' '.join(cmd)}\n{run.output}")
+    return run
 
 
 def skip_reason() -> str | None:
@@ -80,7 +89,32 @@ def skip_reason() -> str | None:
     missing = deploy_hosts.missing_tools()
     if missing:
         return f"needs {', '.join(missing)} (apt-get install debootstrap systemd-container openssh-client)"
-    return None
+    return deploy_hosts.cgroup_layout_problem()
+
+
+_HERE = Path(__file__).resolve().parent
+_rootfs_build: Future[tuple[Path, float]] | None = None
+
+
+def _timed_build() -> tuple[Path, float]:
+    start = time.monotonic()
+    return deploy_hosts.build_rootfs(), time.monotonic() - start
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deployment tests without hosts first; the rootfs is built meanwhile, in a thread, when hosts are wanted.
+
+    A cold debootstrap takes minutes; lint, renders and the wheelhouse tests fill them. Only this
+    directory's tests move, among their own places in the run.
+    """
+    global _rootfs_build
+    slots = [i for i, item in enumerate(items) if _HERE in Path(str(item.path)).resolve().parents]
+    ours = [items[i] for i in slots]
+    for slot, item in zip(slots, sorted(ours, key=lambda item: "rootfs" in item.fixturenames), strict=True):
+        items[slot] = item
+    wants_hosts = any("rootfs" in item.fixturenames for item in ours)
+    if wants_hosts and not config.option.collectonly and skip_reason() is None and _rootfs_build is None:
+        _rootfs_build = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rootfs").submit(_timed_build)
 
 
 @pytest.fixture(scope="session")
@@ -90,8 +124,13 @@ def rootfs() -> Path:
         pytest.skip(reason)
     deploy_hosts.cleanup_stale()
     start = time.monotonic()
-    path = deploy_hosts.build_rootfs()
-    print(f"\nrootfs {path} ready in {time.monotonic() - start:.1f} s")
+    if _rootfs_build is not None:
+        path, built_s = _rootfs_build.result()
+        TIMINGS["rootfs (debootstrap, or the cache), built from collection on"] = built_s
+        TIMINGS["  of which the tests waited for"] = time.monotonic() - start
+    else:
+        path, built_s = _timed_build()
+        TIMINGS["rootfs (debootstrap, or the cache)"] = built_s
     return path
 
 
@@ -102,11 +141,20 @@ def fleet(rootfs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[de
     start = time.monotonic()
     try:
         with deploy_hosts.test_fleet(rootfs, 2, tmp_path_factory.mktemp("fleet")) as booted:
-            print(f"\n{len(booted.hosts)} hosts booted, sshd answering, in {time.monotonic() - start:.1f} s")
+            TIMINGS["2 hosts booted, sshd answering"] = time.monotonic() - start
             yield booted
     finally:
         left = sorted(set(deploy_hosts.leftovers()) - before)
         assert not left, f"test hosts left behind: {left}"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if TIMINGS:
+        terminalreporter.write_sep("-", "deployment test timings")
+        for phase, seconds in TIMINGS.items():
+            terminalreporter.write_line(f"{seconds:7.1f} s  {phase}")
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        terminalreporter.write_line(f"load average now (1, 5, 15 min): {load} on {os.cpu_count()} CPUs")
 
 
 def write_inventory(
@@ -120,7 +168,6 @@ def write_inventory(
     settings: dict[str, object] = {
         "edge_node_fleet": "deploy-test",
         "edge_node_install_from": "wheelhouse",  # the hosts have no route to a package index
-        "edge_node_apt_update_cache": False,
         "edge_node_torch_requirement": "torch==2.13.0+cpu",  # the CPU build; the plain name pulls CUDA
         "edge_node_controller_dir": str(CONTROLLER_CACHE),
         "edge_node_interfaces": ["host0"],  # the hosts have no default route, which the daemon's default wants

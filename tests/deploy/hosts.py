@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -38,13 +39,13 @@ from pathlib import Path
 PREFIX = "en-deploy-"
 SUITE = "bookworm"
 VARIANT = "minbase"
-# What a test host has. python3-apt: Ansible's apt module needs it; the hosts have no package index.
+# What a test host has: what the role needs (python3, python3-venv) but not python3-apt, which Ansible's
+# apt module would need: with every package present the role must not call apt (no package index here).
 PACKAGES = (
     "dbus",
     "iproute2",
     "openssh-server",
     "python3",
-    "python3-apt",
     "python3-venv",
     "systemd",
     "systemd-sysv",
@@ -71,6 +72,34 @@ def missing_tools() -> list[str]:
     """The host tools this module needs that are not installed."""
     tools = ("debootstrap", "systemd-nspawn", "ssh", "ssh-keygen", "ip", "mount", "umount")
     return [tool for tool in tools if shutil.which(tool) is None]
+
+
+def cgroup_layout_problem(mounts: str | None = None) -> str | None:
+    """Why this machine's cgroups cannot host the test hosts, or None (``mounts``: /proc/self/mounts' text).
+
+    Each nspawn host is started from cgroups of its own made here, in the name=systemd v1 hierarchy and
+    the cgroup2 one beside it (the hybrid layout, as on the CI machine, which runs no systemd).
+    """
+    if mounts is None:
+        mounts = Path("/proc/self/mounts").read_text()
+    found = {}
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) >= 4:
+            found[parts[1]] = (parts[2], parts[3].split(","))
+    if found.get("/sys/fs/cgroup", ("", []))[0] == "cgroup2":
+        return (
+            "this machine has cgroup v2 only (cgroup2 at /sys/fs/cgroup); the test hosts are started from cgroups of"
+            " their own in the hybrid layout (name=systemd v1 at /sys/fs/cgroup/systemd and cgroup2 at"
+            " /sys/fs/cgroup/unified), which tests/deploy/hosts.py does not replace with a delegated cgroup2 subtree"
+        )
+    systemd_v1 = found.get(str(CGROUP_ROOTS[0]))
+    unified = found.get(str(CGROUP_ROOTS[1]))
+    if systemd_v1 is None or systemd_v1[0] != "cgroup" or "name=systemd" not in systemd_v1[1]:
+        return f"needs the name=systemd cgroup v1 hierarchy mounted at {CGROUP_ROOTS[0]} (the hybrid cgroup layout)"
+    if unified is None or unified[0] != "cgroup2":
+        return f"needs cgroup2 mounted at {CGROUP_ROOTS[1]} (the hybrid cgroup layout)"
+    return None
 
 
 def rootfs_key() -> str:
@@ -132,6 +161,7 @@ class Host:
 
     name: str
     address: str
+    lower: Path  # the shared rootfs (read-only)
     upper: Path  # the host's own overlay layer: every file it wrote is here
     merged: Path
     cgroups: list[Path] = field(default_factory=list)
@@ -140,6 +170,45 @@ class Host:
     def path(self, inside: str) -> Path:
         """Where a path inside the running host is on this machine (through the merged mount)."""
         return self.merged / inside.lstrip("/")
+
+    def written(self) -> set[str]:
+        """Paths (relative to /) the host wrote or removed since its layer was made: its upper layer."""
+        return {str(p.relative_to(self.upper)) for p in self.upper.rglob("*")}
+
+    def snapshot(self) -> dict[str, str | None]:
+        """What every path the host wrote holds now: ``{path: fingerprint}`` (None: removed)."""
+        return {rel: fingerprint(self.merged / rel) for rel in self.written()}
+
+    def changes_since(self, snapshot: dict[str, str | None], ignored: Sequence[str] = ()) -> dict[str, tuple]:
+        """``{path: (then, now)}`` for every path that differs from ``snapshot``, as seen inside the host.
+
+        A path the host wrote only later is compared with the shared rootfs (what it saw before), so a
+        file written and then restored to its old content and mode is no change; paths under the
+        ``ignored`` prefixes are left out ("var/log/" covers var/log itself too).
+        """
+        changes = {}
+        for rel in sorted(self.written() | set(snapshot)):
+            if any(rel == prefix.rstrip("/") or rel.startswith(prefix) for prefix in ignored):
+                continue
+            then = snapshot[rel] if rel in snapshot else fingerprint(self.lower / rel)
+            now = fingerprint(self.merged / rel)
+            if then != now:
+                changes[rel] = (then, now)
+        return changes
+
+
+def fingerprint(path: Path) -> str | None:
+    """Type, mode, owner and content of a path (a file's sha256, a link's target); None if absent."""
+    try:
+        st = path.lstat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    head = f"{stat.filemode(st.st_mode)} {st.st_uid}:{st.st_gid}"
+    if stat.S_ISREG(st.st_mode):
+        return f"{head} sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{head} -> {os.readlink(path)}"
+    return head
 
 
 @dataclass
@@ -282,7 +351,7 @@ def test_fleet(rootfs: Path, count: int, workdir: Path) -> Iterator[Fleet]:
         _run(["ip", "link", "set", bridge, "up"])
         for i in range(count):
             name = f"node{i + 1}"
-            host = Host(name, f"{SUBNET}.{11 + i}", base / name / "upper", base / name / "merged")
+            host = Host(name, f"{SUBNET}.{11 + i}", rootfs, base / name / "upper", base / name / "merged")
             hosts.append(host)
             stack.callback(_stop_host, host)
             _prepare_host(host, rootfs, key.with_suffix(".pub"))

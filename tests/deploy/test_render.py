@@ -1,0 +1,151 @@
+"""What the role writes and runs per group and install mode, rendered on the controller without hosts.
+
+``tests/deploy/render.yml`` applies the role's inventory checks, renders its templates and writes the
+commands its install tasks would run (the role's own ``vars/main.yml``), for every host of
+``deploy/inventory.example.ini`` with the playbook's group variables (``deploy/group_vars``). The
+converge (test_deploy.py) runs wheelhouse mode on real hosts; this covers the Raspberry Pi and Jetson
+groups, the ``checkout`` and ``index`` modes and the settings the converge leaves at their defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.conftest import REPO_ROOT, ansible_env, ansible_tool
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+pytestmark = [pytest.mark.deploy]
+
+WHEEL = "/controller/build/deploy/dist/edge_node-0.1.0-py3-none-any.whl"
+PIP = ["/opt/edge-node/venv/bin/pip", "install", "--disable-pip-version-check", "--no-input"]
+# What the install task's probe of a host would report (used by wheelhouse mode only).
+TARGET = {"machine": "aarch64", "glibc": "2.36", "python": "3.11"}
+
+
+def _inventory(tmp_path: Path, host_vars: dict[str, dict] | None = None) -> Path:
+    """The example inventory as shipped, beside the playbook's group_vars, plus per-host overrides."""
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text((REPO_ROOT / "deploy" / "inventory.example.ini").read_text())
+    (tmp_path / "group_vars").symlink_to(REPO_ROOT / "deploy" / "group_vars")
+    (tmp_path / "host_vars").mkdir()
+    for host, values in (host_vars or {}).items():
+        (tmp_path / "host_vars" / f"{host}.yml").write_text(json.dumps(values))  # JSON is YAML
+    return inventory
+
+
+def _render(inventory: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    overrides = {
+        "edge_node_render_dir": str(out),
+        "edge_node_wheel": WHEEL,  # what the controller's build task would have set
+        "edge_node_target": TARGET,
+        "ansible_become": False,
+        "ansible_python_interpreter": sys.executable,
+    }
+    cmd = [ansible_tool("ansible-playbook"), "tests/deploy/render.yml", "-i", str(inventory)]
+    cmd += ["-e", json.dumps(overrides), *extra]
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=ansible_env(), capture_output=True, text=True, timeout=180)
+
+
+def _rendered(out: Path, host: str) -> tuple[dict, str, dict]:
+    config = tomllib.loads((out / host / "config.toml").read_text())
+    unit = (out / host / "edge-node.service").read_text()
+    install = json.loads((out / host / "install.json").read_text())
+    return config, unit, install
+
+
+def _daemon_reads(config_file: Path) -> dict:
+    """The daemon's own reading of a rendered file (what the role's validate step runs before writing it)."""
+    cmd = [str(Path(sys.executable).parent / "edge-node"), "start", "--config", str(config_file), "--print-config"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"{config_file}: {result.stdout}{result.stderr}"
+    return tomllib.loads(result.stdout)
+
+
+def test_example_inventory_renders_each_group_and_install_mode(tmp_path: Path) -> None:
+    """rpi and jetson group variables, and the checkout (pi-kitchen), index (pi-garage), wheelhouse (orin-lab) modes."""
+    host_vars = {
+        "pi-garage": {
+            "edge_node_install_from": "index",
+            "edge_node_version": "0.1.0",
+            "edge_node_pip_args": "--index-url https://pypi.example.org/simple",
+            "edge_node_neighbours": 5,
+        },
+        "orin-lab": {"edge_node_install_from": "wheelhouse", "edge_node_tls": True},
+    }
+    out = tmp_path / "out"
+    run = _render(_inventory(tmp_path, host_vars), out)
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]
+
+    kitchen, kitchen_unit, kitchen_install = _rendered(out, "pi-kitchen")
+    garage, _, garage_install = _rendered(out, "pi-garage")
+    orin, orin_unit, orin_install = _rendered(out, "orin-lab")
+
+    # Group variables: Raspberry Pi 5 and Jetson differ in meter, packages, groups and torch's origin.
+    assert (kitchen["energy_backend"], orin["energy_backend"]) == ("rpi5", "jetson")
+    assert "raspi-utils" in kitchen_install["system_packages"]
+    assert "raspi-utils" not in orin_install["system_packages"]
+    assert kitchen_install["extra_groups"] == orin_install["extra_groups"] == ["video"]
+    assert kitchen_install["venv"] == ["/usr/bin/python3", "-m", "venv", "/opt/edge-node/venv"]
+    assert orin_install["venv"] == ["/usr/bin/python3", "-m", "venv", "--system-site-packages", "/opt/edge-node/venv"]
+    # Inventory values: the fleet from [edge_node:vars], the capacity on pi-garage's line, node ids.
+    assert {c["fleet"] for c in (kitchen, garage, orin)} == {"home-lab"}
+    assert (kitchen["node_id"], garage["node_id"], orin["node_id"]) == ("pi-kitchen", "pi-garage", "orin-lab")
+    assert (kitchen["capacity"], garage["capacity"]) == ("auto", 0.4)
+    assert (kitchen["neighbours"], garage["neighbours"]) == (3, 5)
+
+    # Install modes: the pip command each host would run.
+    assert garage_install["pip"] == [*PIP, "--index-url", "https://pypi.example.org/simple", "edge-node==0.1.0"]
+    wheel_on_host = "/opt/edge-node/wheels/edge_node-0.1.0-py3-none-any.whl"
+    assert kitchen_install["pip"] == [*PIP, wheel_on_host]
+    assert orin_install["pip"] == [*PIP, "--no-index", "--find-links", "/opt/edge-node/wheels", wheel_on_host]
+    # A Jetson's wheelhouse leaves PyPI's torch out (the vendor's comes from the system) and is its own.
+    assert orin_install["wheelhouse"].endswith("/wheelhouse/cp311-aarch64-glibc2.36-without-torch")
+    assert kitchen_install["wheelhouse"] is None
+
+    # TLS on orin-lab only: the three files under /etc/edge-node/tls; the others say insecure.
+    assert (orin["tls_ca"], orin["tls_cert"], orin["tls_key"]) == tuple(
+        f"/etc/edge-node/tls/{name}" for name in ("ca.pem", "node.pem", "node.key")
+    )
+    assert "insecure" not in orin and kitchen["insecure"] is True
+
+    for unit in (kitchen_unit, orin_unit):
+        assert "ExecStart=/opt/edge-node/venv/bin/edge-node start --config /etc/edge-node/config.toml" in unit
+        assert "Type=notify" in unit and "ReadWritePaths=/var/lib/edge-node" in unit and "User=edge-node" in unit
+
+    # The daemon reads every rendered file as written (the role's own check before it replaces one).
+    for host, config in (("pi-kitchen", kitchen), ("pi-garage", garage), ("orin-lab", orin)):
+        effective = _daemon_reads(out / host / "config.toml")
+        for key in ("fleet", "node_id", "energy_backend", "neighbours", "capacity"):
+            assert effective[key] == config[key], (host, key, effective[key], config[key])
+
+
+BAD_VALUES = {
+    "neighbours-zero": ({"edge_node_neighbours": 0}, "pi-garage: edge_node_neighbours=0 must be a whole number >= 1"),
+    "neighbours-in-extra-config": (
+        {"edge_node_extra_config": {"neighbours": 4}},
+        'pi-garage: edge_node_extra_config={"neighbours": 4} must be a mapping without the keys the role writes',
+    ),
+    "exclude-as-string": (
+        {"edge_node_install_from": "wheelhouse", "edge_node_wheelhouse_exclude": "torch"},
+        'pi-garage: edge_node_install_from="wheelhouse"',
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_VALUES))
+def test_bad_value_fails_the_checks_naming_host_and_variable(case: str, tmp_path: Path) -> None:
+    values, message = BAD_VALUES[case]
+    out = tmp_path / "out"
+    run = _render(_inventory(tmp_path, {"pi-garage": values}), out)
+    assert run.returncode != 0, run.stdout[-3000:]
+    assert message in run.stdout, run.stdout[-3000:]
+    assert not out.exists(), "files were rendered despite a failed check"
