@@ -53,6 +53,7 @@ class DaemonProcess:
     starts: int = 0
     _offset: int = 0
     _partial: bytes = b""
+    _file_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the rounds log read so far
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> None:
@@ -132,21 +133,26 @@ class DaemonProcess:
     def read_new_records(self) -> list[dict[str, Any]]:
         """Records appended to its rounds.jsonl since the last call (complete lines only).
 
-        A restarted daemon truncates the log to its checkpoint's rounds; then the records are read again.
+        A restarted daemon drops the records its checkpoint does not hold by replacing the log (an atomic
+        rename: a new inode), and may have appended new rounds before the next call, so the file can be
+        longer than before. A log that is another file than the one read so far (or shorter than what was
+        read) is therefore read again from its start.
         """
         path = self.state_dir / ROUNDS_LOG
         try:
-            size = path.stat().st_size
+            f = open(path, "rb")  # noqa: SIM115 -- closed below; fstat of this handle, not of a later path lookup
         except FileNotFoundError:
             return []
-        if size < self._offset:  # truncated on resume
-            self._offset, self._partial = 0, b""
-            self.records = []
-        if size == self._offset:
-            return []
-        with open(path, "rb") as f:
+        with f:
+            st = os.fstat(f.fileno())
+            file_id = (st.st_dev, st.st_ino)
+            if file_id != self._file_id or st.st_size < self._offset:  # replaced or truncated: a resume
+                self._offset, self._partial, self._file_id = 0, b"", file_id
+                self.records = []
+            if st.st_size == self._offset:
+                return []
             f.seek(self._offset)
-            chunk = f.read(size - self._offset)
+            chunk = f.read(st.st_size - self._offset)
         self._offset += len(chunk)
         data = self._partial + chunk
         lines = data.split(b"\n")
@@ -175,6 +181,21 @@ class DaemonProcess:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def exit_description(code: int, *, short: bool = False) -> str:
+    """How a process ended, in words, from its status (negative: the signal that killed it).
+
+    ``exited with code 2`` or ``killed by signal 9 (SIGKILL)``; short (a table cell): ``exit 2`` or
+    ``SIGKILL``. Every message of the fleet about an exit uses this, so they agree.
+    """
+    if code >= 0:
+        return f"exit {code}" if short else f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}" if short else f"killed by signal {-code}"
+    return name if short else f"killed by signal {-code} ({name})"
 
 
 def python_command() -> list[str]:

@@ -35,7 +35,7 @@ from edge_node.errors import ConfigError
 from edge_node.fleet import netns as _netns
 from edge_node.fleet.config import CONFIG_FILE, NETNS_PORT, FleetConfig, settings_to_flags
 from edge_node.fleet.daemons import STOP_GRACE_S, DaemonProcess, end_leftover, pid_alive, python_command
-from edge_node.fleet.link import LinkReport, LinkSpec, shape_links
+from edge_node.fleet.link import LinkReport, LinkSpec, check_link_tools, shape_links
 from edge_node.storage import atomic_write_text
 
 _LOGGER = logging.getLogger(__name__)
@@ -135,6 +135,8 @@ class Fleet:
         config = self.config
         if config.netns:
             _netns.check_available()
+            if config.link is not None:
+                check_link_tools(LinkSpec.parse(config.link))  # before anything is made
             _netns.cleanup_stale(self.kind)
         self._end_leftovers()
         self._prepare_output()

@@ -8,12 +8,15 @@ With ``sch_netem`` in the kernel, one netem qdisc on each end applies rate, dela
 (some container and cloud kernels), rate is shaped by ``tbf`` and loss by an iptables ``statistic``
 rule inside the device's namespace; delay cannot be applied then, and :class:`LinkReport` says so
 (the command prints it as a warning and writes it into the fleet summary) rather than pretending.
+The programs this runs (``tc`` of iproute2, and ``iptables`` for loss without netem) are checked
+before they are needed: a missing one is a NetnsError naming its package (exit 3).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import shutil
 from dataclasses import dataclass, field
 
 from edge_node.errors import ConfigError
@@ -29,6 +32,7 @@ _LOSS_RE = re.compile(r"^(\d+(?:\.\d+)?)%$")
 MIN_RATE_BIT_S = 64_000  # below this a model pull outlasts any sensible deadline
 TBF_LATENCY_MS = 200  # queueing a tbf allows before it drops (TCP backs off)
 IPTABLES_COMMENT = "edge-node-loopback"
+TOOL_PACKAGES = {"tc": "iproute2", "iptables": "iptables"}  # the program shaping runs -> its Debian package
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,24 @@ class LinkReport:
         return [f"--link {name}={self.asked[name]} not applied: {why}" for name, why in self.not_applied.items()]
 
 
+def require_tool(tool: str, needed_by: str) -> None:
+    """NetnsError (exit 3) naming the package to install when ``tool`` is not on PATH.
+
+    Checked before the first use, so that a missing program is one clear line rather than a half-shaped
+    fleet or a "No such file" from deep inside ``ip netns exec``.
+    """
+    if shutil.which(tool) is None:
+        package = TOOL_PACKAGES[tool]
+        raise NetnsError(f"{needed_by} needs `{tool}`, which is not installed: install the package {package} "
+                         f"(apt-get install {package})")  # fmt: skip
+
+
+def check_link_tools(spec: LinkSpec) -> None:
+    """The programs every shaping of ``spec`` runs (``tc``); iptables is checked once netem is known missing."""
+    if spec.describe():
+        require_tool("tc", f"--link {','.join(f'{k}={v}' for k, v in spec.describe().items())}")
+
+
 def netem_available(ns: str) -> bool:
     """Whether the kernel has netem: try a netem qdisc on ``lo`` of namespace ``ns`` (ours), then remove it."""
     result = run_tool(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
@@ -119,7 +141,10 @@ def shape_links(net: BridgeNet, spec: LinkSpec, hosts: list[int] | None = None) 
     report = LinkReport(asked=spec.describe())
     if not report.asked:
         return report
+    check_link_tools(spec)
     use_netem = netem_available(net.bridge_ns)
+    if not use_netem and spec.loss_pct:
+        require_tool("iptables", f"--link loss={report.asked['loss']} on a kernel without netem (sch_netem)")
     for i in range(len(net.namespaces)) if hosts is None else hosts:
         _shape_one(net, i, spec, use_netem)
     if use_netem:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @dataclass
@@ -27,7 +30,7 @@ class NodeView:
     refused: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
-    state: str = "starting"  # starting, running, done, exited N, killed
+    state: str = "starting"  # starting, running, done, exit N, SIGNAME (daemons.exit_description)
 
     def add_record(self, record: dict[str, Any]) -> None:
         if record.get("diverged"):
@@ -81,11 +84,12 @@ class LineProgress:
 class LiveTable:
     """A table redrawn in place (``rich.live``); events scroll above it."""
 
-    def __init__(self, stream: IO[str]) -> None:
+    def __init__(self, stream: IO[str], console: Console | None = None) -> None:
+        """Draw on ``stream``, or through ``console`` when given (tests pass one with a fixed width)."""
         from rich.console import Console
         from rich.live import Live
 
-        self.console = Console(file=stream)
+        self.console = console if console is not None else Console(file=stream)
         self._live = Live(console=self.console, auto_refresh=False, transient=False)
         self._live.start()
         self._started = time.monotonic()
@@ -103,7 +107,7 @@ class LiveTable:
         from rich.table import Table
 
         table = Table(title=f"{title}  [{time.monotonic() - self._started:.0f} s]", title_justify="left",
-                      box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))  # fmt: skip
+                      box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 0))  # fmt: skip
         for name, justify in (("node", "left"), ("round", "right"), ("phase", "left"), ("before", "right"),
                               ("after", "right"), ("peers", "right"), ("refused", "right"), ("MB in", "right"),
                               ("MB out", "right"), ("state", "left")):  # fmt: skip

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from edge_node.fleet.daemons import exit_description
 from edge_node.storage import atomic_write_text
 
 SUMMARY_JSON = "fleet-summary.json"
@@ -119,7 +120,7 @@ def format_markdown(summary: dict[str, Any]) -> str:
         if n["restarts"]:
             extra.append(f"restarted {n['restarts']}x")
         if n["exit_code"] not in (0, None):
-            extra.append(f"exit {n['exit_code']}")
+            extra.append(exit_description(n["exit_code"], short=True))
         name = n["node_id"] + (f" ({', '.join(extra)})" if extra else "")
         lines.append(
             f"| {name} | {n['rounds']} | {_pct(n['acc_first'])} -> {_pct(n['acc_final'])} | {_mb(n['bytes_in'])} | "

@@ -11,12 +11,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from edge_node.exit_codes import ExitCode
 from edge_node.fleet.config import FleetConfig
+from edge_node.fleet.daemons import DaemonProcess, exit_description
 from edge_node.fleet.fleet import Event, Fleet
 from edge_node.fleet.progress import NodeView
 from edge_node.fleet.summary import summarize, write_summary
@@ -25,7 +28,9 @@ _LOGGER = logging.getLogger(__name__)
 
 POLL_S = 0.5
 STATUS_EVERY_S = 1.0
-STATUS_TIMEOUT_S = 0.5
+STATUS_TIMEOUT_S = 0.5  # one status query (the socket's timeout)
+STATUS_WAIT_S = 0.5  # the most one poll waits for all of them together
+STATUS_WORKERS = 16  # queries at once (a fleet has at most 64 nodes)
 # A daemon's own exit codes that mean the same for the fleet; any other (a signal, 1) is an internal error.
 PASSED_ON = {int(c) for c in (ExitCode.BAD_INPUT, ExitCode.NETWORK, ExitCode.STORAGE, ExitCode.DIVERGED)}
 
@@ -58,6 +63,40 @@ def _phase(state_dir: Path) -> str | None:
     return str(status.get("phase")) if status else None
 
 
+class PhaseWatcher:
+    """Each running daemon's phase from its status socket, asked in threads.
+
+    Asked one after the other, N nodes that are slow to answer would hold a poll (and the answer to
+    Ctrl-C) for N times the socket's timeout; here a poll waits at most ``wait_s`` for all of them, a
+    query still running is collected by a later poll, and a node is not asked again while it runs.
+    """
+
+    def __init__(self, wait_s: float = STATUS_WAIT_S, workers: int = STATUS_WORKERS) -> None:
+        self.wait_s = wait_s
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edge-node-status")
+        self._pending: dict[str, Future[str | None]] = {}
+
+    def update(self, daemons: Iterable[DaemonProcess], views: dict[str, NodeView]) -> None:
+        """Ask every running daemon that has no query in flight; apply the answers that came within ``wait_s``."""
+        running = {d.node_id: d for d in daemons if d.running}
+        for node_id, daemon in running.items():
+            if node_id not in self._pending:
+                self._pending[node_id] = self._pool.submit(_phase, daemon.state_dir)
+        wait(list(self._pending.values()), timeout=self.wait_s)
+        for node_id, future in list(self._pending.items()):
+            if not future.done():
+                continue
+            del self._pending[node_id]
+            phase = future.result()
+            asked = running.get(node_id)
+            if phase and asked is not None and asked.running:  # an exited node keeps "stopped"
+                views[node_id].phase = phase
+
+    def close(self, wait: bool = False) -> None:
+        """Stop; by default without waiting for queries in flight (each ends within the socket's timeout)."""
+        self._pool.shutdown(wait=wait, cancel_futures=True)
+
+
 def run_fleet(config: FleetConfig, display: Display, stop: threading.Event, *, fresh: bool = False) -> Outcome:
     """Run the fleet of ``config`` until it is done, fails or ``stop`` is set; always cleans up."""
     started = time.monotonic()
@@ -80,22 +119,23 @@ def run_fleet(config: FleetConfig, display: Display, stop: threading.Event, *, f
         outcome: tuple[int, str, str | None] | None = None
         announced = 0
         last_status = 0.0
-        while outcome is None:
-            events = fleet.poll()
-            outcome = _handle(events, views, fleet, display)
-            announced = _fleet_round_lines(views, fleet, announced, display)
-            now = time.monotonic()
-            if now - last_status >= STATUS_EVERY_S:
-                last_status = now
-                for daemon in fleet.own_daemons():
-                    view = views[daemon.node_id]
-                    if daemon.running:
-                        view.phase = _phase(daemon.state_dir) or view.phase
-            display.refresh(list(views.values()), f"loopback fleet {config.fleet}")
-            if outcome is None and fleet.finished():
-                outcome = (int(ExitCode.SUCCESS), "done", None)
-            if outcome is None and stop.wait(POLL_S):
-                outcome = (int(ExitCode.INTERRUPTED), "interrupted", None)
+        phases = PhaseWatcher()
+        try:
+            while outcome is None:
+                events = fleet.poll()
+                outcome = _handle(events, views, fleet, display)
+                announced = _fleet_round_lines(views, fleet, announced, display)
+                now = time.monotonic()
+                if outcome is None and now - last_status >= STATUS_EVERY_S:
+                    last_status = now
+                    phases.update(fleet.own_daemons(), views)
+                display.refresh(list(views.values()), f"loopback fleet {config.fleet}")
+                if outcome is None and fleet.finished():
+                    outcome = (int(ExitCode.SUCCESS), "done", None)
+                if outcome is None and stop.wait(POLL_S):
+                    outcome = (int(ExitCode.INTERRUPTED), "interrupted", None)
+        finally:
+            phases.close()
         code, reason, failed = outcome
         display.event(f"stopping the fleet ({reason})" if reason != "done" else "every node finished its rounds")
         fleet.stop()
@@ -137,14 +177,13 @@ def _handle(
                 view.state, view.phase = "done", "stopped"
                 if not final:
                     display.event(f"{event.node_id}: finished ({view.rounds_done} rounds)")
-            elif final:
-                view.state, view.phase = f"exit {code}", "stopped"
-            else:
-                view.state, view.phase = f"exit {code}" if code > 0 else f"signal {-code}", "stopped"
-                display.event(f"{event.node_id}: exited with code {code}; stopping the fleet")
+                continue
+            view.state, view.phase = exit_description(code, short=True), "stopped"
+            if not final:
+                display.event(f"{event.node_id}: {exit_description(code)}; stopping the fleet")
                 if outcome is None:
                     fleet_code = code if code in PASSED_ON else int(ExitCode.UNEXPECTED)
-                    outcome = (fleet_code, f"{event.node_id} exited with code {code}", event.node_id)
+                    outcome = (fleet_code, f"{event.node_id} {exit_description(code)}", event.node_id)
     return outcome
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -64,13 +65,21 @@ def _ours(ns: str, mark: str) -> bool:
 
 
 def _root_state() -> tuple[set[str], set[str]]:
-    """Shaping qdiscs and our iptables rules in the machine's own namespace."""
+    """Shaping qdiscs and our iptables rules in the machine's own namespace.
+
+    Without ``tc`` or ``iptables-save`` on PATH there is nothing of that kind to list: the fleet runs the
+    same programs (from PATH) and refuses a ``--link`` that needs a missing one before shaping anything.
+    """
     if os.geteuid() != 0:
         return set(), set()
-    qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True, timeout=10).stdout
-    shaping = {line for line in qdiscs.splitlines() if re.search(r"\b(tbf|netem)\b", line)}
-    rules = subprocess.run(["iptables-save"], capture_output=True, text=True, timeout=10).stdout
-    ours = {line for line in rules.splitlines() if IPTABLES_COMMENT in line}
+    shaping: set[str] = set()
+    ours: set[str] = set()
+    if shutil.which("tc") is not None:
+        qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True, timeout=10).stdout
+        shaping = {line for line in qdiscs.splitlines() if re.search(r"\b(tbf|netem)\b", line)}
+    if shutil.which("iptables-save") is not None:
+        rules = subprocess.run(["iptables-save"], capture_output=True, text=True, timeout=10).stdout
+        ours = {line for line in rules.splitlines() if IPTABLES_COMMENT in line}
     return shaping, ours
 
 

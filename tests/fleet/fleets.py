@@ -6,10 +6,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from edge_node.fleet.config import FleetConfig
 from edge_node.fleet.fleet import Fleet
@@ -67,3 +69,73 @@ def run_cli(args: list[str], *, timeout_s: float = FLEET_TIMEOUT_S,
 
 def read_summary(output: Path) -> dict[str, Any]:
     return json.loads((output / "fleet-summary.json").read_text())
+
+
+class LineReader:
+    """The one reader of a text pipe (a process's stderr): a thread collects its lines until EOF.
+
+    Waiting for a line and reading the whole text later go through the same object, so every line is
+    seen once and in order (a second reader of the same pipe would take lines away from the first).
+    """
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+        self._lines: list[str] = []
+        self._eof = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._read, name="line-reader", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for line in self._stream:
+                with self._changed:
+                    self._lines.append(line)
+                    self._changed.notify_all()
+        finally:
+            with self._changed:
+                self._eof = True
+                self._changed.notify_all()
+
+    def wait_for(self, needle: str, timeout_s: float) -> bool:
+        """True once a line contains ``needle``; False after ``timeout_s`` or at EOF without one."""
+        deadline = time.monotonic() + timeout_s
+        seen = 0
+        with self._changed:
+            while True:
+                if any(needle in line for line in self._lines[seen:]):
+                    return True
+                seen = len(self._lines)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._eof:
+                    return False
+                self._changed.wait(remaining)
+
+    def so_far(self) -> str:
+        """The lines read until now (for a failure message while the process runs)."""
+        with self._changed:
+            return "".join(self._lines)
+
+    def text(self, timeout_s: float = 30.0) -> str:
+        """Everything written to the pipe: waits for EOF (AssertionError if it stays open ``timeout_s``)."""
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), f"the pipe is still open after {timeout_s:g} s:\n{self.so_far()}"
+        return "".join(self._lines)
+
+
+@contextmanager
+def cli_process(args: list[str], stdout_path: Path) -> Iterator[tuple[subprocess.Popen[str], LineReader]]:
+    """``edge-node ARGS`` running: stdout into ``stdout_path``, stderr read by a :class:`LineReader`.
+
+    The caller waits for it (``proc.wait``); on leaving, a process still running is killed by its pid.
+    """
+    with open(stdout_path, "w") as stdout:
+        proc = subprocess.Popen([*EDGE_NODE, *args], stdout=stdout, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    reader = LineReader(proc.stderr)
+    try:
+        yield proc, reader
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)

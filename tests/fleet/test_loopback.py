@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -16,11 +16,13 @@ import pytest
 
 from edge_node.errors import ConfigError
 from edge_node.exit_codes import ExitCode
+from edge_node.fleet import link
 from edge_node.fleet import netns as _netns
 from edge_node.fleet.config import FleetConfig
 from edge_node.fleet.fleet import RUN_FILE, Fleet
 from edge_node.fleet.link import LinkSpec, netem_available, shape_links
-from tests.fleet.fleets import EDGE_NODE, FLEET_TIMEOUT_S, read_summary, run_cli
+from edge_node.fleet.netns import NetnsError
+from tests.fleet.fleets import EDGE_NODE, FLEET_TIMEOUT_S, cli_process, read_summary, run_cli
 
 QUICK_CLI = ["--epochs", "1", "--pull-timeout-s", "15", "--no-progress"]
 
@@ -120,74 +122,86 @@ def test_link_shaping_limits_the_rate_and_reports_what_it_could_not_apply(requir
             assert rules.count("--probability 0.1") == 2 and loss.applied["loss"].startswith("iptables")
 
 
-def _stream_until(proc: subprocess.Popen[str], needle: str, timeout_s: float, sink: list[str]) -> bool:
-    """Read ``proc``'s stderr lines into ``sink`` until one contains ``needle`` (bounded by ``timeout_s``)."""
-    found = threading.Event()
+def _path_of(tmp_path: Path, *tools: str) -> str:
+    """A PATH holding only ``tools`` (links to this machine's): a machine where the others are not installed."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in tools:
+        found = shutil.which(tool)
+        assert found is not None, f"this test needs {tool}"
+        (bin_dir / tool).symlink_to(found)
+    return str(bin_dir)
 
-    def read() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            sink.append(line)
-            if needle in line:
-                found.set()
 
-    threading.Thread(target=read, daemon=True).start()
-    return found.wait(timeout_s)
+@pytest.mark.netns
+def test_link_without_tc_is_one_line_naming_its_package_exit_3_before_anything_is_made(require_root, tmp_path):
+    out = tmp_path / "out"
+    before = set(_netns.list_namespaces())
+    result = run_cli(["loopback", "--nodes", "2", "--netns", "--link", "rate=10mbit", "--output", str(out)],
+                     timeout_s=60, env={"PATH": _path_of(tmp_path, "ip")})  # fmt: skip
+    assert result.returncode == ExitCode.NETWORK, result.stderr
+    line = _one_line_error(result)
+    assert "--link rate=10mbit needs `tc`" in line and "install the package iproute2" in line, line
+    assert not out.exists() and set(_netns.list_namespaces()) == before
+
+
+@pytest.mark.netns
+def test_loss_without_netem_needs_iptables_and_says_so_before_shaping(require_root, tmp_path, monkeypatch):
+    with _netns.bridge_with_namespaces(2, kind="test") as net:
+        with monkeypatch.context() as m:
+            m.setattr(link, "netem_available", lambda ns: False)  # as on a kernel without sch_netem
+            m.setenv("PATH", _path_of(tmp_path, "ip", "tc"))
+            with pytest.raises(NetnsError) as caught:
+                shape_links(net, LinkSpec.parse("rate=8mbit,loss=10%"))
+        assert str(caught.value) == ("--link loss=10% on a kernel without netem (sch_netem) needs `iptables`, which "
+                                     "is not installed: install the package iptables (apt-get install iptables)")
+        shaped = [_netns.run_in_netns(ns, ["tc", "qdisc", "show"]).stdout for ns in net.names]
+        assert not any(re.search(r"\b(tbf|netem)\b", q) for q in shaped), shaped  # no link half shaped
 
 
 def test_sigterm_stops_every_daemon_and_writes_the_summary(tmp_path):
     out = tmp_path / "fleet"
-    proc = subprocess.Popen([*EDGE_NODE, "loopback", "--nodes", "2", "--rounds", "0", "--output", str(out),
-                             *QUICK_CLI], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    lines: list[str] = []
-    try:
-        assert _stream_until(proc, "fleet round 1:", FLEET_TIMEOUT_S, lines), "".join(lines)
+    args = ["loopback", "--nodes", "2", "--rounds", "0", "--output", str(out), *QUICK_CLI]
+    with cli_process(args, tmp_path / "stdout.txt") as (proc, stderr):
+        assert stderr.wait_for("fleet round 1:", FLEET_TIMEOUT_S), stderr.so_far()
         proc.send_signal(signal.SIGTERM)
-        stdout, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    assert proc.returncode == ExitCode.INTERRUPTED, "".join(lines)
+        code = proc.wait(60)
+    errors = stderr.text()
+    assert code == ExitCode.INTERRUPTED, errors
+    assert "stopping the fleet (interrupted)" in errors and "edge-node: interrupted; every daemon stopped" in errors
     summary = read_summary(out)
     assert summary["fleet"]["outcome"] == "interrupted"
     assert all(n["rounds"] >= 1 and n["exit_code"] == 0 for n in summary["nodes"]), summary["nodes"]
-    assert "| node0 |" in stdout and not (out / RUN_FILE).exists()
+    assert "| node0 |" in (tmp_path / "stdout.txt").read_text() and not (out / RUN_FILE).exists()
 
 
 @pytest.mark.netns
 def test_a_crashed_daemon_and_a_killed_supervisor_leave_nothing_behind(require_root, tmp_path):
     out = tmp_path / "fleet"
-    argv = [*EDGE_NODE, "loopback", "--nodes", "2", "--rounds", "0", "--netns", "--output", str(out), *QUICK_CLI]
+    args = ["loopback", "--nodes", "2", "--rounds", "0", "--netns", "--output", str(out), *QUICK_CLI]
     # 1. A daemon crashes: the fleet stops, says which node and why, and removes its namespaces.
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    try:
-        assert _stream_until(proc, "node1 round 1", FLEET_TIMEOUT_S, lines), "".join(lines)
+    with cli_process(args, tmp_path / "stdout-1.txt") as (proc, stderr):
+        assert stderr.wait_for("node1 round 1", FLEET_TIMEOUT_S), stderr.so_far()
         run = json.loads((out / RUN_FILE).read_text())
         crashed = next(n for n in run["nodes"] if n["node_id"] == "node1")
         os.kill(crashed["pid"], signal.SIGKILL)
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    assert proc.returncode == ExitCode.UNEXPECTED, "".join(lines)
-    assert "edge-node: error: node1 exited with code -9" in "".join(lines)
+        code = proc.wait(60)
+    errors = stderr.text()
+    assert code == ExitCode.UNEXPECTED, errors
+    assert "node1: killed by signal 9 (SIGKILL); stopping the fleet" in errors
+    assert "edge-node: error: node1 killed by signal 9 (SIGKILL); its log ends:" in errors
     assert not set(run["namespaces"]) & set(_netns.list_namespaces())
-    assert read_summary(out)["fleet"]["outcome"] == "node1 exited with code -9"
+    summary = read_summary(out)
+    assert summary["fleet"]["outcome"] == "node1 killed by signal 9 (SIGKILL)"
+    assert {n["node_id"]: n["exit_code"] for n in summary["nodes"]} == {"node0": 0, "node1": -signal.SIGKILL}
+    assert "| node1 (SIGKILL) |" in (tmp_path / "stdout-1.txt").read_text()
     # 2. The supervisor is killed: its daemons go with it; the next start removes its namespaces.
-    proc = subprocess.Popen([*argv, "--fresh"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines = []
-    try:
-        assert _stream_until(proc, "round 1", FLEET_TIMEOUT_S, lines), "".join(lines)
+    with cli_process([*args, "--fresh"], tmp_path / "stdout-2.txt") as (proc, stderr):
+        assert stderr.wait_for("round 1", FLEET_TIMEOUT_S), stderr.so_far()
         run = json.loads((out / RUN_FILE).read_text())
         proc.kill()
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        assert proc.wait(10) == -signal.SIGKILL
+    stderr.text()  # the pipe closed with the supervisor: no daemon holds it
     left = set(run["namespaces"]) & set(_netns.list_namespaces())
     assert left  # nobody cleaned up after a SIGKILL...
     deadline = time.monotonic() + 30
