@@ -114,7 +114,7 @@ def require_tool(tool: str, needed_by: str) -> None:
     """
     if shutil.which(tool) is None:
         package = TOOL_PACKAGES[tool]
-        raise NetnsError(f"{needed_by} needs `{tool}`, which is not installed: install the package {package} "
+        raise NetnsError(f"{needed_by} needs {tool}, which is not installed: install the package {package} "
                          f"(apt-get install {package})")  # fmt: skip
 
 

@@ -7,9 +7,11 @@ an event run until stopped (``rounds=0``) and every wait is bounded.
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,12 +19,32 @@ import pytest
 from edge_node.fleet.fleet import Fleet, issue_tls_material
 from edge_node.fleet.link import LinkSpec, shape_links
 from edge_node.fleet.netns import run_in_netns
+from edge_node.fleet.summary import SUMMARY_PLOT
 from tests.fleet.fleets import config, logs, read_summary, records, run_cli, run_to_end, wait_until
 from tests.netns import NetnsProcess
 
 pytestmark = pytest.mark.netns
 ROGUE = Path(__file__).with_name("rogue.py")
 EVENT_S = 240  # bound on waiting for one fleet event (rounds take ~10-30 s on 2 busy cores)
+
+
+def _check_summary(out: Path, summary: dict) -> None:
+    """The fleet summary agrees with what the nodes recorded: bytes, the busiest node, energy with its label,
+    refusal totals; and the plot is a PNG."""
+    for node in summary["nodes"]:
+        lines = (out / node["node_id"] / "rounds.jsonl").read_text().splitlines()
+        mine = [r for r in map(json.loads, lines) if not r.get("diverged")]
+        assert node["bytes_in"] == sum(r["bytes_in"] for r in mine) > 0, node
+        assert node["bytes_out"] == sum(r["bytes_out"] for r in mine), node
+        assert node["energy_j"] > 0 and node["energy_label"] == "estimated", node  # --energy-backend estimate
+    busiest = max(summary["nodes"], key=lambda n: n["bytes_in"] + n["bytes_out"])
+    most = busiest["bytes_in"] + busiest["bytes_out"]
+    assert summary["busiest_node"] == {"node_id": busiest["node_id"], "bytes": most}
+    totals: Counter[str] = Counter()
+    for node in summary["nodes"]:
+        totals.update(node["peers_refused"])
+    assert summary["peers_refused_total"] == dict(totals)
+    assert (out / SUMMARY_PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def _start_s(record: dict) -> float:
@@ -46,6 +68,7 @@ def test_four_nodes_find_each_other_over_mdns_on_10mbit_links_and_learn(require_
         assert node["acc_final"] > node["acc_first"], node
         assert len(node["peers_answered"]) >= 2, node  # found over mDNS and pulled
     assert "| node0 | 3 |" in (out / "fleet-summary.md").read_text()
+    _check_summary(out, summary)
 
 
 def _serving(ns: str, port: int) -> bool:
@@ -159,18 +182,24 @@ def test_rogue_peers_on_mdns_change_no_honest_model(require_root, tmp_path):
                 rogue.kill()
     honest = set(cfg.node_ids)
     refused: dict[str, set[str]] = {rogue: set() for rogue in ROGUES}
-    for node_id in cfg.node_ids:
-        node = records(fleet, node_id)
-        assert [r["round"] for r in node] == [0, 1], node_id
+    for daemon in fleet.own_daemons():
+        node = records(fleet, daemon.node_id)
+        assert [r["round"] for r in node] == [0, 1], daemon.node_id
+        log = daemon.log_path.read_text().splitlines()
         for r in node:
-            assert set(r["peers_answered"]) <= honest, r  # no rogue model reached an aggregate
+            assert set(r["peers_answered"]) <= honest, r  # no rogue model reached an aggregate...
+            assert set(r["peer_rounds"]) <= honest, r  # ...nor any snapshot of one
             for peer, why in r["peers_refused"].items():
                 assert peer in ROGUES, r  # honest peers were never refused
                 assert why["kind"] == ROGUES[peer][1], (peer, why)
-                refused[peer].add(node_id)
-            assert sum(r["refusals"].values()) == len(r["peers_refused"]), r  # each refusal counted
+                refused[peer].add(daemon.node_id)
+            # each refusal counted with its reason
+            assert r["refusals"] == dict(Counter(why["kind"] for why in r["peers_refused"].values())), r
             assert r["seconds"]["communicate"] <= pull_timeout_s + 5, r  # nobody waited past its deadline
             assert set(r["peers_asked"]) - honest <= set(r["peers_refused"]), r
+        for rogue, (_, kind) in ROGUES.items():  # and each refusal logged, one line per refused pull
+            logged = sum(f"no model from {rogue}: {kind}: " in line for line in log)
+            assert logged == sum(rogue in r["peers_refused"] for r in node), (daemon.node_id, rogue, logged)
     assert all(refused.values()), refused  # every rogue was found over mDNS, asked, and refused
     assert all(calls), calls
 
@@ -184,6 +213,7 @@ def test_ten_percent_loss_on_every_link(require_root, tmp_path):
     assert summary["fleet"]["link"]["applied"]["loss"] in ("netem", "iptables statistic (random drop)")
     for node in summary["nodes"]:
         assert node["rounds"] == 2 and node["exit_code"] == 0 and node["peers_answered"], node
+    _check_summary(out, summary)
 
 
 def test_mutual_tls_fleet_trains_and_a_foreign_certificate_is_refused(require_root, tmp_path):
@@ -199,15 +229,22 @@ def test_mutual_tls_fleet_trains_and_a_foreign_certificate_is_refused(require_ro
         run_to_end(fleet)
         wait_until(fleet, lambda: len(records(fleet, "intruder")) >= 2, EVENT_S, "the intruder at round 2")
     honest = set(cfg.node_ids)
+    refused_by: set[str] = set()
     for node_id in cfg.node_ids:
         for r in records(fleet, node_id):
-            assert r["peers_answered"] and set(r["peers_answered"]) <= honest, r
+            assert r["peers_answered"] and set(r["peers_answered"]) <= honest, r  # the fleet trains...
+            assert set(r["peer_rounds"]) <= honest, r  # ...and nothing of the intruder's reached a model
             if "intruder" in r["peers_asked"]:
                 assert r["peers_refused"]["intruder"]["kind"] == "tls", r
-    assert any("intruder" in r["peers_asked"] for n in cfg.node_ids for r in records(fleet, n))
+                refused_by.add(node_id)
+    # Refused by everyone: every honest node asked it (it is on mDNS like them) and refused its certificate.
+    # (Its own pulls are refused in the TLS handshake, inside gRPC: no honest server's handler sees those,
+    # so they are not in server_refusals; what proves them is the intruder's side, below.)
+    assert refused_by == honest, refused_by
     mine = records(fleet, "intruder")
-    assert all(not r["peers_answered"] for r in mine), mine  # it cannot pull from anyone
-    asked = {p for r in mine for p in r["peers_asked"]}
-    assert asked, mine
-    assert all(r["peers_refused"][p]["kind"] == "tls" for r in mine for p in r["peers_asked"]), mine
+    assert {p for r in mine for p in r["peers_asked"]} == honest, mine  # it asked every honest node...
+    for r in mine:  # ...and got nothing from any: each pull refused in the TLS handshake, not a byte of a model
+        assert not r["peers_answered"] and not r["peer_rounds"] and r["bytes_in"] == 0, r
+        assert all(r["peers_refused"][p]["kind"] == "tls" for p in r["peers_asked"]), r
+        assert r["refusals"] == ({"tls": len(r["peers_asked"])} if r["peers_asked"] else {}), r
     assert intruder.returncode is not None  # stopped with the fleet

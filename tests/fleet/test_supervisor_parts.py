@@ -133,7 +133,7 @@ def test_summary_names_the_busiest_node_energy_with_its_label_and_refusal_totals
             _record(0, acc=0.3, bytes_in=3_000_000, bytes_out=2_000_000, joules=2.0, label="estimated",
                     refusals={"decode": 1, "timeout": 2}, answered=("node0",)),
             {"round": 1, "diverged": True, "refusals": {"tls": 1}},  # refusals count; its energy does not
-            _record(1, acc=0.5, bytes_in=1_000_000, bytes_out=0, joules=3.0, label="rapl", answered=("node0",)),
+            _record(1, acc=0.5, bytes_in=1_000_000, bytes_out=0, joules=3.0, label="measured", answered=("node0",)),
         ],
     }  # fmt: skip
     fleet = {"nodes": 2, "model": "cnn", "dataset": "demo", "partition": "dir:0.3", "wall_s": 12.0, "outcome": "done"}
@@ -141,7 +141,7 @@ def test_summary_names_the_busiest_node_energy_with_its_label_and_refusal_totals
     assert summary["busiest_node"] == {"node_id": "node1", "bytes": 6_000_000}
     nodes = {n["node_id"]: n for n in summary["nodes"]}
     assert (nodes["node0"]["energy_j"], nodes["node0"]["energy_label"]) == (2.75, "estimated")
-    assert (nodes["node1"]["energy_j"], nodes["node1"]["energy_label"]) == (5.0, "estimated+rapl")
+    assert (nodes["node1"]["energy_j"], nodes["node1"]["energy_label"]) == (5.0, "estimated+measured")
     assert nodes["node1"]["peers_refused"] == {"decode": 1, "timeout": 2, "tls": 1}
     assert summary["peers_refused_total"] == {"decode": 2, "timeout": 2, "tls": 1}
     assert (nodes["node1"]["rounds"], nodes["node1"]["restarts"], nodes["node1"]["exit_code"]) == (2, 1, -9)
