@@ -93,14 +93,15 @@ def test_status_queries_run_at_once_and_a_slow_node_does_not_hold_the_poll(monke
         started = time.monotonic()
         watcher.update(daemons, views)
         first_s = time.monotonic() - started
-        # 15 answers of 0.4 s each in one poll bounded by 1 s (one after the other: 6 s and more)
-        assert first_s < 1.5, first_s
+        # 15 answers of 0.4 s each and a hung one, in one poll bounded by 1 s (one after the other: 6 s and
+        # more, and for ever); the margin is for a busy machine
+        assert first_s < 3.0, first_s
         assert all(views[f"node{i}"].phase == "communicate" for i in range(15))
         assert views["node15"].phase == "starting"
         daemons[0].running = False  # exited meanwhile: its next answer is not asked for
         started = time.monotonic()
         watcher.update(daemons, views)
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 3.0
         assert calls["node15"] == 1 and calls["node0"] == 1 and calls["node1"] == 2  # a hung node is not asked again
     finally:
         hung.set()
@@ -148,7 +149,7 @@ def test_summary_names_the_busiest_node_energy_with_its_label_and_refusal_totals
     markdown = format_markdown(summary)
     assert "| node0 | 2 | 20.0% -> 40.0% | 2.00 | 2.00 | node1 | decode 1 | 2.8 (estimated) |" in markdown
     assert "| node1 (restarted 1x, SIGKILL) | 2 | 30.0% -> 50.0% | 4.00 | 2.00 | node0 | decode 1, timeout 2, tls 1 |"\
-        " 5.0 (estimated+rapl) |" in markdown  # fmt: skip
+        " 5.0 (estimated+measured) |" in markdown  # fmt: skip
     assert "Busiest node: node1, 6.00 MB received + sent." in markdown
     files = write_summary(tmp_path, summary, per_node)
     assert [p.name for p in files] == ["fleet-summary.json", "fleet-summary.md", SUMMARY_PLOT]
