@@ -210,10 +210,11 @@ class SimConfig:
         then = saved_settings(saved)
         changes: dict[str, Any] = {}
         notes = []
-        if then.get("partition") != saved.get("partition") and self.partition == saved.get("partition"):
-            changes["partition"] = then["partition"]
+        old_name = saved.get("partition")
+        if then.get("partition") != old_name and self.partition == parse_partition_spec(str(old_name)).name:
+            changes["partition"] = then["partition"]  # the old name, as today's parser writes it: the old command
             notes.append(
-                f"this run was saved before partitions had variants: its {saved['partition']} was the balanced "
+                f"this run was saved before partitions had variants: its {old_name} was the balanced "
                 f"procedure, resumed as --partition {then['partition']} (pass that to say so)"
             )
         if "screen" not in saved and self.screen != then["screen"]:

@@ -75,7 +75,13 @@ from edge_node.errors import CheckpointError, ConfigError, ModelError, TrainingD
 from edge_node.models import build_model
 from edge_node.seeding import Stream, torch_generator
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from edge_node.sim.config import CENTRALISED_METHODS, DECENTRALISED_METHODS, SPARSE_METHODS, SimConfig
+from edge_node.sim.config import (
+    CENTRALISED_METHODS,
+    DECENTRALISED_METHODS,
+    SPARSE_METHODS,
+    SimConfig,
+    saved_settings,
+)
 from edge_node.sim.report import ACCURACY_PLOT, COMMUNICATION_PLOT, ROUNDS_LOG, SUMMARY_FILE
 from edge_node.storage import append_line, atomic_write_text, truncate_jsonl
 from edge_node.wire import ModelSpec, ValueType, encoded_model_size
@@ -215,9 +221,9 @@ def run_simulation(
         config, notes = config.resumed_as(saved["config"])
         diff = config.differences(saved["config"])
         if diff:
-            raise CheckpointError(
-                f"{out} holds a run with other settings ({', '.join(diff)}); use another --output or --fresh"
-            )
+            then, now = saved_settings(saved["config"]), config.to_json()
+            detail = ", ".join(f"{k}: {then.get(k)!r} saved, {now[k]!r} now" for k in diff)
+            raise CheckpointError(f"{out} holds a run with other settings ({detail}); use another --output or --fresh")
     params = config.dispfl_params()
     train_parts, test_parts = partition(config, dataset)
     meter = _open_meter(config.energy_backend)
