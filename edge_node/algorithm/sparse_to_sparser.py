@@ -11,11 +11,26 @@ tensor, until the model reaches a target density (0.2 for CIFAR), and never belo
   smallest-``|w|`` weights. Only tensors with more than one dimension are pruned; when a prune would take
   the model below the target, every tensor's count is scaled down so that it lands on the target.
 * **When**: each client tracks ``D_t = sum over tensors of ||w_t - w_init||_2`` after local training and
-  ``s_t = |D_t - D_{t-1}| / D_0``; pruning starts the round after at least half of the clients report
-  ``s_t <= 0.02`` (in a fleet: a majority of the node and its neighbours, :func:`vote`). With that first
-  pruning round ``T_0``, later prunes follow gaps ``f_0 = T_0``, ``f_{k+1} = round(f_k / 1.3)`` (at least 1).
+  ``s_t = |D_t - D_{t-1}| / D_0``; pruning starts the round after the first round ``V`` (0-based, at least
+  1) in which at least half of the clients report ``s_t <= 0.02`` (in a fleet: a majority of the node and
+  its neighbours, :func:`vote`). The prunes then fall in rounds ``1 + f_0 + f_1 + ... + f_k`` (k = 0, 1, ...),
+  with ``f_0 = V`` and ``f_{k+1} = round(f_k / 1.3)`` (at least 1): the first in ``T_0 = V + 1``, the next
+  ``round(V / 1.3)`` rounds later, and so on (``V = 9``: rounds 10, 17, 22, 26, 29, 31, 33, ...).
+  ALGORITHM.md's ``f_0 = T_0`` leaves ``T_0`` undefined; this is the DA-DPFL authors' code
+  (``generate_pruning_freq`` in ``fedml_api/standalone/dadpfl/dadpfl_api*.py``, EricLoong/da-dpfl): its
+  ``a`` is the vote round ``V``, the prune rounds it lists are ``cumsum([V, round(V/c), ...])``, and each
+  listed round raises a flag that prunes in the *next* round's local training. Reading ``T_0`` as the
+  first pruning round instead (gaps ``round((V+1)/1.3)``, ...) prunes less often: ``V = 1`` gives rounds
+  2, 4, 6, ... there and 2, 3, 4, ... here. Also from that code: ``c = reconfig_reduce = 1.3`` in its
+  CIFAR scripts, Python's ``round`` (halves to even). It differs in two respects that this module keeps
+  on purpose: it stops after 21 listed rounds (the density floor stops pruning here), and its prune can
+  overshoot the target (here it lands on it). (A gap that rounds to 0, which a decay of 1.3 never gives,
+  would end its list; here gaps stay at least 1.)
 * **Where in the round**: after local training, before DisPFL's prune-and-regrow (which keeps the new,
-  smaller per-tensor counts): the published model is the further-pruned one.
+  smaller per-tensor counts): the model the client keeps, evaluates (its accuracy after local training)
+  and publishes is the further-pruned one. The authors' code evaluates and publishes the trained model
+  unpruned and lands the next aggregation on the smaller mask; here a prune round's accuracy, density and
+  the bytes its model costs the next round all describe one model.
 """
 
 from __future__ import annotations
@@ -153,11 +168,12 @@ def vote(stable: Sequence[bool], fraction: float = 0.5) -> bool:
 
 
 def prune_rounds(start_round: int, gap_decay: float = 1.3) -> Iterator[int]:
-    """The rounds that prune, from the first one ``T_0 = start_round``: gaps ``f_0 = T_0``,
-    ``f_{k+1} = round(f_k / gap_decay)``, at least 1 (endless: the density floor stops the pruning)."""
-    if start_round < 0:
-        raise ValueError(f"start_round={start_round} must be >= 0")
-    t, gap = start_round, start_round
+    """The rounds that prune, from the first one ``T_0 = start_round`` (the round after the vote round
+    ``V = T_0 - 1``): gaps ``f_0 = V``, ``f_{k+1} = round(f_k / gap_decay)``, at least 1; the round after ``T_0``
+    that prunes is ``T_0 + f_1`` (see the module docstring). Endless: the density floor stops the pruning."""
+    if start_round < 1:
+        raise ValueError(f"start_round={start_round} must be >= 1 (the round after a vote)")
+    t, gap = start_round, start_round - 1
     while True:
         yield t
         gap = max(1, round(gap / gap_decay))

@@ -23,13 +23,15 @@ from edge_node.errors import ConfigError
     "--target-acc",
     type=float,
     default=None,
-    help="Accuracy (%) for the rounds-to-target columns [default: the lowest final accuracy of each partition].",
+    help="Accuracy (%) for the rounds-to-target columns [default: 80% of the best final accuracy among each "
+    "partition's runs].",
 )
 @click.option(
     "--masks",
     is_flag=True,
-    help="For one run: Hamming distances of the clients' final masks vs cosine similarity of their label "
-    "distributions, and their correlation (heat-map PNG and CSV).",
+    help="For one run: the clients x clients matrices of aligned Hamming distances of their final masks and of "
+    "cosine similarities of their label distributions, and their correlation (heat-map PNG, a CSV per matrix "
+    "and one of all pairs).",
 )
 @click.option(
     "--format",
@@ -55,12 +57,15 @@ def report(run_dirs: tuple[Path, ...], out_dir: Path | None, target_acc: float |
         files = write_mask_report(result, out_dir or run_dirs[0])
         click.echo(result.summary())
     else:
-        from edge_node.sim.table import read_run, write_report
+        from edge_node.sim.table import caption, read_run, write_report
 
         if target_acc is not None and not 0 <= target_acc <= 100:
             raise ConfigError(f"--target-acc {target_acc} must be a percentage in 0..100")
         runs = [read_run(path) for path in run_dirs]
         table, files = write_report(runs, out_dir or Path("report"), target_acc)
-        click.echo(table.markdown() if output_format == "markdown" else table.csv(), nl=False)
+        if output_format == "markdown":
+            click.echo(table.markdown() + "\n" + caption(table, target_acc), nl=False)
+        else:
+            click.echo(table.csv(), nl=False)
     for path in files:
         click.echo(f"wrote {path}", err=True)

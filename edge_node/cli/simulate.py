@@ -20,7 +20,15 @@ from edge_node.energy.report import load_energy_log
 from edge_node.energy.report import summarize as energy_summary
 from edge_node.errors import ConfigError
 from edge_node.models import MODEL_NAMES
-from edge_node.sim.config import DERIVED_KEYS, DEVICES, METHODS, OUTPUT_PATTERN, SETTINGS, SimConfig
+from edge_node.sim.config import (
+    DERIVED_KEYS,
+    DEVICES,
+    METHODS,
+    OUTPUT_PATTERN,
+    SETTINGS,
+    SimConfig,
+    saved_settings,
+)
 from edge_node.sim.report import SUMMARY_FILE, format_summary, plot_run, read_rounds, summarize
 from edge_node.sim.runner import progress_bars_shown, resolve_device, run_simulation
 from edge_node.storage import atomic_write_text
@@ -42,7 +50,8 @@ def _complete_partition(_ctx: click.Context, _param: click.Parameter, incomplete
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
-    """The settings of a TOML file, or of a run's ``config.json`` (its derived keys dropped)."""
+    """The settings of a TOML file, or of a run's ``config.json`` (in today's terms, ``saved_settings``; its
+    derived keys dropped)."""
     if path.suffix.lower() != ".json":
         return read_toml(path)
     try:
@@ -57,7 +66,14 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid JSON: {exc}") from None
     if not isinstance(values, dict):
         raise ConfigError(f"config file {path} must hold a JSON object of settings")
-    return {k: v for k, v in values.items() if k not in DERIVED_KEYS}
+    today = saved_settings(values)
+    if today.get("partition") != values.get("partition"):
+        click.echo(
+            f"edge-node: warning: {path} predates partition variants: its {values['partition']} was the balanced "
+            f"procedure, read as {today['partition']}",
+            err=True,
+        )
+    return {k: v for k, v in today.items() if k not in DERIVED_KEYS}
 
 
 def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
@@ -154,7 +170,8 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
 @click.option(
     "--progress/--no-progress",
     default=None,
-    help="Progress bars in a terminal, else one line per round [default: progress].",
+    help="Progress bars when stderr is a terminal; without them (a pipe, a service, --no-progress) one line "
+    "per round [default: progress].",
 )
 @click.option("--print-config", is_flag=True, help="Print the settings as TOML (a --config file) and exit.")
 @verbose_option
@@ -193,15 +210,22 @@ def simulate(
         return
     resolve_device(config.device)  # before the (possibly long) data decode
     data = load_dataset(config.dataset, config.data_dir, cache_dir=cache_dir, download=download)
-    click.echo(
-        f"simulating {config.method}: {config.clients} clients of {config.model} on {config.dataset} "
-        f"({config.partition}, {config.partition_variant} partition) for {config.rounds} rounds -> "
-        f"{config.run_dir.resolve()}",
-        err=True,
+
+    def started(effective: SimConfig, notes: list[str]) -> None:
+        for note in notes:
+            click.echo(f"edge-node: warning: {effective.run_dir}: {note}", err=True)
+        click.echo(
+            f"simulating {effective.method}: {effective.clients} clients of {effective.model} on {effective.dataset} "
+            f"({effective.partition}, {effective.partition_variant} partition) for {effective.rounds} rounds -> "
+            f"{effective.run_dir.resolve()}",
+            err=True,
+        )
+
+    # Without bars (a pipe, a service, --no-progress): one line per round, unless -v logs them already.
+    lines = not progress_bars_shown(config) and not _LOGGER.isEnabledFor(logging.INFO)
+    run_dir = run_simulation(
+        config, data, fresh=fresh, on_round=_round_line(config) if lines else None, on_start=started
     )
-    # In a terminal: progress bars. In a pipe or under a service: one line per round (unless -v logs them).
-    lines = config.progress and not progress_bars_shown(config) and not _LOGGER.isEnabledFor(logging.INFO)
-    run_dir = run_simulation(config, data, fresh=fresh, on_round=_round_line(config) if lines else None)
     records = read_rounds(run_dir)
     summary = summarize(records, energy_summary(load_energy_log(run_dir)))
     atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")

@@ -12,7 +12,7 @@ from edge_node.algorithm.masks import MASK_METHODS, check_density
 from edge_node.algorithm.prune_regrow import REGROW_RULES
 from edge_node.algorithm.sparse_to_sparser import S2SParams
 from edge_node.algorithm.topology import TOPOLOGIES, check_topology
-from edge_node.data import DATASET_NAMES, parse_partition_spec
+from edge_node.data import DATASET_NAMES, PartitionSpec, parse_partition_spec
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError
 from edge_node.models import MODEL_NAMES
@@ -26,8 +26,13 @@ SETTINGS = ("i", "ii")
 DEVICES = ("cpu", "cuda")
 # Settings that may change when a run is resumed (the rest must match the checkpoint).
 RESUMABLE_CHANGES = frozenset({"rounds", "device", "output", "data_dir", "progress", "energy_backend"})
-# Values of settings added after runs were saved, for a checkpoint's config that lacks them (what those runs did).
-LEGACY_DEFAULTS = {"screen": False}
+# Values of settings added after runs were saved, for a saved config that lacks them (what those runs did): the
+# baselines' and sparse-to-sparser's settings came with them (the DisPFL runs before used none of them: today's
+# defaults), the receive-path screen later (runs before ran without). A saved config without
+# "partition_variant" predates the reference partitions: see saved_settings.
+LEGACY_DEFAULTS: dict[str, Any] = {
+    "fedavg_clients": 10, "target_density": 0.2, "s2s_stable_threshold": 0.02, "screen": False,
+}  # fmt: skip
 # Keys config.json holds beyond the fields (derived, written for readers; ignored when the file is read back).
 DERIVED_KEYS = frozenset({"partition_variant"})
 # The run directory when --output is not given (one pattern, for the help text and the code).
@@ -188,11 +193,54 @@ class SimConfig:
         return out
 
     def differences(self, saved: dict[str, Any]) -> list[str]:
-        """Settings that differ from a checkpoint's saved config (ignoring resumable ones)."""
+        """Settings that differ from a checkpoint's saved config (read by :func:`saved_settings`; ignoring
+        resumable ones)."""
         mine = self.to_json()
-        return sorted(
-            k for k in mine if k not in RESUMABLE_CHANGES and saved.get(k, LEGACY_DEFAULTS.get(k)) != mine[k]
-        )
+        then = saved_settings(saved)
+        return sorted(k for k in mine if k not in RESUMABLE_CHANGES and then.get(k) != mine[k])
+
+    def resumed_as(self, saved: dict[str, Any]) -> tuple[SimConfig, list[str]]:
+        """This config, adapted to resume a run saved before some settings existed, and a note per adaptation.
+
+        Such a run goes on as it ran: one saved before partitions had variants ran the balanced ones under
+        the names ``dir:``/``path:``, so the same command (which today means the reference procedure)
+        resumes it as ``dir-balanced:``/``path-balanced:``; one saved before the receive-path screen ran
+        without it. Anything else that differs is left for :meth:`differences` to refuse.
+        """
+        then = saved_settings(saved)
+        changes: dict[str, Any] = {}
+        notes = []
+        old_name = saved.get("partition")
+        if then.get("partition") != old_name and self.partition == parse_partition_spec(str(old_name)).name:
+            changes["partition"] = then["partition"]  # the old name, as today's parser writes it: the old command
+            notes.append(
+                f"this run was saved before partitions had variants: its {old_name} was the balanced "
+                f"procedure, resumed as --partition {then['partition']} (pass that to say so)"
+            )
+        if "screen" not in saved and self.screen != then["screen"]:
+            changes["screen"] = then["screen"]
+            if self.method in SPARSE_METHODS:
+                notes.append("this run was saved before the receive-path screen existed and ran without it; "
+                             "resumed without it (--no-screen)")  # fmt: skip
+        if not changes:
+            return self, notes
+        return dataclasses.replace(self, **changes), notes
+
+
+def saved_settings(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config (a checkpoint's, or a run's ``config.json``) in today's terms.
+
+    One without ``partition_variant`` predates the reference partitions: its ``dir:``/``path:`` were the
+    balanced procedure, today ``dir-balanced:``/``path-balanced:``. Settings of ``LEGACY_DEFAULTS`` it
+    lacks get the value such runs had. ConfigError when its partition cannot be read.
+    """
+    out = {**LEGACY_DEFAULTS, **saved}
+    if "partition_variant" not in saved and "partition" in saved:
+        spec = parse_partition_spec(str(saved["partition"]))
+        if spec.variant == "reference":
+            out["partition"] = PartitionSpec(spec.kind, spec.value, "balanced").name
+        out["partition_variant"] = "balanced"
+    return out
 
 
 def default_output(config: SimConfig) -> Path:

@@ -25,7 +25,9 @@ from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from edge_node.storage import atomic_write_text
 
 MASKS_PLOT = "masks.png"
-MASKS_CSV = "masks.csv"
+MASKS_CSV = "masks.csv"  # one row per pair of clients: both measures side by side
+HAMMING_CSV = "masks_hamming.csv"  # the clients x clients matrix of aligned Hamming distances
+COSINE_CSV = "masks_label_cosine.csv"  # the clients x clients matrix of label-distribution cosine similarities
 CLIENTS_FILE = "clients.json"
 _CHUNK = 1 << 20  # mask positions per matrix product
 
@@ -89,6 +91,17 @@ class MaskReport:
                 writer.writerow([i, j, f"{self.hamming[i, j]:.6f}", f"{self.cosine[i, j]:.6f}"])
         return buf.getvalue()
 
+    def matrix_csv(self, matrix: np.ndarray) -> str:
+        """``matrix`` (one of the two [N, N]) as CSV: a header of client indices, then one row per client,
+        in client order (the heat-maps sort by dominant class; ``order`` has that permutation)."""
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        n = len(matrix)
+        writer.writerow(["client", *range(n)])
+        for i in range(n):
+            writer.writerow([i, *(f"{v:.6f}" for v in matrix[i])])
+        return buf.getvalue()
+
     def summary(self) -> str:
         n = len(self.hamming)
         upper = np.triu_indices(n, 1)
@@ -131,7 +144,8 @@ def mask_report(run_dir: Path) -> MaskReport:
 
 
 def write_mask_report(report: MaskReport, out_dir: Path) -> list[Path]:
-    """masks.csv (one row per pair) and masks.png (the two heat-maps, clients by dominant class)."""
+    """masks.csv (one row per pair), masks_hamming.csv and masks_label_cosine.csv (the two clients x clients
+    matrices) and masks.png (the two heat-maps, clients by dominant class)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,6 +153,8 @@ def write_mask_report(report: MaskReport, out_dir: Path) -> list[Path]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / MASKS_CSV, report.csv())
+    atomic_write_text(out_dir / HAMMING_CSV, report.matrix_csv(report.hamming))
+    atomic_write_text(out_dir / COSINE_CSV, report.matrix_csv(report.cosine))
     idx = np.ix_(report.order, report.order)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     for ax, matrix, title, cmap in (
@@ -154,4 +170,4 @@ def write_mask_report(report: MaskReport, out_dir: Path) -> list[Path]:
     fig.tight_layout()
     fig.savefig(out_dir / MASKS_PLOT, dpi=110)
     plt.close(fig)
-    return [out_dir / MASKS_CSV, out_dir / MASKS_PLOT]
+    return [out_dir / MASKS_CSV, out_dir / HAMMING_CSV, out_dir / COSINE_CSV, out_dir / MASKS_PLOT]

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from edge_node.algorithm import (
@@ -74,7 +75,13 @@ from edge_node.errors import CheckpointError, ConfigError, ModelError, TrainingD
 from edge_node.models import build_model
 from edge_node.seeding import Stream, torch_generator
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from edge_node.sim.config import CENTRALISED_METHODS, DECENTRALISED_METHODS, SPARSE_METHODS, SimConfig
+from edge_node.sim.config import (
+    CENTRALISED_METHODS,
+    DECENTRALISED_METHODS,
+    SPARSE_METHODS,
+    SimConfig,
+    saved_settings,
+)
 from edge_node.sim.report import ACCURACY_PLOT, COMMUNICATION_PLOT, ROUNDS_LOG, SUMMARY_FILE
 from edge_node.storage import append_line, atomic_write_text, truncate_jsonl
 from edge_node.wire import ModelSpec, ValueType, encoded_model_size
@@ -100,7 +107,7 @@ HEADLINE = {
 # What acc_before / acc_after measure, per method (also in every record as "acc_before_is" / "acc_after_is").
 ACC_MEANING = {
     "dispfl": ("aggregated personal model, before local training", "after local training"),
-    "dispfl-s2s": ("aggregated personal model, before local training", "after local training"),
+    "dispfl-s2s": ("aggregated personal model, before local training", "after local training and any further prune"),
     "local": ("before this round's local training", "after local training"),
     "dpsgd": ("neighbourhood average", "neighbourhood average fine-tuned by the round's E local epochs"),
     "dpsgd-ft": ("neighbourhood average", "neighbourhood average fine-tuned by the round's E local epochs"),
@@ -139,13 +146,33 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def check_model_input(model: str, image_shape: tuple[int, int, int]) -> None:
-    """ConfigError when ``model`` cannot take images of ``image_shape`` (the ``cnn``'s fc1 is sized for 32x32)."""
-    if model == "cnn" and image_shape[1:] != (32, 32):
+def check_model_input(model: str, image_shape: tuple[int, int, int], num_classes: int = 10, seed: int = 0) -> nn.Module:
+    """The model ``model`` built for ``num_classes``, once one image of ``image_shape`` went through it.
+
+    ConfigError (one line) when it cannot take such images: ``cnn``'s fc1 is sized for 32x32, ``vgg11``'s
+    classifier for a 1x1 map after five pools (32x32); ``resnet18`` pools globally and takes both sizes.
+    Called before anything in the run directory changes, so a mismatch writes and deletes nothing.
+    """
+    channels, height, width = image_shape
+    if model == "cnn" and (height, width) != (32, 32):
+        raise ConfigError(f"model cnn takes 32x32 images; this data set's are {height}x{width}: use resnet18")
+    try:
+        built = build_model(model, num_classes, seed=seed)
+    except ModelError as exc:
+        raise ConfigError(str(exc)) from exc
+    try:
+        with torch.no_grad():  # GroupNorm only: a forward pass changes no state
+            logits = built(torch.zeros(1, channels, height, width))
+    except RuntimeError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fits = "use resnet18" if model != "resnet18" else "use another --model"
         raise ConfigError(
-            f"model cnn takes 32x32 images; this data set's are {image_shape[1]}x{image_shape[2]}: "
-            "use resnet18 or vgg11"
-        )
+            f"model {model} cannot take this data set's {height}x{width} images ({reason}): {fits}"
+        ) from None
+    if tuple(logits.shape) != (1, num_classes):
+        raise ConfigError(f"model {model} gives outputs of shape {tuple(logits.shape)} for one {height}x{width} "
+                          f"image; {num_classes} class scores were expected")  # fmt: skip
+    return built
 
 
 def resolve_device(name: str) -> torch.device:
@@ -168,33 +195,44 @@ def run_simulation(
     *,
     fresh: bool = False,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    on_start: Callable[[SimConfig, list[str]], None] | None = None,
 ) -> Path:
     """Run (or resume) a simulation into ``config.output``; returns the output directory.
 
     Writes ``config.json``, ``clients.json``, ``rounds.jsonl`` (one record per round), ``energy.jsonl`` and
-    ``checkpoint.pt`` (after every round). Everything is validated, and the energy meter opened, before
-    the first file is written or removed; ``fresh`` discards a previous run there only then. Progress bars
-    are drawn only when ``config.progress`` is set and stderr is a terminal; ``on_round`` gets each
-    round's record once it is saved (the command line prints one line per round from it otherwise).
+    ``checkpoint.pt`` (after every round). Everything is validated (the model against the data set's images
+    included), and the energy meter opened, before the first file is written or removed; ``fresh`` discards
+    a previous run there only then. A run saved before a setting existed resumes with what it ran with
+    (:meth:`SimConfig.resumed_as`). ``on_start`` gets the settings the run goes on with and notes on what a
+    resume adapted (logged as warnings otherwise) once everything checked out; ``on_round`` gets each
+    round's record once it is saved. Progress bars are drawn only when ``config.progress`` is set and stderr
+    is a terminal.
     """
     device = resolve_device(config.device)
-    check_model_input(config.model, dataset.image_shape)
+    model = check_model_input(config.model, dataset.image_shape, dataset.num_classes, config.seed)
     if config.method in DECENTRALISED_METHODS and config.neighbours >= config.clients and config.topology == "random":
         raise ConfigError(f"neighbours={config.neighbours} must be less than clients={config.clients}")
-    params = config.dispfl_params()
-    train_parts, test_parts = partition(config, dataset)
     out = config.run_dir
     ckpt_path = out / CHECKPOINT_NAME
     saved = None
+    notes: list[str] = []
     if ckpt_path.exists() and not fresh:
         saved = load_checkpoint(ckpt_path, device)
+        config, notes = config.resumed_as(saved["config"])
         diff = config.differences(saved["config"])
         if diff:
-            raise CheckpointError(
-                f"{out} holds a run with other settings ({', '.join(diff)}); use another --output or --fresh"
-            )
+            then, now = saved_settings(saved["config"]), config.to_json()
+            detail = ", ".join(f"{k}: {then.get(k)!r} saved, {now[k]!r} now" for k in diff)
+            raise CheckpointError(f"{out} holds a run with other settings ({detail}); use another --output or --fresh")
+    params = config.dispfl_params()
+    train_parts, test_parts = partition(config, dataset)
     meter = _open_meter(config.energy_backend)
     try:
+        if on_start is not None:
+            on_start(config, notes)
+        else:
+            for note in notes:
+                _LOGGER.warning("%s: %s", out, note)
         if fresh:
             for name in RUN_FILES:
                 (out / name).unlink(missing_ok=True)
@@ -209,12 +247,7 @@ def run_simulation(
         meter.close()
         raise
     accountant = EnergyAccountant(meter, out / ENERGY_LOG)
-
-    try:
-        model = build_model(config.model, dataset.num_classes, seed=config.seed).to(device)
-    except ModelError as exc:
-        accountant.close()
-        raise ConfigError(str(exc)) from exc
+    model = model.to(device)
     init_weights = read_weights(model)
     pool = ImagePool.from_dataset(dataset, device)
     data = [ClientData.from_indices(pool, tr, te) for tr, te in zip(train_parts, test_parts, strict=True)]
@@ -484,14 +517,15 @@ class _Sim:
                 before, trained = self._train(t, i, clients[i])
                 acc_before.append(before)
                 losses.append(trained.stats.mean_loss)
-                acc_after.append(accuracy(self.model, self.data[i], config.eval_batch_size))
                 client = trained.state
                 if s2s is not None:
-                    s_t = self._track_distance(t, i, client, extra)
+                    s_t = self._track_distance(t, i, client, extra)  # of the trained model, as the authors' code
                     stability_values.append(s_t)
                     stable.append(s_t <= s2s.stable_threshold)
-                    if prunes:
+                    if prunes:  # the client keeps and publishes the pruned model: that is the one evaluated
                         client = prune_state(client, s2s)
+                        load_weights(self.model, client.weights)
+                acc_after.append(accuracy(self.model, self.data[i], config.eval_batch_size))
                 clients[i] = update_mask(client, t, params, seed=config.seed, client=i, gradients=trained.gradients)
                 flops.append(
                     self.training_flops(

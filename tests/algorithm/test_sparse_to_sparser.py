@@ -87,13 +87,19 @@ def test_distance_stability_and_vote():
     assert vote([True, False]) and not vote([True, False, False]) and not vote([])
 
 
-def test_prune_rounds_follow_shrinking_gaps():
-    # f0 = T0 = 10, then round(10/1.3) = 8, round(8/1.3) = 6, 5, 4, 3, 2, 2, ...
+def test_prune_rounds_follow_the_authors_gaps_from_the_vote_round():
+    # Vote in round V = 9, first prune T0 = 10; gaps f0 = V = 9, then round(9/1.3) = 7, round(7/1.3) = 5, 4, 3,
+    # 2, 2, ... (the DA-DPFL code: prunes in 1 + cumsum([9, 7, 5, ...])). Reading f0 = T0 would give 10, 18, 24.
     assert list(zip(range(8), prune_rounds(10), strict=False)) == list(
-        enumerate([10, 18, 24, 29, 33, 36, 38, 40])
+        enumerate([10, 17, 22, 26, 29, 31, 33, 35])
     )
-    assert [t for t in range(12) if is_prune_round(t, 2)] == [2, 4, 6, 8, 10]  # round(2/1.3) = 2
+    # V = 1 (the earliest vote): gaps round(1/1.3) = 1, every round from T0 = 2 (f0 = T0 would give 2, 4, 6, ...)
+    assert [t for t in range(8) if is_prune_round(t, 2)] == [2, 3, 4, 5, 6, 7]
+    # V = 3: gaps 3 -> round(2.31) = 2 -> round(1.54) = 2: rounds 4, 6, 8, 10 (f0 = T0 = 4: 4, 7, 9, 11)
+    assert [t for t in range(12) if is_prune_round(t, 4)] == [4, 6, 8, 10]
     assert not any(is_prune_round(t, None) for t in range(10))
+    with pytest.raises(ValueError):
+        next(prune_rounds(0))
     with pytest.raises(ConfigError):
         S2SParams(target_density=0.0)
     with pytest.raises(ConfigError):

@@ -46,6 +46,19 @@ def test_tiny_imagenet_with_the_papers_resnet18(tmp_path: Path, capsys):
     common = [*RUN, "--dataset", "tiny-imagenet", "--data-dir", str(data), "--cache-dir", str(tmp_path / "cache")]
     assert run_cli([*common, "--model", "cnn", "--output", str(out)]) == 2
     assert "model cnn takes 32x32 images" in capsys.readouterr().err and not out.exists()
+    # vgg11's classifier takes 512 features (a 1x1 map after five pools of 32x32): refused by a probe of the
+    # built model on one image, before --fresh removes a previous run and before config.json is written
+    previous = tmp_path / "previous"
+    previous.mkdir()
+    for name in ("config.json", "rounds.jsonl", "checkpoint.pt", "summary.json"):
+        (previous / name).write_text(f"the previous run's {name}\n")
+    before = {f.name: f.read_bytes() for f in previous.iterdir()}
+    assert run_cli([*common, "--model", "vgg11", "--fresh", "--output", str(previous)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("edge-node: error: model vgg11 cannot take this data set's 64x64 images")
+    assert "Traceback" not in err and "use resnet18" in err
+    assert {f.name: f.read_bytes() for f in previous.iterdir()} == before
     assert run_cli([*common, "--model", "resnet18", "--output", str(out)]) == 0
     (record,) = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
     assert len(record["acc_after"]) == 2 and 0.0 <= record["acc_mean"] <= 1.0

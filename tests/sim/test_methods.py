@@ -8,10 +8,19 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from edge_node.algorithm import load_weights
+from edge_node.algorithm.dispfl import ClientState
+from edge_node.algorithm.masks import mask_density
+from edge_node.algorithm.sparse_to_sparser import prune_state
 from edge_node.data import load_dataset
+from edge_node.data.batches import ClientData, ImagePool
+from edge_node.models import build_model
+from edge_node.sim import runner
+from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from edge_node.sim.config import METHODS, SimConfig
-from edge_node.sim.runner import RECORD_KEYS, run_simulation
+from edge_node.sim.runner import RECORD_KEYS, accuracy, partition, run_simulation
 
 TINY = dict(
     clients=4, neighbours=2, epochs=1, samples_per_client=60, batch_size=32, rounds=2, fedavg_clients=2,
@@ -98,7 +107,9 @@ def test_sparse_to_sparser_reaches_its_target_density_and_never_goes_below(demo,
         **{**TINY, "rounds": 5},
     )  # fmt: skip
     records = _records(run_simulation(config, demo))
-    assert [r["s2s_pruned"] for r in records] == [False, False, True, False, True]  # T0 = 2, then gaps of 2
+    # vote in round 1: prunes from T0 = 2 at gaps f0 = 1, round(1/1.3) = 1, ... (the authors' code; f0 = T0 = 2
+    # would prune in rounds 2 and 4 only)
+    assert [r["s2s_pruned"] for r in records] == [False, False, True, True, True]
     assert records[1]["s2s_start_round"] == 2 and records[1]["s2s_stable_fraction"] == 1.0
     densities = [r["density_mean"] for r in records]
     assert densities[:2] == pytest.approx([0.28, 0.28], abs=1e-4)
@@ -107,3 +118,38 @@ def test_sparse_to_sparser_reaches_its_target_density_and_never_goes_below(demo,
     # fewer active weights published: fewer bytes than before the prune
     assert records[-1]["paper_comm_mb_busiest"] < records[0]["paper_comm_mb_busiest"]
     assert records[-1]["busiest_node_bytes"] < records[0]["busiest_node_bytes"]
+
+
+def test_sparse_to_sparser_reports_the_pruned_model_the_client_keeps(demo, tmp_path, monkeypatch):
+    """In a prune round, acc_after and density_mean are those of the model each client keeps and publishes
+    (the checkpoint's), not of the trained model before the prune; FLOPs are those of the training done.
+    The prune here also zeroes the kept weights, so that the two models' accuracies cannot agree by chance
+    (removing the smallest weights of a tiny model seldom changes a prediction)."""
+
+    def prune_and_zero(state: ClientState, params):
+        pruned = prune_state(state, params)
+        return ClientState({k: torch.zeros_like(w) for k, w in pruned.weights.items()}, pruned.train_mask,
+                           pruned.next_mask, pruned.density)  # fmt: skip
+
+    monkeypatch.setattr(runner, "prune_state", prune_and_zero)
+    config = SimConfig(
+        method="dispfl-s2s", output=tmp_path / "s2s", density=0.5, target_density=0.2, s2s_stable_threshold=1e9,
+        **{**TINY, "rounds": 3},
+    )  # fmt: skip
+    records = _records(run_simulation(config, demo))
+    assert [r["s2s_pruned"] for r in records] == [False, False, True]
+    last = records[-1]
+    saved = load_checkpoint(config.run_dir / CHECKPOINT_NAME, torch.device("cpu"))
+    kept = [mask_density(m) for m in saved["train_masks"]]
+    assert last["density_mean"] == pytest.approx(sum(kept) / len(kept)) and max(kept) < 0.49  # pruned
+    assert records[1]["density_mean"] == pytest.approx(0.5, abs=1e-3)
+    model = build_model(config.model, demo.num_classes)
+    pool = ImagePool.from_dataset(demo, torch.device("cpu"))
+    train_parts, test_parts = partition(config, demo)
+    for i, weights in enumerate(saved["weights"]):
+        assert not any(bool(w.any()) for w in weights.values())
+        load_weights(model, weights)
+        data = ClientData.from_indices(pool, train_parts[i], test_parts[i])
+        assert last["acc_after"][i] == accuracy(model, data, config.eval_batch_size), i
+    assert last["acc_after"] != records[1]["acc_after"]
+    assert last["flops_per_client_mean"] == pytest.approx(records[1]["flops_per_client_mean"])  # trained at 0.5

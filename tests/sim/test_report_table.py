@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from edge_node.cli import main
 from edge_node.errors import CheckpointError
 from edge_node.sim.checkpoint import save_checkpoint
 from edge_node.sim.masks import hamming_matrix, mask_report, write_mask_report
-from edge_node.sim.table import build_table, read_run, write_report
+from edge_node.sim.table import build_table, caption, read_run, write_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -47,19 +48,32 @@ def runs(tmp_path: Path) -> list[Path]:
 
 EXPECTED = """\
 | method | Dir(0.3) acc (%) | Path(2) acc (%) | busiest node MB/round (encoded) | busiest node MB/round (paper conv.) \
-| FLOPs/client/round | rounds to 30.0% (Dir(0.3)) | rounds to 75.0% (Path(2)) |
+| FLOPs/client/round | rounds to 40.0% (Dir(0.3)) | rounds to 64.0% (Path(2)) |
 |---|---|---|---|---|---|---|---|
-| Local | - | 75.00 | 0.00 | 0.00 | 2e+09 | - | 2 |
-| FedAvg | 30.00 | - | 8.00 | 20.00 | 2e+09 | 2 | - |
+| Local | - | 75.00 | 0.00 | 0.00 | 2e+09 | - | 1 |
+| FedAvg | 30.00 | - | 8.00 | 20.00 | 2e+09 | not reached | - |
 | DisPFL (d=0.5) | 50.00 | 80.00 | 3.00 | 10.00 | 1e+09 | 1 | 2 |
 """
 
 
 def test_known_runs_render_to_the_known_table(runs: list[Path]):
+    """Rounds to target default to 80 % of each partition's best final accuracy: Dir 0.8 * 50 = 40 (FedAvg's
+    20, 30 never get there), Path 0.8 * 80 = 64 (Local's 70 in round 1, DisPFL's 80 in round 2)."""
     table = build_table([read_run(r) for r in runs])
     assert table.markdown() == EXPECTED
+    assert table.targets == pytest.approx({"Dir(0.3)": 40.0, "Path(2)": 64.0})
     assert table.csv().splitlines()[3] == "DisPFL (d=0.5),50.00,80.00,3.00,10.00,1e+09,1,2"
     assert build_table([read_run(r) for r in runs], target_acc=45.0).rows[2][-2:] == ["2", "1"]
+    assert build_table([read_run(r) for r in runs], target_acc=25.0).rows[1][-2] == "2"  # FedAvg: 20, then 30
+    assert "80% of the best final accuracy" in caption(table, None) and "Dir(0.3): 40.0%" in caption(table, None)
+    assert "45% (--target-acc)" in caption(table, 45.0)
+
+
+def test_a_cell_of_several_runs_says_how_many_reached_the_target(tmp_path: Path):
+    a = _write_run(tmp_path, "a", "dispfl", "dir:0.3", [0.30, 0.50], [1e6, 1e6], 1.0, 1e9)
+    b = _write_run(tmp_path, "b", "dispfl", "dir:0.3", [0.10, 0.20], [1e6, 1e6], 1.0, 1e9)
+    table = build_table([read_run(a), read_run(b)])  # target 0.8 * 50 = 40: run a in round 2, run b never
+    assert table.rows[0][1:2] == ["35.00 (n=2)"] and table.rows[0][-1] == "2 (1 of 2 reached)"
 
 
 def test_report_command_prints_the_table_and_writes_files_and_plots(runs: list[Path], tmp_path: Path, capsys):
@@ -67,9 +81,11 @@ def test_report_command_prints_the_table_and_writes_files_and_plots(runs: list[P
     with pytest.raises(SystemExit) as exc:
         main(["report", *map(str, runs), "--out", str(out)])
     assert exc.value.code == 0
-    assert capsys.readouterr().out == EXPECTED
-    assert (out / "table.md").read_text().startswith(EXPECTED)
+    printed = capsys.readouterr().out
+    assert printed.startswith(EXPECTED) and "Rounds to target" in printed[len(EXPECTED):]
+    assert (out / "table.md").read_text() == printed
     assert "paper MB = 4 B per active received parameter" in (out / "table.md").read_text()
+    assert "80% of the best final accuracy among each partition's runs" in (out / "table.md").read_text()
     assert len((out / "runs.csv").read_text().splitlines()) == 5
     for name in ("accuracy.png", "communication.png", "accuracy_vs_communication.png"):
         assert (out / name).read_bytes()[:8] == PNG, name
@@ -116,10 +132,22 @@ def test_masks_of_clients_with_similar_data_are_closer(tmp_path: Path):
     report = mask_report(_masks_run(tmp_path))
     assert report.pearson < -0.9 and report.spearman < -0.5
     assert report.hamming[0, 1] < report.hamming[0, 4]
-    files = write_mask_report(report, tmp_path / "out")
-    assert (tmp_path / "out" / "masks.png").read_bytes()[:8] == PNG
-    assert len((tmp_path / "out" / "masks.csv").read_text().splitlines()) == 1 + 15
-    assert len(files) == 2
+    out = tmp_path / "out"
+    files = write_mask_report(report, out)
+    assert (out / "masks.png").read_bytes()[:8] == PNG
+    assert len((out / "masks.csv").read_text().splitlines()) == 1 + 15  # one row per pair
+    for name, matrix in (("masks_hamming.csv", report.hamming), ("masks_label_cosine.csv", report.cosine)):
+        rows = list(csv.reader((out / name).read_text().splitlines()))
+        assert rows[0] == ["client", "0", "1", "2", "3", "4", "5"], name
+        assert [r[0] for r in rows[1:]] == ["0", "1", "2", "3", "4", "5"], name
+        values = np.array([[float(v) for v in r[1:]] for r in rows[1:]])
+        np.testing.assert_allclose(values, matrix, atol=1e-6)
+        np.testing.assert_allclose(values, values.T, atol=1e-6)
+    hamming = np.loadtxt(out / "masks_hamming.csv", delimiter=",", skiprows=1)[:, 1:]
+    cosine = np.loadtxt(out / "masks_label_cosine.csv", delimiter=",", skiprows=1)[:, 1:]
+    assert np.diag(hamming).tolist() == [0.0] * 6 and np.allclose(np.diag(cosine), 1.0)
+    assert hamming[0, 1] < hamming[0, 4] and cosine[0, 1] > cosine[0, 4]  # clients 0, 1 share data and masks
+    assert len(files) == 4
 
 
 def test_report_masks_command_and_dense_runs(tmp_path: Path, capsys):

@@ -100,10 +100,13 @@ def test_fresh_with_invalid_settings_keeps_the_old_run(two_round_run: Path, caps
     assert {f.name: f.read_bytes() for f in two_round_run.iterdir()} == before
 
 
-def test_setting_ii_with_gradient_regrowth(tmp_path: Path):
+def test_setting_ii_with_gradient_regrowth(tmp_path: Path, capsys):
     out = tmp_path / "ii"
     assert run_cli([*SMALL, "--rounds", "1", "--setting", "ii", "--regrow", "gradient", "--output", str(out)]) == 0
     (record,) = rounds(out)
+    # --no-progress (SMALL) turns bars off, not the one line per round that replaces them
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("round ")]
+    assert len(lines) == 1 and lines[0].startswith("round 1/1: acc ") and "busiest node client-" in lines[0]
     # gradient regrowth adds B * 3 * F(dense) to each client's FLOPs
     assert record["flops_per_client_max"] > 1 * 150 * 3 * 0.2 * record["forward_flops_dense"]
     assert record["densities_target"] == [0.2, 0.4, 0.6, 0.8, 1.0]
@@ -219,6 +222,74 @@ def test_config_json_reproduces_a_run_and_a_pipe_gets_one_line_per_round(two_rou
     assert [line.split(":")[0] for line in lines] == ["round 1/2", "round 2/2"], proc.stderr
     assert "acc " in lines[0] and "busiest node" in lines[0]
     assert "\r" not in proc.stderr
+
+
+# SimConfig's fields before the reference partitions and the baselines (commit 6dae983): a run saved then.
+OLD_SETTINGS = (
+    "method", "dataset", "data_dir", "model", "clients", "neighbours", "topology", "max_in_degree", "rounds",
+    "planned_rounds", "epochs", "batch_size", "lr", "lr_decay", "weight_decay", "clip_norm", "density", "setting",
+    "mask_init", "regrow", "prune_alpha", "partition", "samples_per_client", "seed", "device", "output",
+    "eval_batch_size", "energy_backend", "progress",
+)  # fmt: skip
+
+
+def _as_saved_before_partition_variants(run: Path) -> None:
+    """Rewrite ``run``'s checkpoint and config.json in the old form: only OLD_SETTINGS, and the balanced
+    procedure under its old name ``dir:`` (no partition_variant, no screen)."""
+    import torch
+
+    from edge_node.sim.checkpoint import load_checkpoint, save_checkpoint
+
+    saved = load_checkpoint(run / "checkpoint.pt", torch.device("cpu"))
+    assert saved["config"]["partition"] == "dir-balanced:0.3" and saved["config"]["screen"] is False
+    old = {k: saved["config"][k] for k in OLD_SETTINGS}
+    old["partition"] = "dir:0.3"
+    save_checkpoint(run / "checkpoint.pt", round_index=saved["round"], config=old, weights=saved["weights"],
+                    train_masks=saved["train_masks"], next_masks=saved["next_masks"])  # fmt: skip
+    (run / "config.json").write_text(json.dumps(old, indent=2) + "\n")
+
+
+def test_a_run_saved_before_partition_variants_resumes_as_the_balanced_one(tmp_path: Path, capsys):
+    balanced = [*SMALL, "--partition", "dir-balanced:0.3", "--planned-rounds", "2"]
+    straight, old = tmp_path / "straight", tmp_path / "old"
+    assert run_cli([*balanced, "--no-screen", "--rounds", "2", "--output", str(straight)]) == 0
+    assert run_cli([*balanced, "--no-screen", "--rounds", "1", "--output", str(old)]) == 0
+    _as_saved_before_partition_variants(old)
+    renamed = tmp_path / "renamed"
+    shutil.copytree(old, renamed)
+    capsys.readouterr()
+    # The command as it was (dir:0.3, no --no-screen): resumed as what it ran, and said so
+    assert run_cli([*SMALL, "--partition", "dir:0.3", "--planned-rounds", "2", "--rounds", "2",
+                    "--output", str(old)]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "its dir:0.3 was the balanced procedure, resumed as --partition dir-balanced:0.3" in err, err
+    assert "ran without it; resumed without it (--no-screen)" in err, err
+    assert "(dir-balanced:0.3, balanced partition)" in err
+    assert strip_timing(rounds(old)) == strip_timing(rounds(straight))
+    written = json.loads((old / "config.json").read_text())
+    assert written["partition"] == "dir-balanced:0.3" and written["partition_variant"] == "balanced"
+    assert written["screen"] is False
+    # Today's name for it resumes too, without a note on the partition
+    assert run_cli([*balanced, "--rounds", "2", "--output", str(renamed)]) == 0
+    assert "balanced procedure" not in capsys.readouterr().err
+    assert strip_timing(rounds(renamed)) == strip_timing(rounds(straight))
+
+
+def test_a_run_saved_before_partition_variants_refuses_another_variant(tmp_path: Path, capsys):
+    old = tmp_path / "old"
+    assert run_cli([*SMALL, "--partition", "dir-balanced:0.3", "--no-screen", "--rounds", "1", "--output",
+                    str(old)]) == 0  # fmt: skip
+    _as_saved_before_partition_variants(old)
+    before = _snapshot(old)
+    capsys.readouterr()
+    assert run_cli([*SMALL, "--partition", "dir-reuse:0.3", "--rounds", "2", "--output", str(old)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "other settings (partition" in err, err
+    assert _snapshot(old) == before
+    # its config.json fed back (--config) reads as what it ran, with a warning
+    code, out, err = run_print_config(["--config", str(old / "config.json")], capsys)
+    assert code == 0 and 'partition = "dir-balanced:0.3"' in out.splitlines() and "screen = false" in out.splitlines()
+    assert "predates partition variants" in err
 
 
 def run_print_config(args: list[str], capsys) -> tuple[int, str, str]:
