@@ -71,7 +71,7 @@ def test_config_file_round_trips(tmp_path):
 
 
 def _measured(samples_per_s=1000.0, link=None, available=8 << 30, activation=50 << 20):
-    return capacity.Measurements(samples_per_s, 10, 1.0, activation, available, 4, "none", link, "test")
+    return capacity.Measurements(samples_per_s, 10, 1.0, 128, 0.1, 1.2, activation, available, 4, "none", link, "test")
 
 
 def _spec():
@@ -207,10 +207,22 @@ def test_status_json_is_valid(tmp_path):
     assert json.loads((tmp_path / "status.json").read_text()) == {"a": 1}
 
 
-def test_catch_up_adopts_the_newest_aggregated_round_only_when_ahead():
+def test_catch_up_follows_the_median_of_the_rounds_models_never_one_liar():
     from edge_node.node.daemon import catch_up
 
     assert catch_up(0, [], lockstep=False) == 1
-    assert catch_up(0, [12, 3], lockstep=False) == 12  # a late joiner continues at the fleet's round
+    assert catch_up(0, [50], lockstep=False) == 50  # a late joiner whose only peer is ahead takes its round
+    assert catch_up(0, [50, 48], lockstep=False) == 48  # all its peers ahead: the upper median of 1, 48, 50
+    assert catch_up(0, [12, 3], lockstep=False) == 3  # models at 1 (own), 3, 12: the upper median, 3
     assert catch_up(20, [12, 19], lockstep=False) == 21  # peers behind never pull it back
     assert catch_up(0, [12], lockstep=True) == 1  # lockstep runs every round
+
+
+def test_one_peer_claiming_a_huge_round_moves_nothing_next_to_honest_ones():
+    from edge_node.node.daemon import catch_up
+
+    liar = 10**15
+    assert catch_up(4, [5, liar], lockstep=False) == 5  # {5, 5, liar}: the honest majority wins
+    assert catch_up(4, [5, 5, liar], lockstep=False) == 5
+    assert catch_up(4, [5, liar, liar], lockstep=False) == liar  # half the models agree: followed
+    assert catch_up(4, [liar], lockstep=False) == liar  # a lone peer answering still can (documented)
