@@ -19,7 +19,7 @@ def format_decision(decision: Any) -> str:
         f" samples in {m.probe_s:.1f} s, after {m.warmup_s:.1f} s of warm-up; probe {m.probe_total_s:.1f} s in all)",
         f"activation memory    {m.activation_bytes / 2**20:.0f} MiB (resident growth during the probe)",
         f"available memory     {m.available_memory_bytes / 2**30:.2f} GiB",
-        f"CPUs                 {m.cpu_count}",
+        f"CPUs                 {m.cpu_count} ({m.torch_threads} torch threads)",
         f"accelerator          {m.accelerator}",
         f"link speed           {m.link_detail}",
         "",

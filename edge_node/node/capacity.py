@@ -84,6 +84,7 @@ class Measurements:
     activation_bytes: int  # resident-memory growth during the probe (>= 0)
     available_memory_bytes: int
     cpu_count: int
+    torch_threads: int  # intra-op threads the steps ran with (--threads, else torch's default)
     accelerator: str  # "none", or the CUDA device's name
     link_mbit_s: float | None  # slowest reported link speed of the interfaces, None when none reports
     link_detail: str
@@ -216,6 +217,7 @@ def probe(
         activation_bytes=activation,
         available_memory_bytes=int(psutil.virtual_memory().available),
         cpu_count=len(affinity),
+        torch_threads=torch.get_num_threads(),
         accelerator=accelerator,
         link_mbit_s=speed,
         link_detail=detail,

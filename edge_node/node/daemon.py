@@ -324,6 +324,8 @@ class Node:
             return capacity.kept_from_checkpoint(saved.state.density, fixed)
         if fixed is not None:
             return capacity.configured(fixed)
+        _LOGGER.info("measuring this device's capacity (%s, a probe of about %.0f s)", self.spec.arch_id,
+                     capacity.DEFAULT_PROBE_S)  # fmt: skip
         with self.interruptible():
             decision = capacity.measure(self.config, self.local, self.spec, self.device, check_stop=self._check_stop)
         measured = decision.measurements

@@ -71,7 +71,9 @@ def test_config_file_round_trips(tmp_path):
 
 
 def _measured(samples_per_s=1000.0, link=None, available=8 << 30, activation=50 << 20):
-    return capacity.Measurements(samples_per_s, 10, 1.0, 128, 0.1, 1.2, activation, available, 4, "none", link, "test")
+    return capacity.Measurements(
+        samples_per_s, 10, 1.0, 128, 0.1, 1.2, activation, available, 4, 4, "none", link, "test"
+    )  # fmt: skip
 
 
 def _spec():
