@@ -347,6 +347,7 @@ class Node:
         server, port = create_server(config.listen, self.server_state, tls=self.tls, insecure=config.insecure)
         server.start()
         self.port = port
+
         def stop_server() -> None:
             grace = 0.0 if self.force_exit.is_set() else SERVER_GRACE_S
             server.stop(grace).wait(grace + 1)
@@ -449,9 +450,10 @@ class Node:
         if next_round > t + 1:
             record["caught_up_from"], record["caught_up_to"] = t + 1, next_round
             _LOGGER.info("round %d: peers are ahead; continuing at round %d instead of %d", t, next_round, t + 1)
-        ahead = {k: m.header.round for k, m in sorted(received.items()) if m.header.round > next_round}
+        horizon = next_round + self.config.staleness  # a lead of a round or two is ordinary asynchrony
+        ahead = {k: m.header.round for k, m in sorted(received.items()) if m.header.round > horizon}
         if ahead:
-            record["ahead_not_followed"] = ahead  # rounds beyond the median of the round's models
+            record["ahead_not_followed"] = ahead  # far ahead of the median of the round's models: not followed
         append_line(self.rounds_log, json.dumps(record))
         self.beat()
         save_checkpoint(self.checkpoint_path, Checkpoint(self.identity, next_round, new_state))

@@ -228,3 +228,17 @@ def test_one_peer_claiming_a_huge_round_moves_nothing_next_to_honest_ones():
     assert catch_up(4, [5, 5, liar], lockstep=False) == 5
     assert catch_up(4, [5, liar, liar], lockstep=False) == liar  # half the models agree: followed
     assert catch_up(4, [liar], lockstep=False) == liar  # a lone peer answering still can (documented)
+
+
+def test_status_text_shows_how_the_tier_was_decided_and_what_was_refused():
+    from edge_node.cli.status import format_status
+
+    status = {
+        "source": "live", "healthy": True, "pid": 1, "node_id": "pi", "fleet": "f", "port": 7878, "model": "cnn",
+        "tier": "0.4", "density": 0.4, "round": 3, "phase": "idle", "peers": [], "bytes_in_total": 0,
+        "capacity": capacity.kept_from_checkpoint(0.4, None).to_json(),
+        "server_refusals": {"busy": 1}, "discovery_refusals": {"other_fleet": 2, "bad_address": 1},
+    }  # fmt: skip
+    lines = format_status(status).splitlines()
+    assert "capacity     checkpoint: kept from the checkpoint: a mask cannot change tier" in "\n".join(lines)
+    assert "refused      server busy 1; discovery bad_address 1, other_fleet 2" in lines
