@@ -242,3 +242,29 @@ def test_status_text_shows_how_the_tier_was_decided_and_what_was_refused():
     lines = format_status(status).splitlines()
     assert "capacity     checkpoint: kept from the checkpoint: a mask cannot change tier" in "\n".join(lines)
     assert "refused      server busy 1; discovery bad_address 1, other_fleet 2" in lines
+
+
+class _Slow(torch.nn.Module):
+    """The demo cnn at 0.05 s per sample and forward pass: a 128-sample step takes over 6.4 s."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = build_model("cnn", 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.05 * x.shape[0])
+        return self.inner(x)
+
+
+def test_the_probe_of_a_slow_device_stays_within_its_window(tmp_path):
+    """A full batch would take 6.4 s a step (12.8 s for a full-batch warm-up and one step); with a 1 s
+    window the probe cuts the batch and ends after the warm-up and about the window."""
+    from edge_node.node.local_data import load_local_data
+
+    config = NodeConfig(fleet="f", num_clients=6, client_index=0, state_dir=tmp_path)
+    local = load_local_data(config, 0, torch.device("cpu"))
+    stops = []
+    m = capacity.probe(_Slow(), local.data, 128, probe_s=1.0, check_stop=lambda: stops.append(1))
+    assert m.probe_batch_size < 128 and m.probe_steps >= 1, m
+    assert m.probe_total_s < 10.0, m  # warm-up of 2 x 8 samples (0.8 s of sleep) + about the 1 s window
+    assert len(stops) == 2 + m.probe_steps  # a stop is checked before every step
