@@ -69,17 +69,16 @@ def start(print_config: bool, config_file: Path | None, **flags: Any) -> None:
         if node.handle_exit():
             raise Stopped  # in a compute-only section: do not wait for the step to end
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    # The handler stays installed until the process ends: a signal that arrives after shutdown, while the
+    # interpreter winds down, must not turn a clean stop into a death by signal (or exit 130).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     try:
-        try:
-            node.startup()
-            configure_daemon_logging(logging.INFO)  # serving: one line per round from here
-            _LOGGER.info("%s", node.describe())
-            node.main_loop()
-        except Stopped:
-            _LOGGER.info("stopped during start-up")
-        finally:
-            node.shutdown()
+        node.startup()
+        configure_daemon_logging(logging.INFO)  # serving: one line per round from here
+        _LOGGER.info("%s", node.describe())
+        node.main_loop()
+    except Stopped:
+        _LOGGER.info("stopped during start-up")
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        node.shutdown()

@@ -208,11 +208,6 @@ class Node:
         if config.discovery in ("mdns", "both"):
             resolve_interfaces(list(config.interfaces) or None)  # ConfigError naming a bad interface, now
         self.status_server = StatusServer(config.state_dir, self.status)  # checks the socket path's length
-        try:
-            meter = open_meter(config.energy_backend)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-        self._closers.append(meter.close)  # replaced by the accountant's close once it owns the meter
         with self.interruptible():
             self.local: LocalData = load_local_data(config, self.client_index, self.device)
         self.model = build_model(config.model, self.local.num_classes, seed=config.seed).to(self.device)
@@ -233,6 +228,11 @@ class Node:
         self.identity = identity
         self.density = self.state.density
         self.tier = tier_name(self.density)
+        try:
+            meter = open_meter(config.energy_backend)  # after the data: its "no meter" warning is no error's noise
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        self._closers.append(meter.close)  # replaced by the accountant's close once it owns the meter
         self._check_stop()
         # Every check passed: from here on the node writes (state dir, lock, logs) and serves.
         self._lock.acquire()
