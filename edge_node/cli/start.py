@@ -69,8 +69,6 @@ def start(print_config: bool, config_file: Path | None, **flags: Any) -> None:
         if node.handle_exit():
             raise Stopped  # in a compute-only section: do not wait for the step to end
 
-    # The handler stays installed until the process ends: a signal that arrives after shutdown, while the
-    # interpreter winds down, must not turn a clean stop into a death by signal (or exit 130).
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     try:
@@ -82,3 +80,7 @@ def start(print_config: bool, config_file: Path | None, **flags: Any) -> None:
         _LOGGER.info("stopped during start-up")
     finally:
         node.shutdown()
+        # Stopped and cleaned up: a signal while the interpreter winds down (it resets Python handlers to
+        # the default there, not ignored ones) must not turn a clean stop into a death by signal.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
