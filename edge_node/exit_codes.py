@@ -16,11 +16,15 @@ class ExitCode(IntEnum):
 
 
 EXIT_CODE_HELP: dict[ExitCode, str] = {
-    ExitCode.SUCCESS: "The command finished as asked.",
+    ExitCode.SUCCESS: (
+        "The command finished as asked; for `edge-node start` also a stop by SIGTERM or SIGINT (the daemon"
+        " stopped cleanly: the round in progress dropped, completed rounds and the checkpoint kept)."
+    ),
     ExitCode.UNEXPECTED: "An unexpected internal error; the message and a traceback (with -v) say where.",
     ExitCode.BAD_INPUT: (
         "Bad input: an invalid flag value, a missing or corrupt data set, an unknown model, an unreadable"
-        " config, certificate or run directory. Nothing was written."
+        " config, certificate or run directory. Nothing was written (`edge-node start` checks everything,"
+        " data and checkpoint included, before it creates its state directory)."
     ),
     ExitCode.NETWORK: "A network resource could not be used: a port in use, no usable interface, no peer answered.",
     ExitCode.STORAGE: (
@@ -31,5 +35,8 @@ EXIT_CODE_HELP: dict[ExitCode, str] = {
         "Training diverged (a client's loss or weights became NaN or infinite); the run stopped before"
         " recording that round, earlier rounds are kept. Lower --lr."
     ),
-    ExitCode.INTERRUPTED: "Stopped by SIGINT before finishing; completed work (rounds, checkpoints) is kept.",
+    ExitCode.INTERRUPTED: (
+        "Stopped by SIGINT (or, for `edge-node loopback`, SIGTERM) before finishing; completed work (rounds,"
+        " checkpoints) is kept. Not `edge-node start`: a daemon told to stop exits 0."
+    ),
 }

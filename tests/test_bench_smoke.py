@@ -88,3 +88,16 @@ def test_soak_bench_samples_every_daemon(tmp_path: Path):
     # each daemon was sampled while alive (torch loaded: tens of MB) and holds a few descriptors
     assert all(n["rss_mb_max"] > 50 and n["fds_max"] > 3 for n in result["per_node"]), result["per_node"]
     assert set(result["exit_codes"].values()) == {0}  # stopped cleanly by SIGTERM
+
+
+def test_capacity_bench_probes_as_the_daemon_does(tmp_path: Path):
+    out = tmp_path / "capacity.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "capacity.py"), "--models", "cnn", "--threads", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    m = row["decision"]["measurements"]
+    assert m["train_samples_per_s"] > 0 and m["torch_threads"] == 1 and row["decision"]["tier"]
+    assert "probe " in proc.stdout and "tier " in proc.stdout and "window" in proc.stdout

@@ -15,10 +15,11 @@ from edge_node.cli._node_options import load_node_config, node_options
 def format_decision(decision: Any) -> str:
     m = decision.measurements
     lines = [
-        f"training throughput  {m.train_samples_per_s:.1f} samples/s ({m.probe_steps} steps in {m.probe_s:.1f} s)",
+        f"training throughput  {m.train_samples_per_s:.1f} samples/s ({m.probe_steps} steps of {m.probe_batch_size}"
+        f" samples in {m.probe_s:.1f} s, after {m.warmup_s:.1f} s of warm-up; probe {m.probe_total_s:.1f} s in all)",
         f"activation memory    {m.activation_bytes / 2**20:.0f} MiB (resident growth during the probe)",
         f"available memory     {m.available_memory_bytes / 2**30:.2f} GiB",
-        f"CPUs                 {m.cpu_count}",
+        f"CPUs                 {m.cpu_count} ({m.torch_threads} torch threads)",
         f"accelerator          {m.accelerator}",
         f"link speed           {m.link_detail}",
         "",
@@ -40,26 +41,21 @@ def format_decision(decision: Any) -> str:
 def capacity(as_json: bool, config_file: Path | None, **flags: Any) -> None:
     """Measure throughput, memory, CPUs, accelerator and link; print every tier's check and the one chosen.
 
-    Takes the node's settings (model, data, epochs, neighbours, round budget) like ``start``, and starts
+    Takes the node's settings (model, data, epochs, neighbours, round budget, threads, device, fleet
+    seed) like ``start`` and measures through the same code as ``start --capacity auto``; starts
     nothing. A dense-kernel device's tiers differ only in the bytes on the wire (see the README).
     """
-    import torch
-
     from edge_node.models import build_model
     from edge_node.node import capacity as cap
     from edge_node.node.daemon import client_index_of
     from edge_node.node.local_data import load_local_data
-    from edge_node.wire import ModelSpec, ValueType
+    from edge_node.wire import ModelSpec
 
     config = load_node_config(config_file, flags)
-    device = torch.device(config.device)
+    device = cap.runtime_device(config)  # --threads and --device as the daemon applies them
     client = config.client_index if config.client_index is not None else client_index_of(config.resolved_node_id)
     local = load_local_data(config, client, device)
-    model = build_model(config.model, local.num_classes, seed=config.seed).to(device)
+    model = build_model(config.model, local.num_classes, seed=config.seed)
     spec = ModelSpec.from_tensors(config.model, local.num_classes, dict(model.named_parameters()))
-    measured = cap.probe(model, local.data, config.batch_size, interfaces=config.interfaces)
-    decision = cap.choose_tier(
-        measured, spec, epochs=config.epochs, samples=local.data.num_train, neighbours=config.neighbours,
-        round_budget_s=config.round_budget_s, value_type=ValueType.parse(config.value_type),
-    )  # fmt: skip
+    decision = cap.measure(config, local, spec, device)
     click.echo(json.dumps(decision.to_json(), indent=1) if as_json else format_decision(decision))

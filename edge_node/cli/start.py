@@ -42,7 +42,8 @@ def start(print_config: bool, config_file: Path | None, **flags: Any) -> None:
 
     Every setting is a key of the TOML config file (--config) and a flag; flags win. Logs go to stderr
     (one line per round), per-round records to STATE_DIR/rounds.jsonl, energy to STATE_DIR/energy.jsonl.
-    SIGTERM or Ctrl-C stops it within seconds (the round in progress is dropped; exit 0).
+    SIGTERM or Ctrl-C stops it within 5 s, also during start-up (the round in progress is dropped;
+    exit 0); a second one only skips the grace for transfers in flight.
     """
     config = load_node_config(config_file, flags)
     if print_config:
@@ -53,27 +54,33 @@ def start(print_config: bool, config_file: Path | None, **flags: Any) -> None:
         config.check_runnable()
         click.echo(to_toml(resolved, header="# effective edge-node config (defaults < file < flags)"), nl=False)
         return
-    from edge_node.node.daemon import Node
+    from edge_node.node.daemon import Node, Stopped
 
     configure_daemon_logging(logging.WARNING)  # start-up failures are one line (exit 2, 3 or 4)
     node = Node(config)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if node.should_exit.is_set():
-            _LOGGER.warning("second %s: stopping now", signal.Signals(signum).name)
-            raise KeyboardInterrupt
-        _LOGGER.info("%s: finishing the current step and stopping", signal.Signals(signum).name)
-        node.handle_exit()
+            _LOGGER.warning("second %s: stopping without waiting for transfers in flight", name)
+            node.handle_exit()  # never raises: shutdown (mDNS goodbye, lock release) must run to its end
+            return
+        _LOGGER.info("%s: stopping", name)
+        if node.handle_exit():
+            raise Stopped  # in a compute-only section: do not wait for the step to end
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     try:
-        try:
-            node.startup()
-            configure_daemon_logging(logging.INFO)  # serving: one line per round from here
-            _LOGGER.info("%s", node.describe())
-            node.main_loop()
-        finally:
-            node.shutdown()
+        node.startup()
+        configure_daemon_logging(logging.INFO)  # serving: one line per round from here
+        _LOGGER.info("%s", node.describe())
+        node.main_loop()
+    except Stopped:
+        _LOGGER.info("stopped during start-up")
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        node.shutdown()
+        # Stopped and cleaned up: a signal while the interpreter winds down (it resets Python handlers to
+        # the default there, not ignored ones) must not turn a clean stop into a death by signal.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)

@@ -45,6 +45,8 @@ def format_status(status: dict[str, Any]) -> str:
         ("peers known", ", ".join(status.get("peers_known") or []) or "none"),
         ("bytes in", f"{status.get('bytes_in_total', 0) / 1e6:.2f} MB this run"),
         ("energy", f"{status.get('energy_j_this_run', 0):.4g} J this run ({status.get('energy_label') or '-'})"),
+        ("capacity", _capacity(status.get("capacity"))),
+        ("refused", _refusals(status)),
     ]
     rows += [
         (f"  {p['node_id']}", f"{p['last_result']} round {p['last_round']}"
@@ -53,6 +55,22 @@ def format_status(status: dict[str, Any]) -> str:
     ]  # fmt: skip
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _capacity(decision: Any) -> str:
+    if not isinstance(decision, dict):
+        return "-"
+    return f"{decision.get('source')}: {decision.get('decided_by')}"
+
+
+def _refusals(status: dict[str, Any]) -> str:
+    """Refusals by the node's server and by its discovery since start, by reason."""
+    parts = []
+    for label, key in (("server", "server_refusals"), ("discovery", "discovery_refusals")):
+        counts = status.get(key) or {}
+        if counts:
+            parts.append(f"{label} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return "; ".join(parts) or "none"
 
 
 @app.command()

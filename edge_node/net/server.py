@@ -80,7 +80,7 @@ class ServerLimits:
     max_workers: int = 8  # threads serving calls
     # GetModel streams one caller may have open at once (a stream holds a worker thread while it
     # lasts): one peer cannot take every worker. A caller is its certificate's name with TLS, else its
-    # address and the node id it claims.
+    # host address alone (a claimed node id costs nothing to vary, so it cannot widen the cap).
     max_streams_per_caller: int = 2
 
     def __post_init__(self) -> None:
@@ -249,10 +249,14 @@ class PeerServer:
         _abort(context, code, reason)
 
     def _check_caller(self, context: grpc.ServicerContext, claimed: str, *, required: bool) -> str:
-        """The caller's name: with TLS the one its certificate and request agree on, else address + claim."""
+        """The caller's name: with TLS the one its certificate and request agree on, else its host address.
+
+        In plaintext the claimed node id is not part of it: one host varying its claim would otherwise
+        get ``max_streams_per_caller`` streams per claimed id.
+        """
         names = _tls_names(context)
         if names is None:
-            return f"{_caller_host(context)}/{claimed[:64]}"
+            return _caller_host(context)
         if claimed in names or (not required and claimed == ""):
             return names[0] if names else claimed
         self._refuse(

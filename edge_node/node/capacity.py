@@ -3,7 +3,10 @@
 What is measured, once at start (logged, and shown by ``edge-node capacity``):
 
 * sustained training throughput of the configured model: real masked-SGD steps on the node's own
-  training batches, after one warm-up step, for at most ``probe_s`` seconds;
+  training batches, after two warm-up steps of ``WARMUP_SAMPLES`` samples, in a window of
+  ``probe_s`` seconds (a step is started only when the last one's duration still fits in the window,
+  and a batch whose step would not fit at all is cut down, which the measurements say), so the whole
+  probe takes the warm-up plus about ``probe_s``, also for ``resnet18`` on one core;
 * the resident-memory growth of those steps (activations, gradients), and the memory available now;
 * CPU count, the accelerator in use, and the link speed of the node's interfaces where the OS reports
   one (``/sys/class/net/<if>/speed``; Wi-Fi, loopback and many virtual links report none).
@@ -21,6 +24,10 @@ wire and the stored model, not the training time or the memory of a round; ``tra
 need are the same for every tier, and only the transfer term makes the tiers differ. The FLOPs saving
 of the paper only becomes seconds with sparse kernels, which are not used. When even 0.2 does not
 fit, the node takes 0.2 and says which constraint it breaks.
+
+``edge-node capacity`` and ``edge-node start --capacity auto`` measure through the same function,
+:func:`measure`, with the node's settings (threads, device, fleet seed, data slice). A node resuming
+from a checkpoint does not measure: its mask fixes its tier (:func:`kept_from_checkpoint`).
 """
 
 from __future__ import annotations
@@ -28,10 +35,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
@@ -47,12 +54,19 @@ from edge_node.algorithm import (
     train_masked,
 )
 from edge_node.data.batches import ClientData
+from edge_node.errors import ConfigError
+from edge_node.models import build_model
 from edge_node.wire import ModelSpec, ValueType, encoded_model_size
+
+if TYPE_CHECKING:
+    from edge_node.node.config import NodeConfig
+    from edge_node.node.local_data import LocalData
 
 _LOGGER = logging.getLogger(__name__)
 
-DEFAULT_PROBE_S = 10.0  # measured training time (after one warm-up step); the whole probe stays < 30 s
+DEFAULT_PROBE_S = 10.0  # the measuring window (after the warm-up); the whole probe stays well under 30 s
 MAX_PROBE_STEPS = 50
+WARMUP_SAMPLES = 8  # samples of each of the two warm-up steps
 MEMORY_HEADROOM = 0.25  # leave a quarter of the available memory free
 SYS_NET = Path("/sys/class/net")
 
@@ -63,10 +77,14 @@ class Measurements:
 
     train_samples_per_s: float
     probe_steps: int
-    probe_s: float
+    probe_s: float  # the measured window (the steps counted in the throughput)
+    probe_batch_size: int  # samples per measured step: the configured batch, unless one step would not fit
+    warmup_s: float  # the two warm-up steps before the window
+    probe_total_s: float  # the whole probe: warm-up, window and the other measurements
     activation_bytes: int  # resident-memory growth during the probe (>= 0)
     available_memory_bytes: int
     cpu_count: int
+    torch_threads: int  # intra-op threads the steps ran with (--threads, else torch's default)
     accelerator: str  # "none", or the CUDA device's name
     link_mbit_s: float | None  # slowest reported link speed of the interfaces, None when none reports
     link_detail: str
@@ -89,7 +107,7 @@ class TierCheck:
 class CapacityDecision:
     density: float
     tier: str
-    source: str  # "measured" (auto) or "configured"
+    source: str  # "measured" (auto), "configured" (--capacity D) or "checkpoint" (resumed: the mask's tier)
     decided_by: str  # one line: why this tier and not the one above
     measurements: Measurements | None
     checks: tuple[TierCheck, ...]
@@ -134,32 +152,56 @@ def probe(
     interfaces: Sequence[str] = (),
     probe_s: float = DEFAULT_PROBE_S,
     generator: torch.Generator | None = None,
+    check_stop: Callable[[], None] | None = None,
 ) -> Measurements:
     """Measure training throughput (real steps of ``model`` on ``data``), memory, CPUs, accelerator, link.
 
-    ``model`` is trained in place (pass a scratch copy); at most one warm-up step plus ``probe_s``
-    seconds or ``MAX_PROBE_STEPS`` steps.
+    ``model`` is trained in place (pass a scratch copy). Time: two warm-up steps of ``WARMUP_SAMPLES``
+    samples, then steps of ``batch_size`` samples (fewer when the warm-up says one such step would
+    not fit in ``probe_s``), each started only while the previous one's duration still fits in the
+    ``probe_s`` window; at least one, at most ``MAX_PROBE_STEPS``. ``check_stop`` is called before
+    every step (the daemon raises from it when it is told to stop).
     """
+    started_total = time.perf_counter()
+    check = check_stop or (lambda: None)
     generator = generator or torch.Generator().manual_seed(0)
     masks = {name: torch.ones_like(w, dtype=torch.bool) for name, w in read_weights(model).items()}
     sgd = SGDConfig(lr=1e-3)
     device = next(model.parameters()).device
 
-    def batches(epochs: int) -> Any:
-        return data.train_batches(epochs, generator, batch_size)
-
-    rss_before = _rss()
-    stream = iter(batches(10**6))
-    train_masked(model, masks, [next(stream)], sgd)  # warm-up: allocator, kernels
-    steps = samples = 0
-    started = time.perf_counter()
-    while steps < MAX_PROBE_STEPS and time.perf_counter() - started < probe_s:
-        x, y = next(stream)
+    def step(x: torch.Tensor, y: torch.Tensor) -> float:
+        began = time.perf_counter()
         train_masked(model, masks, [(x, y)], sgd)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        return time.perf_counter() - began
+
+    rss_before = _rss()
+    stream = iter(data.train_batches(10**6, generator, batch_size))
+    x, y = next(stream)
+    warm = min(WARMUP_SAMPLES, int(y.shape[0]))
+    check()
+    step(x[:warm], y[:warm])  # first call: allocator, kernels, lazy initialisation
+    check()
+    warm_step_s = step(x[:warm], y[:warm])
+    warmup_s = time.perf_counter() - started_total
+    # One step of the configured batch, from the second warm-up step (small batches cost more per sample:
+    # an over-estimate). A batch whose step would not fit in the window is cut to fit in half of it.
+    full = min(batch_size, int(y.shape[0]))
+    estimate = warm_step_s * full / warm
+    step_samples = full if estimate <= probe_s else max(1, min(full, int(full * probe_s / (2 * estimate))))
+    last = estimate * step_samples / full
+    steps = samples = 0
+    started = time.perf_counter()
+    while steps < MAX_PROBE_STEPS:
+        if steps and time.perf_counter() - started + last > probe_s:
+            break
+        check()
+        if steps:
+            x, y = next(stream)
+        last = step(x[:step_samples], y[:step_samples])
         steps += 1
-        samples += int(y.shape[0])
+        samples += int(y[:step_samples].shape[0])
     elapsed = time.perf_counter() - started
     activation = max(0, _rss() - rss_before)
     speed, detail = link_speed(interfaces)
@@ -169,9 +211,13 @@ def probe(
         train_samples_per_s=samples / elapsed if elapsed > 0 else float("inf"),
         probe_steps=steps,
         probe_s=round(elapsed, 3),
+        probe_batch_size=step_samples,
+        warmup_s=round(warmup_s, 3),
+        probe_total_s=round(time.perf_counter() - started_total, 3),
         activation_bytes=activation,
         available_memory_bytes=int(psutil.virtual_memory().available),
         cpu_count=len(affinity),
+        torch_threads=torch.get_num_threads(),
         accelerator=accelerator,
         link_mbit_s=speed,
         link_detail=detail,
@@ -232,3 +278,50 @@ def choose_tier(
 def configured(density: float) -> CapacityDecision:
     """The decision for an explicit ``--capacity`` (nothing measured)."""
     return CapacityDecision(density, tier_name(density), "configured", f"--capacity {density:g}", None, ())
+
+
+def kept_from_checkpoint(density: float, configured_density: float | None) -> CapacityDecision:
+    """The decision of a node resuming from a checkpoint: its mask fixes the tier, nothing is measured."""
+    why = (
+        f"kept from the checkpoint (= --capacity {configured_density:g})" if configured_density is not None else
+        "kept from the checkpoint: a mask cannot change tier, so it is not measured again (edge-node capacity"
+        " shows what this device would pick now; move the state dir away to start over at that tier)"
+    )  # fmt: skip
+    return CapacityDecision(density, tier_name(density), "checkpoint", why, None, ())
+
+
+def runtime_device(config: NodeConfig) -> torch.device:
+    """Apply the node's torch settings (``threads``) and check its device, as ``edge-node start`` runs.
+
+    Raises:
+        ConfigError: ``device = "cuda"`` where torch sees no CUDA device.
+    """
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' asked for but torch.cuda.is_available() is False")
+    return torch.device(config.device)
+
+
+def measure(
+    config: NodeConfig,
+    local: LocalData,
+    spec: ModelSpec,
+    device: torch.device,
+    *,
+    check_stop: Callable[[], None] | None = None,
+) -> CapacityDecision:
+    """Probe this device with the node's model, data, batch and fleet seed, and choose its tier.
+
+    The one code path of ``edge-node capacity`` and ``edge-node start --capacity auto`` (call
+    :func:`runtime_device` first): both measure exactly what the running node would train.
+    """
+    scratch = build_model(config.model, local.num_classes, seed=config.seed).to(device)
+    measured = probe(
+        scratch, local.data, config.batch_size, interfaces=config.interfaces,
+        generator=torch.Generator().manual_seed(config.seed), check_stop=check_stop,
+    )  # fmt: skip
+    return choose_tier(
+        measured, spec, epochs=config.epochs, samples=local.data.num_train, neighbours=config.neighbours,
+        round_budget_s=config.round_budget_s, value_type=ValueType.parse(config.value_type),
+    )  # fmt: skip

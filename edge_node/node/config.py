@@ -167,6 +167,12 @@ class NodeConfig:
             raise ConfigError("TLS needs all three of tls_ca, tls_cert and tls_key")
         if all(tls) and self.insecure:
             raise ConfigError("tls_* files and insecure exclude each other")
+        bare = [p.endpoint for p in listed if p.node_id is None]
+        if all(tls) and bare and self.discovery in ("static", "both"):
+            raise ConfigError(
+                f"static peers need ID@HOST:PORT under TLS (the id is the certificate name the handshake verifies);"
+                f" {', '.join(bare)} has none"
+            )
         self.dispfl_params()  # the round's own checks: epochs, batch size, lr, schedule, regrow, mask init
 
     def check_runnable(self) -> None:

@@ -10,15 +10,25 @@ Each round (no global barrier: every node keeps its own round counter)::
     then         append the round's record to rounds.jsonl, checkpoint atomically, publish the
                  snapshot (served to peers, advertised over mDNS), write status.json and model.onnx
 
-A node that finds nobody trains locally and keeps looking; a node whose peers are ahead continues at
-their round (``catch_up``), so late joiners are not refused as stale for ever. A diverged round is never published: the
+A node that finds nobody trains locally and keeps looking. A node whose peers are ahead continues at
+the upper median of its own and its accepted snapshots' rounds (``catch_up``), so late joiners are not
+refused as stale for ever while one peer claiming round 10^15 moves nobody (it would need as many
+models agreeing as there are others). A diverged round is never published: the
 state stays at the last checkpoint, and three divergences in a row end the daemon (exit 5). With
 ``lockstep`` the fleet runs the synchronous algorithm of ALGORITHM.md: a node starts round t once every
 node has published round t, and pulls exactly round t's snapshots of the simulation's seeded neighbours.
 
-The first SIGTERM/SIGINT sets ``should_exit``: training stops at the next batch, pulls are abandoned,
-the round in progress is dropped (the checkpoint holds the last completed one), mDNS says goodbye and
-the server stops; all within a few seconds.
+Stopping (as uvicorn does): the first SIGTERM/SIGINT sets ``should_exit``, which every wait, pull,
+Hello, training and evaluation batch and probe step checks; inside compute-only sections (data loading,
+the capacity probe, aggregation, training, evaluation), where one step of a large model on one core can
+outlast the 5 s promise, the signal handler raises :class:`Stopped` at once instead. The round in
+progress is dropped (the checkpoint holds the last completed one), mDNS says goodbye, the server stops
+and the state dir lock is released. A second signal sets ``force_exit``: in-flight transfers get no
+grace, but the goodbye and the lock release still happen (nothing is cut short by an exception).
+
+Start-up reads and checks everything (config, TLS, port, interfaces, energy meter, data, checkpoint,
+capacity) before it creates anything: the state dir and its lock come after, so bad input (exit 2)
+leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -31,7 +41,8 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,13 +64,21 @@ from edge_node.energy import EnergyAccountant, open_meter
 from edge_node.errors import ConfigError, ListenError, PeerUnreachable, TlsError, TrainingDiverged
 from edge_node.models import build_model
 from edge_node.net import PeerAddress, PeerServer, TlsConfig, create_server, hello, pull_models
-from edge_node.net.discovery import Discovery, MdnsDiscovery, PeerInfo, StaticDiscovery, parse_peers
+from edge_node.net.discovery import (
+    Discovery,
+    MdnsDiscovery,
+    PeerInfo,
+    StaticDiscovery,
+    parse_peers,
+    resolve_interfaces,
+)
 from edge_node.net.server import ModelSnapshot
 from edge_node.node import capacity
 from edge_node.node.config import NodeConfig
 from edge_node.node.export import ONNX_FILE, write_onnx
 from edge_node.node.local_data import LocalData, load_local_data
 from edge_node.node.notify import Watchdog, sd_notify, watchdog_interval_s
+from edge_node.node.parallel import Abandoned, run_parallel
 from edge_node.node.peers import PeerTracker
 from edge_node.node.state import CHECKPOINT_FILE, Checkpoint, Identity, StateDirLock, load_checkpoint, save_checkpoint
 from edge_node.node.status import StatusServer, write_status_file
@@ -78,8 +97,11 @@ LOCKSTEP_POLL_S = 0.2
 IDLE_WITHOUT_PEERS_S = 1.0  # a node that found nobody pauses this long before its next (local) round
 
 
-class _Stop(Exception):
-    """Raised inside a round when the daemon is told to stop: the round is dropped."""
+HELLO_WORKERS = 8  # Hellos in flight at once (static peers not identified yet, the lock-step barrier)
+
+
+class Stopped(Exception):
+    """The daemon was told to stop: raised inside start-up or a round, which is then dropped."""
 
 
 def client_index_of(node_id: str) -> int:
@@ -118,18 +140,43 @@ class Node:
         self._totals = _Totals()
         self._lock = StateDirLock(config.state_dir)
         self._closers: list[Any] = []  # started services, stopped in reverse order
+        self._interruptible = False  # inside a compute-only section: a signal raises Stopped there
         self.tracker = PeerTracker(numpy_generator(config.seed, Stream.PEERS, self.client_index, 2**31 - 1))
 
     # -- signals ------------------------------------------------------------------------------------
-    def handle_exit(self) -> None:
-        """First call: stop after the current step; second: stop at once (the caller's signal handler)."""
+    def handle_exit(self) -> bool:
+        """First call: stop at the next check; second: also give in-flight transfers no grace at shutdown.
+
+        Returns whether the main thread is in a compute-only section now, where the caller (the main
+        thread's signal handler) should raise :class:`Stopped` instead of waiting for the next check.
+        """
         if self.should_exit.is_set():
             self.force_exit.set()
+            return False
         self.should_exit.set()
+        return self._interruptible
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """A compute-only section (no files written, nothing half-sent): a stop signal may raise here."""
+        self._check_stop()
+        self._interruptible = True
+        try:
+            yield
+        finally:
+            self._interruptible = False
+        self._check_stop()
 
     def beat(self) -> None:
         """The main loop is alive (the systemd watchdog pings only while this is recent)."""
         self._heartbeat = time.monotonic()
+
+    def _tick(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        """``batches``, beating the heartbeat and checking for a stop before each."""
+        for batch in batches:
+            self._check_stop()
+            self.beat()
+            yield batch
 
     # -- life ---------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -137,28 +184,32 @@ class Node:
         try:
             self.startup()
             self.main_loop()
+        except Stopped:
+            _LOGGER.info("stopped during start-up")
         finally:
             self.shutdown()
 
     def startup(self) -> None:
-        """Everything that can fail on bad input happens here, before the node serves or trains."""
+        """Everything that can fail on bad input happens here, before the node serves or trains.
+
+        Nothing is created until every check passed (the state dir and its lock come last); a stop
+        signal ends it within a step (:class:`Stopped`).
+        """
         config = self.config
         config.check_runnable()
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        if config.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("device 'cuda' asked for but torch.cuda.is_available() is False")
-        self.device = torch.device(config.device)
+        self.device = capacity.runtime_device(config)
         self.tls = self._load_tls()
-        self._lock.acquire()
-        self._closers.append(self._lock.release)
         check_listen_free(config.listen)  # fail fast, before the data is loaded
         if config.lockstep and self._lockstep_fleet()[self.client_index][0] != self.node_id:
             raise ConfigError(
                 f"lockstep: peers entry {self.client_index} (this node's client index) is "
                 f"{self._lockstep_fleet()[self.client_index][0]!r}, not this node {self.node_id!r}"
             )
-        self.local: LocalData = load_local_data(config, self.client_index, self.device)
+        if config.discovery in ("mdns", "both"):
+            resolve_interfaces(list(config.interfaces) or None)  # ConfigError naming a bad interface, now
+        self.status_server = StatusServer(config.state_dir, self.status)  # checks the socket path's length
+        with self.interruptible():
+            self.local: LocalData = load_local_data(config, self.client_index, self.device)
         self.model = build_model(config.model, self.local.num_classes, seed=config.seed).to(self.device)
         init_weights = read_weights(self.model)
         self.spec = ModelSpec.from_tensors(config.model, self.local.num_classes, init_weights)
@@ -177,20 +228,25 @@ class Node:
         self.identity = identity
         self.density = self.state.density
         self.tier = tier_name(self.density)
+        try:
+            meter = open_meter(config.energy_backend)  # after the data: its "no meter" warning is no error's noise
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        self._closers.append(meter.close)  # replaced by the accountant's close once it owns the meter
+        self._check_stop()
+        # Every check passed: from here on the node writes (state dir, lock, logs) and serves.
+        self._lock.acquire()
+        self._closers.append(self._lock.release)
         rounds_log = config.state_dir / ROUNDS_LOG
         energy_log = config.state_dir / ENERGY_LOG
         truncate_jsonl(rounds_log, self.rounds_done)  # rounds the checkpoint does not hold are run again
         truncate_jsonl(energy_log, self.rounds_done)
         self.rounds_log = rounds_log
-        try:
-            meter = open_meter(config.energy_backend)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-        self.accountant = EnergyAccountant(meter, energy_log)
-        self._closers.append(self.accountant.close)
+        self._closers.remove(meter.close)
+        self.accountant = EnergyAccountant(meter, energy_log)  # owns the meter from here (closed with it)
+        self._closers.insert(0, self.accountant.close)
         self._start_server()
         self.discoveries = self._start_discovery()
-        self.status_server = StatusServer(config.state_dir, self.status)
         self.status_server.start()
         self._closers.append(self.status_server.stop)
         interval = watchdog_interval_s()
@@ -199,6 +255,7 @@ class Node:
             watchdog = Watchdog(interval, lambda: self._heartbeat, max_age)
             watchdog.start()
             self._closers.append(watchdog.stop)
+        self._check_stop()
         self.phase = "idle"
         sd_notify(f"READY=1\nSTATUS=serving on port {self.port}, {self.rounds_done} rounds done")
         _LOGGER.info("%s", self.describe())
@@ -219,13 +276,14 @@ class Node:
                 break
             try:
                 self.run_round(self.rounds_done)
-            except _Stop:
+            except Stopped:
                 _LOGGER.info("stopping: round %d abandoned, the checkpoint holds round %d", self.rounds_done,
                              self.rounds_done - 1)  # fmt: skip
                 break
 
     def shutdown(self) -> None:
-        """Goodbye on mDNS, stop serving (in-flight transfers get ``SERVER_GRACE_S``), close; idempotent."""
+        """Goodbye on mDNS, stop serving (in-flight transfers get ``SERVER_GRACE_S``, none after a second
+        signal), release the lock, close; idempotent, and never cut short by a signal (none raises here)."""
         if self.phase == "stopped":
             return
         self.phase = "stopping"
@@ -254,38 +312,30 @@ class Node:
         return tls
 
     def _decide_capacity(self, saved: Checkpoint | None) -> capacity.CapacityDecision:
-        """The tier: configured, or measured; a checkpoint's density wins over a new measurement."""
+        """The tier: the checkpoint's (its mask fixes it: nothing is measured), configured, or measured."""
         fixed = self.config.fixed_density
-        if fixed is not None:
-            decision = capacity.configured(fixed)
-            if saved is not None and not math.isclose(saved.state.density, fixed):
+        if saved is not None:
+            if fixed is not None and not math.isclose(saved.state.density, fixed):
                 raise ConfigError(
                     f"the checkpoint in {self.config.state_dir} trains at density {saved.state.density:g} but "
                     f"--capacity is {fixed:g}: its mask cannot change tier; pass --capacity {saved.state.density:g} "
                     "or move the state dir away to start over"
                 )
-            return decision
-        scratch = build_model(self.config.model, self.local.num_classes, seed=self.config.seed).to(self.device)
-        measured = capacity.probe(
-            scratch, self.local.data, self.params.batch_size, interfaces=self.config.interfaces,
-            generator=torch.Generator().manual_seed(self.config.seed),
-        )  # fmt: skip
-        decision = capacity.choose_tier(
-            measured, self.spec, epochs=self.params.epochs, samples=self.local.data.num_train,
-            neighbours=self.config.neighbours, round_budget_s=self.config.round_budget_s,
-            value_type=ValueType.parse(self.config.value_type),
-        )  # fmt: skip
+            return capacity.kept_from_checkpoint(saved.state.density, fixed)
+        if fixed is not None:
+            return capacity.configured(fixed)
+        _LOGGER.info("measuring this device's capacity (%s, a probe of about %.0f s)", self.spec.arch_id,
+                     capacity.DEFAULT_PROBE_S)  # fmt: skip
+        with self.interruptible():
+            decision = capacity.measure(self.config, self.local, self.spec, self.device, check_stop=self._check_stop)
+        measured = decision.measurements
+        assert measured is not None
         _LOGGER.info(
-            "capacity: %.1f samples/s training, %s available, %d CPUs, accelerator %s, link %s -> tier %s (%s)",
+            "capacity: %.1f samples/s training, %s available, %d CPUs, accelerator %s, link %s -> tier %s (%s);"
+            " probe %.1f s",
             measured.train_samples_per_s, f"{measured.available_memory_bytes / 2**30:.1f} GiB", measured.cpu_count,
-            measured.accelerator, measured.link_detail, decision.tier, decision.decided_by,
+            measured.accelerator, measured.link_detail, decision.tier, decision.decided_by, measured.probe_total_s,
         )  # fmt: skip
-        if saved is not None and not math.isclose(saved.state.density, decision.density):
-            _LOGGER.warning(
-                "measured tier %s differs from the checkpoint's density %g; keeping %g (a mask cannot change tier; "
-                "move the state dir away to start over at the new tier)",
-                decision.tier, saved.state.density, saved.state.density,
-            )  # fmt: skip
         return decision
 
     def _start_server(self) -> None:
@@ -297,7 +347,12 @@ class Node:
         server, port = create_server(config.listen, self.server_state, tls=self.tls, insecure=config.insecure)
         server.start()
         self.port = port
-        self._closers.append(lambda: server.stop(SERVER_GRACE_S).wait(SERVER_GRACE_S + 1))
+
+        def stop_server() -> None:
+            grace = 0.0 if self.force_exit.is_set() else SERVER_GRACE_S
+            server.stop(grace).wait(grace + 1)
+
+        self._closers.append(stop_server)
         self._publish()
 
     def _start_discovery(self) -> list[Discovery]:
@@ -329,33 +384,41 @@ class Node:
             else:
                 chosen = self._pick_peers(t)
             received, refused, bytes_in = self._pull(chosen, t)
+        self.beat()
         self._check_stop()
         snapshots = [(m.weights, m.masks) for m in received.values()]
+        diverged: TrainingDiverged | None = None
         self.phase = "aggregate"
-        with acct.phase("aggregate"):
+        with acct.phase("aggregate"), self.interruptible():
             aggregated = aggregate_peers(self.state, snapshots)
+        self.beat()
         self.phase = "train"
-        with acct.phase("train"):
+        with acct.phase("train"), self.interruptible():
             data = self.local.data
             load_weights(self.model, aggregated.weights)
             acc_before = self._accuracy()
             try:
                 trained = train_local(
-                    aggregated, self.model, self._batches, t, self.params, seed=self.config.seed,
+                    aggregated, self.model, self._tick_train, t, self.params, seed=self.config.seed,
                     client=self.client_index,
                 )  # fmt: skip
             except TrainingDiverged as exc:
-                self._diverged(t, exc, chosen, received, refused)
-                return
-            acc_after = self._accuracy()
-            new_state = update_mask(
-                trained.state, t, self.params, seed=self.config.seed, client=self.client_index,
-                gradients=trained.gradients,
-            )  # fmt: skip
+                diverged = exc
+            else:
+                acc_after = self._accuracy()
+                new_state = update_mask(
+                    trained.state, t, self.params, seed=self.config.seed, client=self.client_index,
+                    gradients=trained.gradients,
+                )  # fmt: skip
+        if diverged is not None:
+            self._diverged(t, diverged, chosen, received, refused)  # writes: outside the interruptible section
+            return
+        self.beat()
         self._check_stop()
         energy = acct.close_round(t)
         served_streams, served_bytes = self.server_state.served()
         bytes_out = served_bytes - self._totals.bytes_out
+        next_round = catch_up(t, [m.header.round for m in received.values()], lockstep=self.config.lockstep)
         record = {
             "round": t,
             "node_id": self.node_id,
@@ -366,12 +429,13 @@ class Node:
             "peers_asked": [p.node_id for p in chosen],
             "peers_answered": sorted(received),
             "peer_rounds": {k: m.header.round for k, m in sorted(received.items())},
-            "peers_refused": {k: {"kind": kind, "detail": detail} for k, (kind, detail) in sorted(refused.items())},
+            "peers_refused": _refused_json(refused),
             "refusals": _count_kinds(refused),
             "bytes_in": bytes_in,
             "bytes_out": bytes_out,
             "streams_served": served_streams - self._totals.streams_served,
             "server_refusals": self.server_state.refusals(),
+            "discovery_refusals": self.discovery_refusals(),
             "acc_before": acc_before,
             "acc_after": acc_after,
             "train_loss": trained.stats.mean_loss,
@@ -383,13 +447,18 @@ class Node:
             "energy_label": energy["label"],
             "energy_source": energy["source"],
         }
-        next_round = catch_up(t, [m.header.round for m in received.values()], lockstep=self.config.lockstep)
         if next_round > t + 1:
-            record["caught_up_to"] = next_round
-            _LOGGER.info("round %d: peers are ahead; continuing at their round %d", t, next_round)
+            record["caught_up_from"], record["caught_up_to"] = t + 1, next_round
+            _LOGGER.info("round %d: peers are ahead; continuing at round %d instead of %d", t, next_round, t + 1)
+        horizon = next_round + self.config.staleness  # a lead of a round or two is ordinary asynchrony
+        ahead = {k: m.header.round for k, m in sorted(received.items()) if m.header.round > horizon}
+        if ahead:
+            record["ahead_not_followed"] = ahead  # far ahead of the median of the round's models: not followed
         append_line(self.rounds_log, json.dumps(record))
+        self.beat()
         save_checkpoint(self.checkpoint_path, Checkpoint(self.identity, next_round, new_state))
         self.state, self.rounds_done = new_state, next_round
+        self.beat()
         self._publish()
         totals = self._totals
         totals.bytes_in += bytes_in
@@ -402,7 +471,9 @@ class Node:
         self.phase = "idle"
         write_status_file(self.config.state_dir, self.status())
         if self.config.export_onnx:
+            self.beat()
             write_onnx(self.config.state_dir / ONNX_FILE, self.model, new_state.weights, data.pool.input_shape)
+        self.beat()
         refused_text = f", refused {_count_kinds(refused)}" if refused else ""
         _LOGGER.info(
             "round %d: %d/%d peers answered%s, accuracy %.1f%% -> %.1f%%, in %.2f MB, out %.2f MB, %.1f s, %.3g J (%s)",
@@ -414,18 +485,23 @@ class Node:
 
     def _check_stop(self) -> None:
         if self.should_exit.is_set():
-            raise _Stop
+            raise Stopped
 
-    def _batches(self, epochs: int, generator: torch.Generator) -> Iterator[Batch]:
+    def _tick_train(self, epochs: int, generator: torch.Generator) -> Iterator[Batch]:
         """Training batches that beat the heartbeat and stop the round when the daemon is told to."""
-        for batch in self.local.data.train_batches(epochs, generator, self.params.batch_size):
-            self._check_stop()
-            self.beat()
-            yield batch
+        return self._tick(self.local.data.train_batches(epochs, generator, self.params.batch_size))
 
     def _accuracy(self) -> float:
-        correct, total = count_correct(self.model, self.local.data.eval_batches())
+        correct, total = count_correct(self.model, self._tick(self.local.data.eval_batches()))
         return correct / max(total, 1)
+
+    def discovery_refusals(self) -> dict[str, int]:
+        """What discovery refused since start (other fleet, architecture, protocol, address, ...), by reason."""
+        counts: dict[str, int] = {}
+        for discovery in getattr(self, "discoveries", []):
+            for reason, n in discovery.refusals().items():
+                counts[reason] = counts.get(reason, 0) + n
+        return dict(sorted(counts.items()))
 
     def _diverged(
         self, t: int, exc: TrainingDiverged, chosen: list[PeerAddress], received: dict[str, DecodedModel],
@@ -440,8 +516,9 @@ class Node:
             json.dumps({
                 "round": t, "node_id": self.node_id, "time_unix": round(time.time(), 3), "diverged": True,
                 "reason": str(exc), "peers_asked": [p.node_id for p in chosen], "peers_answered": sorted(received),
-                "refusals": _count_kinds(refused), "seconds": energy["seconds"], "joules": energy["joules"],
-                "energy_label": energy["label"],
+                "peers_refused": _refused_json(refused), "refusals": _count_kinds(refused),
+                "server_refusals": self.server_state.refusals(), "discovery_refusals": self.discovery_refusals(),
+                "seconds": energy["seconds"], "joules": energy["joules"], "energy_label": energy["label"],
             }),
         )  # fmt: skip
         _LOGGER.error(
@@ -466,14 +543,38 @@ class Node:
 
     # -- peers --------------------------------------------------------------------------------------
     def _live_peers(self) -> dict[str, PeerInfo]:
-        """Peers every discovery lists now (not this node), by node id; static placeholders get a Hello."""
+        """Peers every discovery lists now (not this node), by node id; static placeholders get a Hello.
+
+        The Hellos go out in parallel (at most ``HELLO_WORKERS`` at once, each bounded by
+        ``HELLO_TIMEOUT_S``) and a stop ends the wait at once.
+        """
+        placeholders = [
+            (discovery, peer)
+            for discovery in self.discoveries
+            if isinstance(discovery, StaticDiscovery)
+            for peer in discovery.peers()
+            if peer.node_id == peer.endpoint
+        ]
+        identified: dict[tuple[int, str], PeerInfo] = {}
+        if placeholders:
+            try:
+                answers = run_parallel(
+                    lambda item: self._hello_static(*item), placeholders, workers=HELLO_WORKERS,
+                    stop=self.should_exit, name="hello",
+                )  # fmt: skip
+            except Abandoned:
+                raise Stopped from None
+            identified = {
+                (id(d), p.endpoint): answer for (d, p), answer in zip(placeholders, answers, strict=True) if answer
+            }  # fmt: skip
         peers: dict[str, PeerInfo] = {}
         for discovery in self.discoveries:
             for peer in discovery.peers():
                 if isinstance(discovery, StaticDiscovery) and peer.node_id == peer.endpoint:
-                    peer = self._hello_static(discovery, peer) or peer
-                    if peer.node_id == peer.endpoint:
+                    found = identified.get((id(discovery), peer.endpoint))
+                    if found is None:
                         continue  # not identified yet
+                    peer = found
                 if peer.node_id != self.node_id and peer.addresses:
                     peers.setdefault(peer.node_id, peer)
         self.tracker.forget_except(set(peers))
@@ -503,7 +604,7 @@ class Node:
         eligible = self.tracker.eligible(sorted(live))
         rng = numpy_generator(self.config.seed, Stream.PEERS, self.client_index, t)
         chosen = pick_peers(eligible, self.config.neighbours, rng)
-        return [_address(live[node_id]) for node_id in chosen]
+        return [_address(live[node_id], tls=self.tls is not None) for node_id in chosen]
 
     def _lockstep_fleet(self) -> list[tuple[str, str, int]]:
         """The fleet in client-index order: (node id, host, port) of each ``peers`` entry (checked by the config)."""
@@ -516,20 +617,29 @@ class Node:
         return [PeerAddress(node_id=fleet[j][0], host=fleet[j][1], port=fleet[j][2]) for j in lists[self.client_index]]
 
     def _wait_for_fleet(self, t: int) -> None:
-        """Lockstep barrier: wait until every other node has published snapshot ``t`` (bounded)."""
+        """Lockstep barrier: wait until every other node has published snapshot ``t`` (bounded, stoppable)."""
         deadline = time.monotonic() + self.config.round_budget_s
         waiting = {node_id: (host, port) for node_id, host, port in self._lockstep_fleet() if node_id != self.node_id}
+
+        def published_t(node_id: str) -> bool:
+            host, port = waiting[node_id]
+            try:
+                reply = hello(
+                    PeerAddress(node_id=node_id, host=host, port=port), node_id=self.node_id,
+                    fleet_id=self.config.fleet, timeout_s=HELLO_TIMEOUT_S, tls=self.tls, insecure=self.config.insecure,
+                )  # fmt: skip
+            except PeerUnreachable:
+                return False
+            return reply.has_model and reply.round >= t
+
         while waiting:
-            for node_id, (host, port) in list(waiting.items()):
-                try:
-                    reply = hello(
-                        PeerAddress(node_id=node_id, host=host, port=port), node_id=self.node_id,
-                        fleet_id=self.config.fleet, timeout_s=HELLO_TIMEOUT_S, tls=self.tls,
-                        insecure=self.config.insecure,
-                    )  # fmt: skip
-                except PeerUnreachable:
-                    continue
-                if reply.has_model and reply.round >= t:
+            names = sorted(waiting)
+            try:
+                ready = run_parallel(published_t, names, workers=HELLO_WORKERS, stop=self.should_exit, name="barrier")
+            except Abandoned:
+                raise Stopped from None
+            for node_id, ok in zip(names, ready, strict=True):
+                if ok:
                     del waiting[node_id]
             if not waiting:
                 return
@@ -551,12 +661,14 @@ class Node:
         """
         if not chosen:
             return {}, {}, 0
+        self.beat()
         lockstep = self.config.lockstep
         result = pull_models(
             chosen, self.spec, self.config.fleet, node_id=self.node_id, round=t if lockstep else None,
             deadline_s=self.config.round_budget_s if lockstep else self.config.pull_timeout_s,
             tls=self.tls, insecure=self.config.insecure, cancel=self.should_exit,
         )  # fmt: skip
+        self.beat()
         refused: dict[str, tuple[str, str]] = {k: (f.kind, f.detail) for k, f in result.failures.items()}
         bytes_in = sum(m.wire_bytes for m in result.received.values())
         bytes_in += sum(f.wire_bytes for f in result.failures.values())
@@ -617,6 +729,7 @@ class Node:
             "bytes_in_total": totals.bytes_in,
             "bytes_out_total": self.server_state.served()[1] if hasattr(self, "server_state") else 0,
             "server_refusals": self.server_state.refusals() if hasattr(self, "server_state") else {},
+            "discovery_refusals": self.discovery_refusals(),
             "rounds_this_run": totals.rounds_run,
             "energy_j_this_run": round(totals.energy_j, 3),
             "energy_label": totals.energy_label,
@@ -626,17 +739,22 @@ class Node:
 
 
 def catch_up(t: int, peer_rounds: list[int], *, lockstep: bool) -> int:
-    """The round after round ``t``: ``t + 1``, or the newest snapshot round aggregated when it is ahead.
+    """The round after round ``t``: ``t + 1``, or the upper median of the round's models when that is ahead.
 
     Asynchronous nodes run at their own pace, so a node that joined late (or was off) would stay many
-    rounds behind for ever, and its snapshots would be refused as stale by the others. Adopting the
-    newest aggregated round keeps the fleet's counters, and so its learning-rate and prune schedules,
-    together; the staleness bound then only refuses snapshots that really are old. Lockstep rounds
-    never jump (every node runs every round).
+    rounds behind for ever, and its snapshots would be refused as stale by the others. It therefore
+    continues at the upper median of ``{t + 1}`` (its own next snapshot) and ``peer_rounds`` (the
+    header rounds of the snapshots it aggregated), never lower than ``t + 1``: a late joiner among
+    peers that are ahead takes their round, while peers can move the counter (and with it the
+    learning-rate and prune schedules) only when at least half of the round's models, its own
+    included, are that far ahead. One peer claiming round 10^15 next to honest ones moves nothing; a
+    lone peer that is the only one answering still can (then it is half of the two models). Lockstep
+    rounds never jump (every node runs every round).
     """
     if lockstep or not peer_rounds:
         return t + 1
-    return max(t + 1, max(peer_rounds))
+    rounds = sorted([t + 1, *peer_rounds])
+    return max(t + 1, rounds[len(rounds) // 2])
 
 
 def check_listen_free(listen: str) -> None:
@@ -651,8 +769,14 @@ def check_listen_free(listen: str) -> None:
         raise ListenError(f"cannot listen on {listen!r}: {exc.strerror or exc}") from None
 
 
-def _address(peer: PeerInfo) -> PeerAddress:
-    return PeerAddress(node_id=peer.node_id, host=peer.addresses[0], port=peer.port)
+def _address(peer: PeerInfo, *, tls: bool) -> PeerAddress:
+    """Where to pull ``peer``; with TLS its certificate must be the one it advertised (mDNS ``fp``), if any."""
+    fingerprint = peer.fingerprint if tls else None
+    return PeerAddress(node_id=peer.node_id, host=peer.addresses[0], port=peer.port, expected_fingerprint=fingerprint)
+
+
+def _refused_json(refused: dict[str, tuple[str, str]]) -> dict[str, dict[str, str]]:
+    return {k: {"kind": kind, "detail": detail} for k, (kind, detail) in sorted(refused.items())}
 
 
 def _count_kinds(refused: dict[str, tuple[str, str]]) -> dict[str, int]:

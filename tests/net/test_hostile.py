@@ -492,19 +492,22 @@ def test_one_caller_cannot_take_every_stream() -> None:
             call = channel.unary_stream(
                 GET_MODEL_METHOD, request_serializer=GetModelRequest.SerializeToString, response_deserializer=bytes
             )
-            request = GetModelRequest(protocol_version="1.1", node_id="greedy", fleet_id=FLEET, arch_id=spec.arch_id)
-            held = [call(request, timeout=30) for _ in range(2)]  # opened, never read: they hold a worker each
+            def request(claimed: str) -> GetModelRequest:
+                return GetModelRequest(protocol_version="1.1", node_id=claimed, fleet_id=FLEET, arch_id=spec.arch_id)
+
+            held = [call(request("greedy"), timeout=30) for _ in range(2)]  # opened, never read: a worker each
             for stream in held:
                 next(stream)
-            third = call(request, timeout=30)
-            with pytest.raises(grpc.RpcError) as caught:
-                next(third)
-            assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "'ipv4:127.0.0.1/greedy' already has 2 model streams open" in caught.value.details()
-            other = pull_model(PeerAddress("big", "127.0.0.1", port), spec, FLEET, node_id="other", **PLAIN)
-            assert torch.equal(other.weights["big.weight"], weights["big.weight"])
-            assert peer.refusals() == {"busy": 1}
+            # In plaintext the caller is its host: claiming other node ids opens no more streams.
+            for claimed in ("greedy", "greedy-2", "someone-else"):
+                with pytest.raises(grpc.RpcError) as caught:
+                    next(call(request(claimed), timeout=30))
+                assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "'ipv4:127.0.0.1' already has 2 model streams open" in caught.value.details()
+            assert peer.refusals() == {"busy": 3}
             for stream in held:
                 stream.cancel()
+            other = pull_model(PeerAddress("big", "127.0.0.1", port), spec, FLEET, node_id="other", **PLAIN)
+            assert torch.equal(other.weights["big.weight"], weights["big.weight"])  # the streams were given back
     finally:
         server.stop(None).wait(5)

@@ -71,7 +71,9 @@ def test_config_file_round_trips(tmp_path):
 
 
 def _measured(samples_per_s=1000.0, link=None, available=8 << 30, activation=50 << 20):
-    return capacity.Measurements(samples_per_s, 10, 1.0, activation, available, 4, "none", link, "test")
+    return capacity.Measurements(
+        samples_per_s, 10, 1.0, 128, 0.1, 1.2, activation, available, 4, 4, "none", link, "test"
+    )  # fmt: skip
 
 
 def _spec():
@@ -207,10 +209,62 @@ def test_status_json_is_valid(tmp_path):
     assert json.loads((tmp_path / "status.json").read_text()) == {"a": 1}
 
 
-def test_catch_up_adopts_the_newest_aggregated_round_only_when_ahead():
+def test_catch_up_follows_the_median_of_the_rounds_models_never_one_liar():
     from edge_node.node.daemon import catch_up
 
     assert catch_up(0, [], lockstep=False) == 1
-    assert catch_up(0, [12, 3], lockstep=False) == 12  # a late joiner continues at the fleet's round
+    assert catch_up(0, [50], lockstep=False) == 50  # a late joiner whose only peer is ahead takes its round
+    assert catch_up(0, [50, 48], lockstep=False) == 48  # all its peers ahead: the upper median of 1, 48, 50
+    assert catch_up(0, [12, 3], lockstep=False) == 3  # models at 1 (own), 3, 12: the upper median, 3
     assert catch_up(20, [12, 19], lockstep=False) == 21  # peers behind never pull it back
     assert catch_up(0, [12], lockstep=True) == 1  # lockstep runs every round
+
+
+def test_one_peer_claiming_a_huge_round_moves_nothing_next_to_honest_ones():
+    from edge_node.node.daemon import catch_up
+
+    liar = 10**15
+    assert catch_up(4, [5, liar], lockstep=False) == 5  # {5, 5, liar}: the honest majority wins
+    assert catch_up(4, [5, 5, liar], lockstep=False) == 5
+    assert catch_up(4, [5, liar, liar], lockstep=False) == liar  # half the models agree: followed
+    assert catch_up(4, [liar], lockstep=False) == liar  # a lone peer answering still can (documented)
+
+
+def test_status_text_shows_how_the_tier_was_decided_and_what_was_refused():
+    from edge_node.cli.status import format_status
+
+    status = {
+        "source": "live", "healthy": True, "pid": 1, "node_id": "pi", "fleet": "f", "port": 7878, "model": "cnn",
+        "tier": "0.4", "density": 0.4, "round": 3, "phase": "idle", "peers": [], "bytes_in_total": 0,
+        "capacity": capacity.kept_from_checkpoint(0.4, None).to_json(),
+        "server_refusals": {"busy": 1}, "discovery_refusals": {"other_fleet": 2, "bad_address": 1},
+    }  # fmt: skip
+    lines = format_status(status).splitlines()
+    assert "capacity     checkpoint: kept from the checkpoint: a mask cannot change tier" in "\n".join(lines)
+    assert "refused      server busy 1; discovery bad_address 1, other_fleet 2" in lines
+
+
+class _Slow(torch.nn.Module):
+    """The demo cnn at 0.05 s per sample and forward pass: a 128-sample step takes over 6.4 s."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = build_model("cnn", 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.05 * x.shape[0])
+        return self.inner(x)
+
+
+def test_the_probe_of_a_slow_device_stays_within_its_window(tmp_path):
+    """A full batch would take 6.4 s a step (12.8 s for a full-batch warm-up and one step); with a 1 s
+    window the probe cuts the batch and ends after the warm-up and about the window."""
+    from edge_node.node.local_data import load_local_data
+
+    config = NodeConfig(fleet="f", num_clients=6, client_index=0, state_dir=tmp_path)
+    local = load_local_data(config, 0, torch.device("cpu"))
+    stops = []
+    m = capacity.probe(_Slow(), local.data, 128, probe_s=1.0, check_stop=lambda: stops.append(1))
+    assert m.probe_batch_size < 128 and m.probe_steps >= 1, m
+    assert m.probe_total_s < 10.0, m  # warm-up of 2 x 8 samples (0.8 s of sleep) + about the 1 s window
+    assert len(stops) == 2 + m.probe_steps  # a stop is checked before every step

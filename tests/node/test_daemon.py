@@ -4,6 +4,7 @@ ONNX export, signals, status, systemd notify, and bad input (one line, the docum
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import threading
@@ -169,7 +170,7 @@ def test_sigterm_stops_within_5s_with_status_and_notify(tmp_path):
     collector = threading.Thread(target=collect, daemon=True)
     collector.start()
     args = [*QUICK, *SOLO, "--listen", f"127.0.0.1:{port}", "--epochs", "3"]
-    env = {"NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "400000"}
+    env = {"NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "400000", "JOURNAL_STREAM": "8:12345"}
     try:
         with NodeProcesses() as nodes:
             node = nodes.start("solo", tmp_path / "solo", args, env=env)
@@ -190,6 +191,10 @@ def test_sigterm_stops_within_5s_with_status_and_notify(tmp_path):
         listener.close()
     assert stopped_s < 5.0, node.log()
     assert any(m.startswith("READY=1") for m in messages) and "WATCHDOG=1" in messages and "STOPPING=1" in messages
+    lines = [line for line in node.log(200).splitlines() if line.strip()]
+    assert any(line.startswith("INFO edge_node.node.daemon: round 0: ") for line in lines), lines
+    stamped = [line for line in lines if re.match(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d", line)]
+    assert not stamped, stamped  # journald stamps lines itself (JOURNAL_STREAM is set)
     gone = run_cli(["status", "--state-dir", str(node.state_dir), "--json"])
     assert gone.returncode == int(ExitCode.NETWORK)
     assert json.loads(gone.stdout)["source"] == "file"
@@ -198,12 +203,18 @@ def test_sigterm_stops_within_5s_with_status_and_notify(tmp_path):
 
 def test_divergence_rolls_back_then_exits_5(tmp_path):
     (port,) = free_ports(1)
-    args = [*QUICK, *SOLO, "--listen", f"127.0.0.1:{port}", "--lr", "1e20"]
+    assert SOLO[-2] == "--peers"
+    ghost = ["--peers", "ghost@127.0.0.1:1"]  # listed by id, so it is asked (and refused) at once
+    args = [*QUICK, *SOLO[:-2], *ghost, "--listen", f"127.0.0.1:{port}", "--lr", "1e20"]
     with NodeProcesses() as nodes:
         node = nodes.start("solo", tmp_path / "solo", args)
         assert node.wait(3 * ROUND_TIMEOUT_S) == int(ExitCode.DIVERGED), node.log()
     records = node.records
     assert len(records) == 3 and all(r["diverged"] and r["round"] == 0 for r in records)
+    for r in records:  # what the round's peers did is kept with a diverged round too
+        assert {"server_refusals", "discovery_refusals"} <= set(r), r
+    assert records[0]["peers_refused"]["ghost"]["kind"] == "unreachable", records[0]
+    assert records[0]["refusals"] == {"unreachable": 1}
     assert not (node.state_dir / "checkpoint.pt").exists()  # nothing was ever checkpointed or published
     assert "training diverged 3 rounds in a row" in node.log()
 
@@ -279,5 +290,13 @@ def test_capacity_command_reports_every_measurement(tmp_path):
     decision = json.loads(result.stdout)
     m = decision["measurements"]
     assert m["train_samples_per_s"] > 0 and m["probe_steps"] >= 1 and m["cpu_count"] >= 1
+    assert m["torch_threads"] == 1  # --threads applies as in `start`
+    assert m["probe_total_s"] < 30 and m["probe_batch_size"] == 128  # the default batch fits the window for cnn
     assert decision["tier"] in ("0.2", "0.4", "0.6", "0.8", "1.0") and decision["decided_by"]
     assert len(decision["checks"]) == 5
+    cuda = run_cli(["capacity", "--json", *SOLO, "--epochs", "1", "--device", "cuda"], timeout_s=120)
+    if torch.cuda.is_available():
+        assert cuda.returncode == 0 and json.loads(cuda.stdout)["measurements"]["accelerator"] != "none", cuda.stderr
+    else:  # as `start` checks it: one line, exit 2
+        assert cuda.returncode == int(ExitCode.BAD_INPUT), cuda.stderr
+        assert "torch.cuda.is_available() is False" in _one_line_error(cuda)
