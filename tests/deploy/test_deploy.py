@@ -57,7 +57,7 @@ def test_playbook_syntax_check() -> None:
 
 
 def test_ansible_lint_production_profile() -> None:
-    paths = ["deploy/site.yml", "ansible/", "tests/deploy/render.yml"]
+    paths = ["deploy/site.yml", "ansible/", "tests/deploy/render.yml", "tests/deploy/controller.yml"]
     cmd = [ansible_tool("ansible-lint"), "--offline", "--profile", "production", *paths]
     result = subprocess.run(cmd, cwd=REPO_ROOT, env=ansible_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
