@@ -166,7 +166,12 @@ def test_batch_mixing_install_modes_and_tls_origins_builds_for_every_host_that_n
     }
     cmd = [ansible_tool("ansible-playbook"), "tests/deploy/controller.yml", "-i", str(_inventory(tmp_path, host_vars))]
     run = subprocess.run(
-        [*cmd, "-e", json.dumps(overrides)], cwd=REPO_ROOT, env=ansible_env(), capture_output=True, text=True, timeout=300
+        [*cmd, "-e", json.dumps(overrides)],
+        cwd=REPO_ROOT,
+        env=ansible_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]
 
