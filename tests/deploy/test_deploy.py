@@ -224,7 +224,7 @@ def converged(fleet: deploy_hosts.Fleet, tmp_path_factory: pytest.TempPathFactor
     return Converged(inventory, first, before, time.monotonic())
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(2400)  # converge 1 is this test's setup
 def test_converge_starts_a_fleet_that_trades_models_and_second_run_changes_nothing(
     fleet: deploy_hosts.Fleet, converged: Converged
 ) -> None:
@@ -340,7 +340,7 @@ def _reinstall_over_kept_state(
     assert _status(fleet, node)["healthy"] is True
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(3000)  # run alone (-k), converge 1 is its setup too
 def test_stop_then_uninstall_leaves_the_host_clean(fleet: deploy_hosts.Fleet, converged: Converged) -> None:
     """stop stops the daemons; uninstall removes all but the state (a new deployment resumes from it on a new
     UID); purging leaves the host as before."""
