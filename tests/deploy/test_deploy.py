@@ -46,6 +46,12 @@ LEFTOVERS = {
     "etc/shadow-": "the same for passwords",
     "etc/gshadow-": "the same for group passwords",
 }
+# An extra environment value the unit must hand to the daemon unchanged (spaces, quotes, %, backslash).
+ENV_NOTE = 'two words "quoted" 100% C:\\dir'
+SANDBOX_PROBE = "/srv/edge-node-sandbox-probe"  # a directory the service user owns, outside ReadWritePaths
+AS_SERVICE_USER = "setpriv --reuid=edge-node --regid=edge-node --clear-groups"
+RESTART_TIMEOUT_S = 180
+SQUATTER = "en-squatter"  # a system account that takes the removed edge-node account's UID and GID
 # What running a playbook that changes nothing leaves (a bad inventory stops before any task on a host).
 SESSION_TRACES = ("var/log/", "var/lib/systemd/", "tmp/", "var/tmp/", "root/.ansible/")
 
@@ -57,7 +63,7 @@ def test_playbook_syntax_check() -> None:
 
 
 def test_ansible_lint_production_profile() -> None:
-    paths = ["deploy/site.yml", "ansible/", "tests/deploy/render.yml"]
+    paths = ["deploy/site.yml", "ansible/", "tests/deploy/render.yml", "tests/deploy/controller.yml"]
     cmd = [ansible_tool("ansible-lint"), "--offline", "--profile", "production", *paths]
     result = subprocess.run(cmd, cwd=REPO_ROOT, env=ansible_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
@@ -131,6 +137,49 @@ def _main_pid(fleet: deploy_hosts.Fleet, host: deploy_hosts.Host) -> str:
     return fleet.ssh(host, "systemctl show -p MainPID --value edge-node.service").stdout.strip()
 
 
+def _assert_environment(fleet: deploy_hosts.Fleet, host: deploy_hosts.Host) -> None:
+    """The daemon's own environment holds edge_node_environment's value exactly as written."""
+    environ = fleet.ssh(host, f"cat /proc/{_main_pid(fleet, host)}/environ").stdout
+    assert f"EDGE_NODE_TEST_NOTE={ENV_NOTE}" in environ.split("\0"), f"{host.name}: {environ!r}"
+
+
+def _assert_sandbox(fleet: deploy_hosts.Fleet, host: deploy_hosts.Host) -> None:
+    """In the running unit's mount namespace the service user writes its state directory and nothing else.
+
+    A directory the service user owns outside ReadWritePaths is writable to it from an ordinary
+    session (so permissions do not explain a refusal) and read-only inside the daemon's namespace
+    (entered with nsenter: the file system view of ProtectSystem=strict, not its seccomp or capabilities).
+    """
+    pid = _main_pid(fleet, host)
+    in_unit = f"nsenter --target {pid} --mount {AS_SERVICE_USER}"
+    setup = fleet.ssh(host, f"mkdir {SANDBOX_PROBE} && chown edge-node:edge-node {SANDBOX_PROBE}")
+    assert setup.returncode == 0, setup.stderr
+    try:
+        outside = fleet.ssh(host, f"{AS_SERVICE_USER} touch {SANDBOX_PROBE}/from-a-session")
+        inside = fleet.ssh(host, f"{in_unit} touch {SANDBOX_PROBE}/from-the-unit")
+        state = fleet.ssh(host, f"{in_unit} touch {STATE_DIR}/sandbox-probe")
+    finally:
+        fleet.ssh(host, f"rm -rf {SANDBOX_PROBE} {STATE_DIR}/sandbox-probe")
+    assert outside.returncode == 0, f"{host.name}: the service user cannot write its own directory: {outside.stderr}"
+    assert inside.returncode != 0 and "Read-only file system" in inside.stderr, (
+        f"{host.name}: the unit wrote outside ReadWritePaths: rc {inside.returncode} {inside.stderr}"
+    )
+    assert state.returncode == 0, f"{host.name}: the unit cannot write its state directory: {state.stderr}"
+
+
+def _wait_for_restart(fleet: deploy_hosts.Fleet, host: deploy_hosts.Host, old_pid: str) -> str:
+    """The new main PID once systemd has started the unit again and it is active (ready) again."""
+    deadline = time.monotonic() + RESTART_TIMEOUT_S
+    while time.monotonic() < deadline:
+        show = fleet.ssh(host, "systemctl show edge-node.service -p MainPID -p ActiveState -p SubState").stdout
+        props = dict(line.split("=", 1) for line in show.split())
+        if props.get("ActiveState") == "active" and props.get("MainPID") not in ("0", old_pid, None):
+            return props["MainPID"]
+        time.sleep(1)
+    journal = fleet.ssh(host, "journalctl -u edge-node --no-pager -n 40").stdout
+    pytest.fail(f"{host.name}: not restarted within {RESTART_TIMEOUT_S} s of kill -9:\n{journal}")
+
+
 @dataclass
 class Converged:
     """The first converge of the module's fleet, and each host's state just before it."""
@@ -156,6 +205,8 @@ def converged(fleet: deploy_hosts.Fleet, tmp_path_factory: pytest.TempPathFactor
         # and is many rounds ahead when node2 starts; node2 continues at node1's round once it has pulled
         # it (the daemon's catch-up), so the default staleness bound must not make node1 refuse node2 for ever.
         "edge_node_extra_config": {"epochs": 1},
+        # A value with what systemd's Environment= would otherwise split, unescape or expand.
+        "edge_node_environment": {"EDGE_NODE_TEST_NOTE": ENV_NOTE},
     }
     inventory = write_inventory(
         fleet,
@@ -173,7 +224,7 @@ def converged(fleet: deploy_hosts.Fleet, tmp_path_factory: pytest.TempPathFactor
     return Converged(inventory, first, before, time.monotonic())
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(2400)  # converge 1 is this test's setup
 def test_converge_starts_a_fleet_that_trades_models_and_second_run_changes_nothing(
     fleet: deploy_hosts.Fleet, converged: Converged
 ) -> None:
@@ -201,6 +252,8 @@ def test_converge_starts_a_fleet_that_trades_models_and_second_run_changes_nothi
         config = fleet.ssh(host, "cat /etc/edge-node/config.toml").stdout
         assert 'fleet = "deploy-test"' in config and f'node_id = "{host.name}"' in config, config
         assert _status(fleet, host)["healthy"] is True
+        _assert_environment(fleet, host)
+        _assert_sandbox(fleet, host)
         routes = fleet.ssh(host, "ip route show default").stdout.strip()
         assert routes == "", f"{host.name} has a default route ({routes}): the wheelhouse test would prove nothing"
         apt = fleet.ssh(host, "python3 -c 'import apt' 2>&1; dpkg-query -W python3-apt 2>&1").stdout
@@ -240,10 +293,57 @@ def test_converge_starts_a_fleet_that_trades_models_and_second_run_changes_nothi
         assert counters["changed"] == 0 and counters["failed"] == 0, f"{name}: {counters}\n{second.output[-8000:]}"
     assert {host.name: _main_pid(fleet, host) for host in fleet.hosts} == pids, "the second run restarted a daemon"
 
+    # Restart=on-failure at work: a daemon killed with SIGKILL is started again by systemd.
+    node = fleet.hosts[0]
+    restarts = fleet.ssh(node, "systemctl show -p NRestarts --value edge-node.service").stdout.strip()
+    killed_at = time.monotonic()
+    assert fleet.ssh(node, f"kill -9 {pids[node.name]}").returncode == 0
+    new_pid = _wait_for_restart(fleet, node, pids[node.name])
+    TIMINGS[f"{node.name}: kill -9 until active again (RestartSec 10 s)"] = time.monotonic() - killed_at
+    after = fleet.ssh(node, "systemctl show -p NRestarts --value edge-node.service").stdout.strip()
+    assert int(after) == int(restarts) + 1, f"NRestarts {restarts} -> {after}"
+    assert new_pid != pids[node.name] and _status(fleet, node)["healthy"] is True
 
-@pytest.mark.timeout(900)
+
+def _reinstall_over_kept_state(
+    fleet: deploy_hosts.Fleet, node: deploy_hosts.Host, inventory: Path, old_ids: list[str]
+) -> None:
+    """A deployment onto a host whose kept state belongs to the removed account's UID, now someone else's.
+
+    Another system account takes the old UID and GID (as a package installed meanwhile might), so
+    the account made again gets other ones; the daemon must still resume and log rounds.
+    """
+    rounds_before = max(r["round"] for r in _rounds(fleet, node))
+    squat = fleet.ssh(
+        node,
+        f"groupadd --system --gid {old_ids[1]} {SQUATTER} && useradd --system --uid {old_ids[0]} --gid {SQUATTER}"
+        f" --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin {SQUATTER}",
+    )
+    assert squat.returncode == 0, squat.stderr
+    assert fleet.ssh(node, f"stat -c %U {STATE_DIR}/rounds.jsonl").stdout.strip() == SQUATTER
+
+    again = run_playbook(inventory, "--limit", node.name, "-e", "edge_node_serial=100%", log="reinstall")
+    TIMINGS[f"{node.name}: converge after uninstall, the kept state on another UID"] = again.seconds
+    assert again.returncode == 0, again.output[-8000:]
+    new_ids = fleet.ssh(node, "id -u edge-node; id -g edge-node").stdout.split()
+    assert new_ids[0] != old_ids[0], f"the account got its old UID {old_ids[0]} back: the test proves nothing"
+    owners = fleet.ssh(node, f"find {STATE_DIR} ! -user edge-node -printf '%p %u\\n'").stdout
+    assert owners == "", f"state not given to the new account:\n{owners}"
+    deadline = time.monotonic() + ROUNDS_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if max(r["round"] for r in _rounds(fleet, node)) > rounds_before:
+            break
+        time.sleep(2)
+    else:
+        journal = fleet.ssh(node, "journalctl -u edge-node --no-pager -n 40").stdout
+        pytest.fail(f"{node.name}: no round after round {rounds_before} in {ROUNDS_TIMEOUT_S} s:\n{journal}")
+    assert _status(fleet, node)["healthy"] is True
+
+
+@pytest.mark.timeout(3000)  # run alone (-k), converge 1 is its setup too
 def test_stop_then_uninstall_leaves_the_host_clean(fleet: deploy_hosts.Fleet, converged: Converged) -> None:
-    """--tags stop stops the daemons; --tags uninstall removes all but the state; purging leaves the host as before."""
+    """stop stops the daemons; uninstall removes all but the state (a new deployment resumes from it on a new
+    UID); purging leaves the host as before."""
     inventory = converged.inventory
     for host in fleet.hosts:
         assert fleet.ssh(host, "systemctl is-active edge-node").stdout.strip() == "active", "no converged host"
@@ -256,6 +356,8 @@ def test_stop_then_uninstall_leaves_the_host_clean(fleet: deploy_hosts.Fleet, co
         assert fleet.ssh(host, "systemctl is-active edge-node").stdout.strip() == "inactive"
         assert fleet.ssh(host, "systemctl is-enabled edge-node").stdout.strip() == "disabled"
 
+    node = fleet.hosts[0]
+    old_ids = fleet.ssh(node, "id -u edge-node; id -g edge-node").stdout.split()
     uninstall = run_playbook(inventory, "--tags", "uninstall", log="uninstall")
     TIMINGS["--tags uninstall"] = uninstall.seconds
     assert uninstall.returncode == 0, uninstall.output[-5000:]
@@ -265,9 +367,13 @@ def test_stop_then_uninstall_leaves_the_host_clean(fleet: deploy_hosts.Fleet, co
         assert fleet.ssh(host, "systemctl cat edge-node.service").returncode != 0
         assert fleet.ssh(host, f"test -s {STATE_DIR}/rounds.jsonl").returncode == 0, "uninstall lost the round log"
 
+    _reinstall_over_kept_state(fleet, node, inventory, old_ids)
+
     purge = run_playbook(inventory, "--tags", "uninstall", "-e", "edge_node_purge_state=true", log="purge")
     TIMINGS["--tags uninstall -e edge_node_purge_state=true"] = purge.seconds
     assert purge.returncode == 0, purge.output[-5000:]
+    squatter = fleet.ssh(node, f"userdel {SQUATTER}; groupdel {SQUATTER} 2>/dev/null; getent passwd {SQUATTER}; true")
+    assert squatter.stdout.strip() == "", squatter.stdout
     for host in fleet.hosts:
         _assert_not_installed(fleet, host)
         changes = host.changes_since(converged.before[host.name], ignored=tuple(LEFTOVERS))

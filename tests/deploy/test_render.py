@@ -79,7 +79,12 @@ def test_example_inventory_renders_each_group_and_install_mode(tmp_path: Path) -
             "edge_node_pip_args": "--index-url https://pypi.example.org/simple",
             "edge_node_neighbours": 5,
         },
-        "orin-lab": {"edge_node_install_from": "wheelhouse", "edge_node_tls": True},
+        "orin-lab": {
+            "edge_node_install_from": "wheelhouse",
+            "edge_node_tls": True,
+            "edge_node_environment": {"OMP_NUM_THREADS": 2, "EDGE_NODE_NOTE": 'a b "c" 50% \\d'},
+            "edge_node_start_timeout_s": 600,
+        },
     }
     out = tmp_path / "out"
     run = _render(_inventory(tmp_path, host_vars), out)
@@ -120,6 +125,14 @@ def test_example_inventory_renders_each_group_and_install_mode(tmp_path: Path) -
     for unit in (kitchen_unit, orin_unit):
         assert "ExecStart=/opt/edge-node/venv/bin/edge-node start --config /etc/edge-node/config.toml" in unit
         assert "Type=notify" in unit and "ReadWritePaths=/var/lib/edge-node" in unit and "User=edge-node" in unit
+    # Each extra variable is one quoted assignment, escaped as systemd unquotes it (the converge checks
+    # what systemd then gives the daemon); the start timeout is the role's default unless set.
+    assert [line for line in orin_unit.splitlines() if line.startswith("Environment=")] == [
+        "Environment=PYTHONUNBUFFERED=1",
+        'Environment="EDGE_NODE_NOTE=a b \\"c\\" 50%% \\\\d"',
+        'Environment="OMP_NUM_THREADS=2"',
+    ]
+    assert "TimeoutStartSec=300" in kitchen_unit.splitlines() and "TimeoutStartSec=600" in orin_unit.splitlines()
 
     # The daemon reads every rendered file as written (the role's own check before it replaces one).
     for host, config in (("pi-kitchen", kitchen), ("pi-garage", garage), ("orin-lab", orin)):
@@ -128,7 +141,79 @@ def test_example_inventory_renders_each_group_and_install_mode(tmp_path: Path) -
             assert effective[key] == config[key], (host, key, effective[key], config[key])
 
 
+def test_batch_mixing_install_modes_and_tls_origins_builds_for_every_host_that_needs_it(tmp_path: Path) -> None:
+    """The batch's first host installs from the index and brings its own TLS files; the others still get theirs.
+
+    The wheel build and the fleet CA run once per batch (run_once), which takes its condition from the
+    first host alone unless the condition asks the whole batch: then the checkout and wheelhouse hosts
+    would find no wheel, and the TLS host without files of its own no CA to be issued from.
+    """
+    controller = tmp_path / "controller"
+    own = {f"edge_node_tls_{kind}_file": f"/operator/pki/{kind}.pem" for kind in ("ca", "cert", "key")}
+    host_vars = {
+        "pi-kitchen": {"edge_node_install_from": "index", "edge_node_tls": True, **own},  # the batch's first
+        "pi-garage": {"edge_node_install_from": "checkout", "edge_node_tls": True},
+        "orin-lab": {"edge_node_install_from": "wheelhouse"},
+    }
+    out = tmp_path / "out"
+    out.mkdir()
+    overrides = {
+        "edge_node_render_dir": str(out),
+        "edge_node_controller_dir": str(controller),
+        "edge_node_source_dir": str(REPO_ROOT),  # the default is relative to the playbook, tests/deploy here
+        "ansible_become": False,
+        "ansible_python_interpreter": sys.executable,
+    }
+    cmd = [ansible_tool("ansible-playbook"), "tests/deploy/controller.yml", "-i", str(_inventory(tmp_path, host_vars))]
+    run = subprocess.run(
+        [*cmd, "-e", json.dumps(overrides)],
+        cwd=REPO_ROOT,
+        env=ansible_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]
+
+    got = {host: json.loads((out / f"{host}.json").read_text()) for host in host_vars}
+    assert got["pi-kitchen"]["wheel"] is None
+    wheel = got["pi-garage"]["wheel"]
+    assert wheel is not None and got["orin-lab"]["wheel"] == wheel
+    assert Path(wheel).parent == controller / "dist" and Path(wheel).name.startswith("edge_node-")
+    assert Path(wheel).is_file()
+    assert run.stdout.count("TASK [edge_node : Build the package's wheel from the checkout on the controller]") == 1
+    # The CA exists once, and issued pi-garage's certificate; pi-kitchen's are its own, none issued.
+    assert (controller / "tls" / "ca.pem").is_file() and (controller / "tls" / "ca.key").is_file()
+    assert got["pi-garage"]["certificate"] == str(controller / "tls" / "nodes" / "pi-garage.pem")
+    assert Path(got["pi-garage"]["certificate"]).is_file()
+    assert got["pi-kitchen"]["certificate"] is None and not (controller / "tls" / "nodes" / "pi-kitchen.pem").exists()
+
+
+def test_fleet_id_written_as_a_number_in_the_ini_inventory_is_taken_as_its_digits(tmp_path: Path) -> None:
+    """``edge_node_fleet=123`` in INI is the number 123 to Ansible; the daemon gets the fleet id "123"."""
+    inventory = _inventory(tmp_path)
+    text = inventory.read_text()
+    assert "edge_node_fleet=home-lab" in text
+    inventory.write_text(text.replace("edge_node_fleet=home-lab", "edge_node_fleet=123"))
+    out = tmp_path / "out"
+    run = _render(inventory, out)
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]
+    config, _, _ = _rendered(out, "pi-garage")
+    assert config["fleet"] == "123"
+    assert _daemon_reads(out / "pi-garage" / "config.toml")["fleet"] == "123"
+
+
 BAD_VALUES = {
+    "fleet-a-float": ({"edge_node_fleet": 1.5}, "pi-garage: edge_node_fleet=1.5 must be a fleet id"),
+    "fleet-a-boolean": ({"edge_node_fleet": True}, "pi-garage: edge_node_fleet=true must be a fleet id"),
+    "environment-name": (
+        {"edge_node_environment": {"BAD NAME": "1"}},
+        'pi-garage: edge_node_environment={"BAD NAME": "1"} must be a mapping of variable names',
+    ),
+    "environment-line-break": (
+        {"edge_node_environment": {"A": "1\nExecStartPre=/bin/false"}},
+        "pi-garage: edge_node_environment=",
+    ),
     "neighbours-zero": ({"edge_node_neighbours": 0}, "pi-garage: edge_node_neighbours=0 must be a whole number >= 1"),
     "neighbours-in-extra-config": (
         {"edge_node_extra_config": {"neighbours": 4}},
