@@ -101,3 +101,19 @@ def test_capacity_bench_probes_as_the_daemon_does(tmp_path: Path):
     m = row["decision"]["measurements"]
     assert m["train_samples_per_s"] > 0 and m["torch_threads"] == 1 and row["decision"]["tier"]
     assert "probe " in proc.stdout and "tier " in proc.stdout and "window" in proc.stdout
+
+
+def test_node_memory_bench_samples_daemons_through_their_rounds(tmp_path: Path):
+    out = tmp_path / "memory.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "node_memory.py"), "--models", "cnn", "--rounds", "1", "--batch-size", "32",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (result,) = json.loads(out.read_text())["results"]
+    assert set(result["exit_codes"].values()) == {0}, result["exit_codes"]
+    # each daemon was sampled serving and through its round: torch loaded, so tens of MB at least
+    for node in result["per_node"]:
+        assert node["rounds"] == 1 and node["startup_rss_mb"] > 50 and node["max_rss_mb"] >= node["median_rss_mb"]
+    assert "cnn" in proc.stdout and "RSS MB start-up" in proc.stdout
