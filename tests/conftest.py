@@ -32,6 +32,19 @@ def cifar10_tgz() -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Undo a test's ``torch.set_num_threads`` (an in-process node applies its ``threads`` key, and the
+    setting is process-wide): later in-process runs would otherwise sum in another order than the
+    subprocess runs they are compared with, and their records would differ by float rounding."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture
 def require_root() -> None:
     if os.geteuid() != 0:

@@ -59,12 +59,15 @@ class DisPFLParams:
     prune_alpha: float = 0.5  # initial prune fraction
     regrow: str = "random"  # "gradient" (the paper, RigL) or "random" (the reference code's scripts)
     mask_init: str = "erk"
+    micro_batch: int = 0  # slices of a batch through the model at once (memory); 0: the whole batch
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "planned_rounds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be an integer >= 1")
+        if isinstance(self.micro_batch, bool) or not isinstance(self.micro_batch, int) or self.micro_batch < 0:
+            raise ConfigError(f"micro_batch={self.micro_batch!r} must be an integer >= 0 (0: the whole batch)")
         for name in ("lr", "lr_decay", "clip_norm"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -85,6 +88,7 @@ class DisPFLParams:
             lr=learning_rate(round_index, self.lr, self.lr_decay),
             weight_decay=self.weight_decay,
             clip_norm=self.clip_norm,
+            micro_batch=self.micro_batch,
         )
 
     def prune_rate(self, round_index: int) -> float:

@@ -23,6 +23,10 @@ class SGDConfig:
     lr: float
     weight_decay: float = 5e-4
     clip_norm: float = 10.0  # max global L2 norm of the gradient
+    # Largest slice of a batch sent through the model at once; 0: the whole batch. Slices' gradients are
+    # summed into the batch's gradient (the same step up to float rounding) with a slice's activations
+    # in memory instead of the batch's: what keeps a daemon of batch 128 small on a Raspberry Pi.
+    micro_batch: int = 0
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,7 @@ def train_masked(model: nn.Module, masks: TensorDict, batches: Iterable[Batch], 
     steps = samples = 0
     model.train()
     for x, y in batches:
-        loss = nn.functional.cross_entropy(model(x), y)
-        grads = list(torch.autograd.grad(loss, params))
+        loss, grads = _loss_and_gradients(model, params, x, y, config.micro_batch)
         with torch.no_grad():
             norms = torch._foreach_norm(grads)
             total_norm = torch.linalg.vector_norm(torch.stack(norms))
@@ -71,6 +74,26 @@ def train_masked(model: nn.Module, masks: TensorDict, batches: Iterable[Batch], 
         samples += int(y.shape[0])
     mean_loss = float(loss_sum) / samples if samples else float("nan")
     return TrainStats(steps=steps, samples=samples, mean_loss=mean_loss)
+
+
+def _loss_and_gradients(
+    model: nn.Module, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, micro_batch: int
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Mean cross-entropy over the batch and its gradient, in slices of ``micro_batch`` samples."""
+    if not 0 < micro_batch < y.shape[0]:
+        loss = nn.functional.cross_entropy(model(x), y)
+        return loss, list(torch.autograd.grad(loss, params))
+    total = torch.zeros((), device=x.device)
+    grads: list[torch.Tensor] = []
+    for xs, ys in zip(x.split(micro_batch), y.split(micro_batch), strict=True):
+        part = nn.functional.cross_entropy(model(xs), ys, reduction="sum") / y.shape[0]
+        part_grads = torch.autograd.grad(part, params)
+        if grads:
+            torch._foreach_add_(grads, part_grads)
+        else:
+            grads = list(part_grads)
+        total += part.detach()
+    return total, grads
 
 
 def all_finite(weights: TensorDict) -> bool:

@@ -151,6 +151,7 @@ def probe(
     *,
     interfaces: Sequence[str] = (),
     probe_s: float = DEFAULT_PROBE_S,
+    micro_batch: int = 0,
     generator: torch.Generator | None = None,
     check_stop: Callable[[], None] | None = None,
 ) -> Measurements:
@@ -166,7 +167,7 @@ def probe(
     check = check_stop or (lambda: None)
     generator = generator or torch.Generator().manual_seed(0)
     masks = {name: torch.ones_like(w, dtype=torch.bool) for name, w in read_weights(model).items()}
-    sgd = SGDConfig(lr=1e-3)
+    sgd = SGDConfig(lr=1e-3, micro_batch=micro_batch)  # steps as the node's training takes them
     device = next(model.parameters()).device
 
     def step(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -318,7 +319,7 @@ def measure(
     """
     scratch = build_model(config.model, local.num_classes, seed=config.seed).to(device)
     measured = probe(
-        scratch, local.data, config.batch_size, interfaces=config.interfaces,
+        scratch, local.data, config.batch_size, interfaces=config.interfaces, micro_batch=config.micro_batch,
         generator=torch.Generator().manual_seed(config.seed), check_stop=check_stop,
     )  # fmt: skip
     return choose_tier(

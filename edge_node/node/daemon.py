@@ -496,9 +496,9 @@ class Node:
         return self._tick(self.local.data.train_batches(epochs, generator, self.params.batch_size))
 
     def _accuracy(self) -> float:
-        """Local test accuracy, in batches of the training size: the round's memory peak is training's, not
-        evaluation's (a batch of 1,000 made a cnn node's peak ~200 MB higher than training's)."""
-        batches = self.local.data.eval_batches(self.params.batch_size)
+        """Local test accuracy, in slices of ``micro_batch`` (else the training batch): the round's memory peak
+        is training's, not evaluation's (a batch of 1,000 made a cnn node's peak ~200 MB higher)."""
+        batches = self.local.data.eval_batches(self.params.micro_batch or self.params.batch_size)
         correct, total = count_correct(self.model, self._tick(batches))
         release_free_memory()
         return correct / max(total, 1)

@@ -55,3 +55,38 @@ def test_all_finite_spots_nan_and_inf_anywhere():
     assert all_finite(ok)
     assert not all_finite({**ok, "b": torch.tensor([[0.0, float("nan")], [0.0, 0.0]])})
     assert not all_finite({**ok, "a": torch.tensor([1.0, float("-inf"), 0.0])})
+
+
+def test_micro_batches_take_the_same_step_as_the_whole_batch():
+    """Slices of 7 and 32 (uneven last slice) give the whole batch's loss and weights, up to float rounding."""
+    toy = _toy_batches(6)
+    batches = [(torch.cat([toy[i][0], toy[i + 1][0]]), torch.cat([toy[i][1], toy[i + 1][1]])) for i in (0, 2, 4)]
+    results = {}
+    for micro in (0, 7, 32, 64):
+        model = build_model("cnn", seed=0)
+        masks = init_masks(read_weights(model), 0.5, torch.Generator().manual_seed(0))
+        stats = train_masked(model, masks, batches, SGDConfig(lr=0.05, micro_batch=micro))
+        results[micro] = (stats, read_weights(model))
+    whole_stats, whole = results[0]
+    initial = read_weights(build_model("cnn", seed=0))
+    assert max(float((whole[n] - initial[n]).abs().max()) for n in whole) > 1e-3  # the steps moved the weights
+    assert whole_stats.steps == 3 and whole_stats.samples == 3 * 64
+    assert torch.equal(torch.cat([w.flatten() for w in results[64][1].values()]),
+                       torch.cat([w.flatten() for w in whole.values()]))  # fmt: skip  # slice >= batch: the same code
+    for micro in (7, 32):
+        stats, weights = results[micro]
+        assert (stats.steps, stats.samples) == (whole_stats.steps, whole_stats.samples)
+        assert abs(stats.mean_loss - whole_stats.mean_loss) < 1e-5
+        diff = max(float((weights[n] - whole[n]).abs().max()) for n in whole)
+        assert diff < 1e-5, (micro, diff)
+
+
+def test_micro_batch_must_be_a_count():
+    import pytest
+
+    from edge_node.algorithm.dispfl import DisPFLParams
+    from edge_node.errors import ConfigError
+
+    assert DisPFLParams(micro_batch=32).sgd(0).micro_batch == 32
+    with pytest.raises(ConfigError, match="micro_batch=-1 must be an integer >= 0"):
+        DisPFLParams(micro_batch=-1)

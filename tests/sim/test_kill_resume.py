@@ -25,7 +25,12 @@ def _records(run: Path) -> list[dict]:
 
 def _start_and_signal(out: Path, sig: int, after_rounds: int) -> subprocess.CompletedProcess:
     """Start a run, send ``sig`` once ``after_rounds`` records exist, wait for it to end."""
-    proc = subprocess.Popen([*SIM, "--output", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*SIM, "--output", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # Python leaves SIGINT ignored in a child whose parent ignores it (a test run started in the
+        # background of a non-interactive shell does): give the run the default Ctrl-C behaviour.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     log = out / "rounds.jsonl"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
