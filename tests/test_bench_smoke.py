@@ -117,3 +117,16 @@ def test_node_memory_bench_samples_daemons_through_their_rounds(tmp_path: Path):
     for node in result["per_node"]:
         assert node["rounds"] == 1 and node["startup_rss_mb"] > 50 and node["max_rss_mb"] >= node["median_rss_mb"]
     assert "cnn" in proc.stdout and "RSS MB start-up" in proc.stdout
+
+
+def test_micro_batch_bench_times_each_slice_size_in_its_own_process(tmp_path: Path):
+    out = tmp_path / "micro.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "micro_batch.py"), "--steps", "1", "--repeats", "1", "--micro", "0", "16",
+         "--threads", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "whole" in proc.stdout and "x RSS" in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"0", "16"} and all(r["s_per_step"] > 0 and r["peak_rss_mb"] > 100 for r in rows.values())

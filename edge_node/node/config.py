@@ -92,7 +92,7 @@ class NodeConfig:
     epochs: int = _key(5, "Local epochs per round.")
     batch_size: int = _key(128, "Training batch size.")
     micro_batch: int = _key(
-        32, "Samples through the model at once; a larger batch's gradient is summed over slices (memory). 0: all."
+        16, "Samples through the model at once; a larger batch's gradient is summed over slices (memory). 0: all."
     )
     lr: float = _key(0.1, "Initial learning rate (times --lr-decay per round).")
     lr_decay: float = _key(0.998, "Learning-rate decay per round.")
