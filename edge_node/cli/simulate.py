@@ -116,6 +116,12 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
 @click.option("--planned-rounds", type=int, help="T of the cosine prune schedule [default: --rounds].")
 @click.option("--epochs", type=int, help=f"Local epochs per round [default: {_default('epochs')}].")
 @click.option("--batch-size", type=int, help=f"[default: {_default('batch_size')}]")
+@click.option(
+    "--micro-batch",
+    type=int,
+    help="Send a batch through the model in slices of this many samples, summing their gradients (a device's "
+    "memory; edge-node start's default is 16); 0: the whole batch [default: 0].",
+)
 @click.option("--lr", type=float, help=f"Initial learning rate, x0.998 per round [default: {_default('lr')}].")
 @click.option(
     "--density", type=float, help="DisPFL model density in (0, 1] [default: 0.5; the dense baselines use 1]."

@@ -32,6 +32,7 @@ RESUMABLE_CHANGES = frozenset({"rounds", "device", "output", "data_dir", "progre
 # "partition_variant" predates the reference partitions: see saved_settings.
 LEGACY_DEFAULTS: dict[str, Any] = {
     "fedavg_clients": 10, "target_density": 0.2, "s2s_stable_threshold": 0.02, "screen": False,
+    "micro_batch": 0,
 }  # fmt: skip
 # Keys config.json holds beyond the fields (derived, written for readers; ignored when the file is read back).
 DERIVED_KEYS = frozenset({"partition_variant"})
@@ -56,6 +57,7 @@ class SimConfig:
     planned_rounds: int | None = None  # T of the cosine prune schedule; None = rounds
     epochs: int = 5
     batch_size: int = 128
+    micro_batch: int = 0  # slices of a batch through the model at once (a device's memory); 0: the whole batch
     lr: float = 0.1
     lr_decay: float = 0.998  # per round
     weight_decay: float = 5e-4
@@ -142,6 +144,7 @@ class SimConfig:
         return DisPFLParams(
             epochs=self.epochs,
             batch_size=self.batch_size,
+            micro_batch=self.micro_batch,
             lr=self.lr,
             lr_decay=self.lr_decay,
             weight_decay=self.weight_decay,

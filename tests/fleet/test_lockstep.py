@@ -26,10 +26,11 @@ def test_lockstep_fleet_equals_the_simulation(tmp_path):
     sim_dir = tmp_path / "sim"
     result = run_cli(
         ["simulate", "--dataset", "demo", "--clients", str(NODES), "--neighbours", str(NEIGHBOURS), "--rounds",
-         str(ROUNDS), "--epochs", "1", "--batch-size", "32", "--density", "0.6", "--partition", "dir:0.5", "--seed",
-         str(SEED), "--output", str(sim_dir), "--no-progress", "--energy-backend", "estimate"],
+         str(ROUNDS), "--epochs", "1", "--batch-size", "32", "--micro-batch", "16", "--density", "0.6",
+         "--partition", "dir:0.5", "--seed", str(SEED), "--output", str(sim_dir), "--no-progress",
+         "--energy-backend", "estimate"],
         env={"OMP_NUM_THREADS": "1"},  # the daemons run --threads 1: CPU reductions in another order are noise
-    )  # fmt: skip
+    )  # fmt: skip  # --micro-batch 16: the daemons' default slices of a batch
     assert result.returncode == 0, result.stderr
     sim = [json.loads(line) for line in (sim_dir / "rounds.jsonl").read_text().splitlines()]
     acc_diff = 0.0
