@@ -36,7 +36,9 @@ Defaults (``max_rms_ratio = max_abs_ratio = 10``, ``own_anchor = 100``, ``floor_
 in an 8-round DisPFL run of 10 clients of the ``demo`` set at tier densities 0.2 .. 1.0 the
 honest spread of any tensor was at most 2.2x in rms and 2.8x in max |w| between clients; a cnn
 client trained 25 steps at lr 0.1 on two classes had a classifier bias of 10x the rms of the
-initial one (which the median of two models tolerates).
+initial one (which the median of two models tolerates). On CIFAR-10 (`docs/RESULTS.md`, "The
+receive-path screen on an honest fleet") it refused no honest model in 100 clients x 5 rounds nor in
+20 clients x 10 rounds of Dir(0.3), Path(2) and setting ii: runs with and without it are bitwise equal.
 """
 
 from __future__ import annotations
