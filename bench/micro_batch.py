@@ -32,7 +32,6 @@ batches = [
 ]
 sgd = SGDConfig(lr=0.01, micro_batch=micro)
 train_masked(model, masks, batches[:1], sgd)  # warm-up: allocator, kernels
-rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.perf_counter()
 train_masked(model, masks, batches[1:], sgd)
 dt = (time.perf_counter() - t0) / steps

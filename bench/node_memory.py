@@ -18,10 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench._provenance import commit, machine  # noqa: E402
 from edge_node.fleet.config import FleetConfig  # noqa: E402
 from edge_node.fleet.fleet import Fleet  # noqa: E402
 
@@ -99,13 +97,6 @@ def measure(model: str, *, nodes: int, rounds: int, batch_size: int, epochs: int
             "samples": samples}  # fmt: skip
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -124,10 +115,9 @@ def main() -> None:
             results.append(measure(model, nodes=args.nodes, rounds=args.rounds, batch_size=args.batch_size,
                                    epochs=args.epochs, output=Path(tmp) / model,
                                    daemon_args=tuple(args.daemon_arg)))  # fmt: skip
-    machine = (f"{platform.node()}: {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
-               f"load average at the end {os.getloadavg()[0]:.1f}")  # fmt: skip
+    where = machine()
     print(f"node memory, demo set, batch {args.batch_size}, {args.epochs} epoch(s) a round, {args.rounds} rounds, "
-          f"commit {_commit()}, {machine}")  # fmt: skip
+          f"commit {commit()}, {where}")  # fmt: skip
     print(f"{'model':<10}{'node':<7}{'rounds':>7}{'RSS MB start-up':>17}{'median':>8}{'max':>8}"
           f"{'USS MB start-up':>17}{'median':>8}{'max':>8}")  # fmt: skip
     for result in results:
@@ -137,8 +127,8 @@ def main() -> None:
                   f"{_fmt(n['median_uss_mb']):>8}{_fmt(n['max_uss_mb']):>8}")  # fmt: skip
     if args.json is not None:
         record = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                  "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "commit": _commit(),
-                  "machine": machine, "results": results}  # fmt: skip
+                  "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
+                  "machine": where, "results": results}  # fmt: skip
         args.json.write_text(json.dumps(record, indent=1) + "\n")
 
 

@@ -16,10 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench._provenance import commit, machine  # noqa: E402
 from edge_node.fleet.config import FleetConfig  # noqa: E402
 from edge_node.fleet.fleet import Fleet  # noqa: E402
 
@@ -102,13 +100,6 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -150,9 +141,8 @@ def main() -> None:
     result = {
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "date": dt.datetime.fromtimestamp(started_unix, dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": _commit(),
-        "machine": f"{platform.node()}: {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
-                   f"load average at the end {os.getloadavg()[0]:.1f}",  # fmt: skip
+        "commit": commit(),
+        "machine": machine(),
         "nodes": args.nodes,
         "minutes": round((samples[-1]["t_s"] if samples else 0) / 60, 2),
         "exit_codes": exits,

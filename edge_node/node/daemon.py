@@ -407,7 +407,6 @@ class Node:
             except TrainingDiverged as exc:
                 diverged = exc
             else:
-                release_free_memory()  # activations and gradients of training
                 acc_after = self._accuracy()
                 new_state = update_mask(
                     trained.state, t, self.params, seed=self.config.seed, client=self.client_index,

@@ -1,6 +1,9 @@
+import pytest
 import torch
 
 from edge_node.algorithm import SGDConfig, count_correct, init_masks, load_weights, read_weights, train_masked
+from edge_node.algorithm.dispfl import DisPFLParams
+from edge_node.errors import ConfigError
 from edge_node.models import build_model
 
 
@@ -82,11 +85,6 @@ def test_micro_batches_take_the_same_step_as_the_whole_batch():
 
 
 def test_micro_batch_must_be_a_count():
-    import pytest
-
-    from edge_node.algorithm.dispfl import DisPFLParams
-    from edge_node.errors import ConfigError
-
     assert DisPFLParams(micro_batch=32).sgd(0).micro_batch == 32
     with pytest.raises(ConfigError, match="micro_batch=-1 must be an integer >= 0"):
         DisPFLParams(micro_batch=-1)

@@ -1,0 +1,27 @@
+"""Where a benchmark ran: the commit and the machine, written next to its figures."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def commit() -> str:
+    """The checkout's short commit hash, or ``unknown`` outside a git checkout."""
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def machine() -> str:
+    """Host name, CPUs, memory and the load average now (a busy machine slows every figure)."""
+    return (f"{platform.node()}: {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
+            f"load average at the end {os.getloadavg()[0]:.1f}")  # fmt: skip
