@@ -765,12 +765,18 @@ def catch_up(t: int, peer_rounds: list[int], *, lockstep: bool) -> int:
 
 
 def check_listen_free(listen: str) -> None:
-    """Raise ListenError (one line, exit 3) when ``HOST:PORT`` cannot be bound, before anything is started."""
+    """Raise ListenError (one line, exit 3) when ``HOST:PORT`` cannot be bound, before anything is started.
+
+    The probe binds as gRPC's listener does, with SO_REUSEADDR: a node restarted right after a kill
+    finds its old connections still draining (FIN-WAIT, TIME-WAIT) on its port, which gRPC can bind
+    over but a plain bind cannot. Another process listening there is still refused.
+    """
     host, _, port = listen.rpartition(":")
     host = host.strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, int(port)))
     except OSError as exc:
         raise ListenError(f"cannot listen on {listen!r}: {exc.strerror or exc}") from None

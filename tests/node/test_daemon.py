@@ -3,6 +3,7 @@ ONNX export, signals, status, systemd notify, and bad input (one line, the docum
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -13,9 +14,11 @@ import time
 import pytest
 import torch
 
+from edge_node.errors import ListenError
 from edge_node.exit_codes import ExitCode
 from edge_node.models import build_model
 from edge_node.net import PeerServer, create_server
+from edge_node.node.daemon import check_listen_free
 from edge_node.wire import ModelSpec
 from tests.daemons import QUICK, NodeProcesses, free_ports, read_records, run_cli
 
@@ -254,6 +257,52 @@ def test_port_in_use_is_exit_3(tmp_path):
         holder.close()
     assert result.returncode == int(ExitCode.NETWORK), result.stderr
     assert "cannot listen on" in _one_line_error(result)
+
+
+def _orphan_a_connection_on(port: int) -> socket.socket:
+    """Leave a closed server's connection on ``port`` draining (FIN-WAIT-1), as a SIGKILL mid-stream does.
+
+    Returns the client end, which must stay open (and unread) for the connection to keep the port.
+    """
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(1)
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = listener.accept()
+    conn.setblocking(False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            conn.send(b"x" * 65536)
+    conn.close()
+    listener.close()
+    return client
+
+
+def test_a_port_still_draining_a_killed_nodes_streams_can_be_listened_on_again():
+    """CI once failed here: a node killed while serving was restarted and refused its own port."""
+    (port,) = free_ports(1)
+    client = _orphan_a_connection_on(port)
+    try:
+        with socket.socket() as plain, pytest.raises(OSError):  # what the probe used to do
+            plain.bind(("127.0.0.1", port))
+        check_listen_free(f"127.0.0.1:{port}")
+        spec = ModelSpec.from_tensors("cnn", 10, dict(build_model("cnn").named_parameters()))
+        server, bound = create_server(f"127.0.0.1:{port}", PeerServer(spec, node_id="n", fleet_id="t"), insecure=True)
+        assert bound == port  # gRPC binds over the draining connection too
+        server.start()
+        server.stop(None).wait(5)
+    finally:
+        client.close()
+
+
+def test_a_port_another_process_listens_on_is_still_refused():
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        with pytest.raises(ListenError, match="cannot listen on"):
+            check_listen_free(f"127.0.0.1:{holder.getsockname()[1]}")
 
 
 def test_foreign_checkpoint_is_refused_and_kept(tmp_path):
