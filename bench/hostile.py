@@ -210,7 +210,12 @@ def serving(attack: str, model: str, tls_dir: Path) -> Iterator[tuple[int, dict]
         "wrong arch": [
             m.SerializeToString()
             for m in encode_model(
-                other_spec, other_weights, other_masks, node_id="peer", fleet_id=FLEET, round=1,
+                other_spec,
+                other_weights,
+                other_masks,
+                node_id="peer",
+                fleet_id=FLEET,
+                round=1,
                 density=mask_density(other_masks),
             )
         ],  # fmt: skip

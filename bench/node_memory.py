@@ -97,7 +97,6 @@ def measure(model: str, *, nodes: int, rounds: int, batch_size: int, epochs: int
             "samples": samples}  # fmt: skip
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["cnn", "resnet18"])

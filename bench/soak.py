@@ -100,7 +100,6 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=8)
@@ -158,10 +157,14 @@ def main() -> None:
         if not n.get("samples"):
             print(f"{n['node']:<8} no samples")
             continue
-        print(f"{n['node']:<8}{n['rounds']:>7}{n['rss_mb_start']:>14.1f}{n['rss_mb_end']:>8.1f}{n['rss_mb_max']:>8.1f}"
-              f"{_fmt(n['rss_slope_mb_per_h']):>8}{n['fds_start']:>11}{n['fds_end']:>6}{_fmt(n['fds_slope_per_h']):>8}")
-    print(f"worst RSS slope {_fmt(result['worst_rss_slope_mb_per_h'])} MB/h; largest fd growth "
-          f"{result['fd_growth_max']}; exit codes {sorted(set(exits.values()), key=str)}")
+        print(
+            f"{n['node']:<8}{n['rounds']:>7}{n['rss_mb_start']:>14.1f}{n['rss_mb_end']:>8.1f}{n['rss_mb_max']:>8.1f}"
+            f"{_fmt(n['rss_slope_mb_per_h']):>8}{n['fds_start']:>11}{n['fds_end']:>6}{_fmt(n['fds_slope_per_h']):>8}"
+        )
+    print(
+        f"worst RSS slope {_fmt(result['worst_rss_slope_mb_per_h'])} MB/h; largest fd growth "
+        f"{result['fd_growth_max']}; exit codes {sorted(set(exits.values()), key=str)}"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
 

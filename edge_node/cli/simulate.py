@@ -123,9 +123,7 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     "memory; edge-node start's default is 16); 0: the whole batch [default: 0].",
 )
 @click.option("--lr", type=float, help=f"Initial learning rate, x0.998 per round [default: {_default('lr')}].")
-@click.option(
-    "--density", type=float, help="DisPFL model density in (0, 1] [default: 0.5; the dense baselines use 1]."
-)
+@click.option("--density", type=float, help="DisPFL model density in (0, 1] [default: 0.5; the dense baselines use 1].")
 @click.option(
     "--setting",
     type=_choice(SETTINGS),

@@ -67,9 +67,7 @@ class FleetConfig:
         if self.rounds < 0:
             raise ConfigError(f"--rounds {self.rounds} must be >= 0 (0: run until stopped)")
         if self.link is not None and not self.netns:
-            raise ConfigError(
-                "--link needs --netns: shaping 127.0.0.1 would slow down every program of this machine"
-            )
+            raise ConfigError("--link needs --netns: shaping 127.0.0.1 would slow down every program of this machine")
         if self.neighbours is not None and self.neighbours < 1:
             raise ConfigError(f"--neighbours {self.neighbours} must be at least 1")
         if self.lockstep and self.neighbours is not None and self.neighbours > self.nodes - 1:

@@ -90,7 +90,8 @@ def summarize(
         "acc_first_mean": sum(firsts) / len(firsts) if firsts else None,
         "acc_final_mean": sum(finals) / len(finals) if finals else None,
         "busiest_node": {"node_id": busiest["node_id"], "bytes": busiest["bytes_in"] + busiest["bytes_out"]}
-        if busiest else None,
+        if busiest
+        else None,
         "peers_refused_total": dict(sorted(refusals.items())),
     }
 

@@ -672,9 +672,7 @@ def hello(
     deadline = time.monotonic() + timeout_s
     if tls is not None and peer.expected_fingerprint is not None:
         try:
-            verify_fingerprint(
-                tls, peer.host, peer.port, peer.node_id, peer.expected_fingerprint, timeout_s=timeout_s
-            )
+            verify_fingerprint(tls, peer.host, peer.port, peer.node_id, peer.expected_fingerprint, timeout_s=timeout_s)
         except CertificateMismatch as exc:
             raise _hello_failure(peer, "identity", str(exc)) from exc
         except TlsError as exc:
@@ -684,9 +682,7 @@ def hello(
         call = channel.unary_unary(
             HELLO_METHOD, request_serializer=HelloRequest.SerializeToString, response_deserializer=bytes
         )
-        request = HelloRequest(
-            protocol_version=PROTOCOL_VERSION, node_id=_caller_id(node_id, tls), fleet_id=fleet_id
-        )
+        request = HelloRequest(protocol_version=PROTOCOL_VERSION, node_id=_caller_id(node_id, tls), fleet_id=fleet_id)
         try:
             raw: bytes = call(request, timeout=max(deadline - time.monotonic(), 0.001))
         except grpc.RpcError as exc:

@@ -152,7 +152,7 @@ class NodeConfig:
             self.client_index is None or self.discovery != "static" or not all(p.node_id for p in listed)
         ):
             raise ConfigError(
-                "lockstep needs client_index and discovery = \"static\" with peers listing the whole fleet as"
+                'lockstep needs client_index and discovery = "static" with peers listing the whole fleet as'
                 " ID@HOST:PORT in client-index order (this node included)"
             )
         if self.lockstep and (self.client_index or 0) >= len(listed):
@@ -181,7 +181,7 @@ class NodeConfig:
     def check_runnable(self) -> None:
         """What a running node needs beyond valid values: a fleet, and TLS material or an explicit --insecure."""
         if not self.fleet:
-            raise ConfigError("fleet is required (--fleet, or fleet = \"...\" in the config file)")
+            raise ConfigError('fleet is required (--fleet, or fleet = "..." in the config file)')
         if not self.tls_enabled and not self.insecure:
             raise ConfigError(
                 "no TLS material: give tls_ca, tls_cert and tls_key (see edge-node certs), or run plaintext"

@@ -92,6 +92,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     """A paper-style table of the summary, for the terminal."""
     if not summary.get("rounds"):
         return "no completed rounds"
+
     def pct(value: float | None) -> str:
         return "-" if value is None else f"{100 * value:.2f}%"
 

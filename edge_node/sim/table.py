@@ -287,4 +287,3 @@ def write_report(runs: Sequence[Run], out_dir: Path, target_acc: float | None = 
     atomic_write_text(out_dir / RUNS_CSV, table.runs_csv())
     files = [out_dir / TABLE_MD, out_dir / TABLE_CSV, out_dir / RUNS_CSV, *plot_runs(runs, out_dir)]
     return table, files
-

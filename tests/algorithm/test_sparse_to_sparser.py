@@ -90,9 +90,7 @@ def test_distance_stability_and_vote():
 def test_prune_rounds_follow_the_authors_gaps_from_the_vote_round():
     # Vote in round V = 9, first prune T0 = 10; gaps f0 = V = 9, then round(9/1.3) = 7, round(7/1.3) = 5, 4, 3,
     # 2, 2, ... (the DA-DPFL code: prunes in 1 + cumsum([9, 7, 5, ...])). Reading f0 = T0 would give 10, 18, 24.
-    assert list(zip(range(8), prune_rounds(10), strict=False)) == list(
-        enumerate([10, 17, 22, 26, 29, 31, 33, 35])
-    )
+    assert list(zip(range(8), prune_rounds(10), strict=False)) == list(enumerate([10, 17, 22, 26, 29, 31, 33, 35]))
     # V = 1 (the earliest vote): gaps round(1/1.3) = 1, every round from T0 = 2 (f0 = T0 would give 2, 4, 6, ...)
     assert [t for t in range(8) if is_prune_round(t, 2)] == [2, 3, 4, 5, 6, 7]
     # V = 3: gaps 3 -> round(2.31) = 2 -> round(1.54) = 2: rounds 4, 6, 8, 10 (f0 = T0 = 4: 4, 7, 9, 11)

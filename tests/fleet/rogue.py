@@ -47,8 +47,9 @@ def main(mode: str, node_id: str, fleet: str, address: str) -> None:
         masks = {k: v.abs() > 0.01 if v.dim() > 1 else v.abs() >= 0 for k, v in params.items()}
         return [
             m.SerializeToString()
-            for m in encode_model(spec, params, masks, node_id=node_id, fleet_id=fleet, round=1,
-                                  density=kept_fraction(masks))  # fmt: skip
+            for m in encode_model(
+                spec, params, masks, node_id=node_id, fleet_id=fleet, round=1, density=kept_fraction(masks)
+            )  # fmt: skip
         ]
 
     if mode == "garbage":

@@ -154,8 +154,10 @@ def test_loss_without_netem_needs_iptables_and_says_so_before_shaping(require_ro
             m.setenv("PATH", _path_of(tmp_path, "ip", "tc"))
             with pytest.raises(NetnsError) as caught:
                 shape_links(net, LinkSpec.parse("rate=8mbit,loss=10%"))
-        assert str(caught.value) == ("--link loss=10% on a kernel without netem (sch_netem) needs iptables, which "
-                                     "is not installed: install the package iptables (apt-get install iptables)")
+        assert str(caught.value) == (
+            "--link loss=10% on a kernel without netem (sch_netem) needs iptables, which "
+            "is not installed: install the package iptables (apt-get install iptables)"
+        )
         shaped = [_netns.run_in_netns(ns, ["tc", "qdisc", "show"]).stdout for ns in net.names]
         assert not any(re.search(r"\b(tbf|netem)\b", q) for q in shaped), shaped  # no link half shaped
 
@@ -213,4 +215,3 @@ def test_a_crashed_daemon_and_a_killed_supervisor_leave_nothing_behind(require_r
         assert not left & set(_netns.list_namespaces())  # the next start removed them
         assert fleet.net is not None and len(fleet.net.namespaces) == 2
     assert not (out / RUN_FILE).exists() and not Path(out / RUN_FILE).with_suffix(".tmp").exists()
-

@@ -377,7 +377,9 @@ def _half_precision(ms):
 
 LIES = {
     "header names another node": (
-        lambda ms: setattr(ms[0].header, "node_id", "honest"), "identity", "from node 'honest'"
+        lambda ms: setattr(ms[0].header, "node_id", "honest"),
+        "identity",
+        "from node 'honest'",
     ),
     "header round is not the one asked": (lambda ms: setattr(ms[0].header, "round", 4), "header", "round 4, round 3"),
     "header density is not the masks'": (lambda ms: setattr(ms[0].header, "density", 0.9), "header", "density 0.9"),
@@ -492,6 +494,7 @@ def test_one_caller_cannot_take_every_stream() -> None:
             call = channel.unary_stream(
                 GET_MODEL_METHOD, request_serializer=GetModelRequest.SerializeToString, response_deserializer=bytes
             )
+
             def request(claimed: str) -> GetModelRequest:
                 return GetModelRequest(protocol_version="1.1", node_id=claimed, fleet_id=FLEET, arch_id=spec.arch_id)
 

@@ -28,8 +28,15 @@ def _write_run(root: Path, name: str, method: str, partition: str, accs: list[fl
               "clients": 20, "epochs": 2}  # fmt: skip
     (run / "config.json").write_text(json.dumps(config))
     records = [
-        {"round": t, "acc_mean": a, "acc_before_mean": a, "busiest_node_bytes": b, "paper_comm_mb_busiest": paper_mb,
-         "flops_per_client_mean": flops, "wall_s": 10.0}  # fmt: skip
+        {
+            "round": t,
+            "acc_mean": a,
+            "acc_before_mean": a,
+            "busiest_node_bytes": b,
+            "paper_comm_mb_busiest": paper_mb,
+            "flops_per_client_mean": flops,
+            "wall_s": 10.0,
+        }  # fmt: skip
         for t, (a, b) in enumerate(zip(accs, busiest, strict=True))
     ]
     (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -82,7 +89,7 @@ def test_report_command_prints_the_table_and_writes_files_and_plots(runs: list[P
         main(["report", *map(str, runs), "--out", str(out)])
     assert exc.value.code == 0
     printed = capsys.readouterr().out
-    assert printed.startswith(EXPECTED) and "Rounds to target" in printed[len(EXPECTED):]
+    assert printed.startswith(EXPECTED) and "Rounds to target" in printed[len(EXPECTED) :]
     assert (out / "table.md").read_text() == printed
     assert "paper MB = 4 B per active received parameter" in (out / "table.md").read_text()
     assert "80% of the best final accuracy among each partition's runs" in (out / "table.md").read_text()

@@ -67,9 +67,7 @@ def test_bitmap_is_little_endian_row_major_and_values_in_order() -> None:
     mask = torch.zeros(shape, dtype=torch.bool)
     mask[0, 0] = mask[0, 3] = mask[1, 7] = True  # flat indices 0, 3, 15
     weight = torch.arange(16, dtype=torch.float32).reshape(shape)
-    (header, body) = encode_model(
-        spec, {"w": weight}, {"w": mask}, node_id="n", fleet_id="f", round=0, density=3 / 16
-    )
+    (header, body) = encode_model(spec, {"w": weight}, {"w": mask}, node_id="n", fleet_id="f", round=0, density=3 / 16)
     tensor = body.tensors[0]
     assert tensor.bitmap == bytes([0b0000_1001, 0b1000_0000])
     assert np.frombuffer(tensor.values, "<f4").tolist() == [0.0, 3.0, 15.0]

@@ -46,9 +46,7 @@ def test_round_trip_is_bit_exact_and_size_is_exact(model) -> None:
     )  # fmt: skip
     assert all(m.ByteSize() <= budget for m in messages)
     nnz = {name: int(mask.sum()) for name, mask in masks.items()}
-    predicted = encoded_model_size(
-        spec, nnz, value_type, budget, node_id="n1", fleet_id="f", round=5, density=density
-    )
+    predicted = encoded_model_size(spec, nnz, value_type, budget, node_id="n1", fleet_id="f", round=5, density=density)
     assert predicted == sum(len(m.SerializeToString()) for m in messages)
     decoded = decode_model([m.SerializeToString() for m in messages], spec, "f")
     assert decoded.wire_bytes == predicted
