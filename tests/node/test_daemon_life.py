@@ -73,6 +73,12 @@ def test_a_full_disk_is_one_line_exit_4_and_a_restart_resumes(require_root, tmp_
         with NodeProcesses() as nodes:
             node = nodes.start("solo", state, args)
             node.wait_rounds(1, ROUND_TIMEOUT_S)
+            # The record is appended before the checkpoint is written (a restart drops records the
+            # checkpoint does not hold), so wait for the first checkpoint too before filling the disk.
+            deadline = time.monotonic() + ROUND_TIMEOUT_S
+            while not (state / "checkpoint.pt").exists():
+                assert time.monotonic() < deadline and node.proc.poll() is None, node.log()
+                time.sleep(0.05)
             filler = disk / "filler"
             with open(filler, "wb") as handle:  # take every byte left
                 try:
