@@ -130,3 +130,32 @@ def test_micro_batch_bench_times_each_slice_size_in_its_own_process(tmp_path: Pa
     assert "whole" in proc.stdout and "x RSS" in proc.stdout
     rows = json.loads(out.read_text())["rows"]
     assert set(rows) == {"0", "16"} and all(r["s_per_step"] > 0 and r["peak_rss_mb"] > 100 for r in rows.values())
+
+
+def test_screen_margin_bisection_finds_a_peers_ratio_to_the_reference():
+    """A peer 4x the size of the two others (own included: the median is theirs) passes from 4x on."""
+    import torch
+
+    sys.path.insert(0, str(BENCH.parent))
+    from bench.screen_margin import smallest_passing_ratio
+
+    g = torch.Generator().manual_seed(0)
+    weights = {"a": torch.randn(50, generator=g), "b": torch.randn(8, generator=g)}
+    masks = {name: torch.ones_like(w, dtype=torch.bool) for name, w in weights.items()}
+    peers = [("same", weights, masks), ("big", {k: 4 * v for k, v in weights.items()}, masks)]
+    for kind in ("rms", "amax"):
+        assert 4.0 <= smallest_passing_ratio((weights, masks), peers, kind) <= 4.0 * 1.006
+    assert smallest_passing_ratio((weights, masks), peers[:1], "rms") == 1.0
+
+
+def test_screen_margin_bench_tiny_run(tmp_path: Path):
+    out = tmp_path / "margin.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "screen_margin.py"), "--clients", "3", "--rounds", "1", "--epochs", "1",
+         "--batch-size", "32", "--samples-per-client", "64", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(out.read_text())["rounds"]
+    assert 1.0 <= row["rms_margin"] < 10 and 1.0 <= row["amax_margin"] < 10 and row["spread"] >= 1.0
+    assert "largest honest margin over 1 rounds" in proc.stdout
