@@ -5,6 +5,13 @@ gradients, evaluation. glibc's allocator keeps freed chunks in its arenas (one p
 allocated, and the gRPC and torch threads all do), so without a trim a daemon's RSS stays near the
 peak of its busiest phase for good. ``release_free_memory`` asks glibc to return what is free
 (``malloc_trim(0)``, a few milliseconds); elsewhere it does nothing (there is nothing to call).
+
+The arenas themselves are the other half. glibc gives threads up to 8 per core, and a daemon's
+gRPC, discovery and torch threads spread over them; each keeps its own free chunks, so RSS crept
+up for 30 minutes in an 8-daemon soak (about 415 -> 460 MB, still rising +11..+75 MB/h over
+its last 15 minutes). ``limit_malloc_arenas`` caps them (default 2) before the node starts any
+thread: the same fleet then stayed flat near 380 MB for 10 minutes, with as many rounds (``docs/RESULTS.md``).
+An operator's own ``MALLOC_ARENA_MAX`` wins: glibc read it at start-up and it is left alone.
 """
 
 from __future__ import annotations
@@ -12,15 +19,19 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import sys
 from typing import Any
 
 _LOGGER = logging.getLogger(__name__)
 _libc: Any = None
 _looked_up = False
+M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
+DEFAULT_ARENAS = 2
 
 
-def _malloc_trim() -> Any:
+def _glibc() -> Any:
+    """glibc through ctypes (None elsewhere: musl has neither malloc_trim nor arenas to cap)."""
     global _libc, _looked_up
     if not _looked_up:
         _looked_up = True
@@ -28,10 +39,30 @@ def _malloc_trim() -> Any:
             try:
                 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
                 _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+                _libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
             except (OSError, AttributeError):  # musl has no malloc_trim: its heap is trimmed on free
-                _LOGGER.debug("malloc_trim not available; freed heap memory stays with the allocator")
+                _LOGGER.debug("not glibc: freed heap memory stays with the allocator")
                 _libc = None
-    return _libc.malloc_trim if _libc is not None else None
+    return _libc
+
+
+def _malloc_trim() -> Any:
+    libc = _glibc()
+    return libc.malloc_trim if libc is not None else None
+
+
+def limit_malloc_arenas(count: int = DEFAULT_ARENAS) -> bool:
+    """Cap glibc's malloc arenas at ``count`` for threads started from now on; True when set.
+
+    Does nothing (False) where the allocator is not glibc, or when ``MALLOC_ARENA_MAX`` is in the
+    environment (the operator's choice, already applied by glibc).
+    """
+    if count < 1:
+        raise ValueError(f"count={count} must be at least 1")
+    libc = _glibc()
+    if libc is None or "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    return bool(libc.mallopt(M_ARENA_MAX, count))
 
 
 def release_free_memory() -> bool:

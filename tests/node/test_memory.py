@@ -31,3 +31,57 @@ def test_freed_heap_memory_goes_back_to_the_os():
     proc = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "after trim" in proc.stdout
+
+
+# Threads each malloc through ctypes (the GIL is released, so they overlap) and wait, so every thread
+# holds an arena; malloc_info's XML has one <heap nr=...> per arena.
+ARENAS = """
+import ctypes, os, sys, tempfile, threading
+from edge_node.node.memory import limit_malloc_arenas
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+if sys.argv[1] == "limit":
+    assert limit_malloc_arenas(2)
+barrier = threading.Barrier(8)
+def work():
+    for _ in range(200):
+        libc.malloc(200)
+    barrier.wait()
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+libc.fdopen.restype = ctypes.c_void_p
+libc.fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+with tempfile.TemporaryFile() as out:
+    fp = libc.fdopen(os.dup(out.fileno()), b"w")
+    libc.malloc_info(0, fp)
+    libc.fclose(fp)
+    out.seek(0)
+    print(out.read().decode().count("<heap nr="))
+"""
+
+
+def _arenas(mode: str, env: dict[str, str] | None = None) -> int:
+    proc = subprocess.run([sys.executable, "-c", ARENAS, mode], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout.split()[-1])
+
+
+def test_the_arena_cap_holds_threads_to_two_arenas():
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    assert _arenas("free", env) > 2  # glibc alone gives the 8 threads more arenas
+    assert _arenas("limit", env) <= 2
+
+
+def test_an_operators_malloc_arena_max_is_left_alone(monkeypatch):
+    from edge_node.node.memory import limit_malloc_arenas
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert limit_malloc_arenas() is False
+    with __import__("pytest").raises(ValueError):
+        limit_malloc_arenas(0)
