@@ -31,7 +31,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._provenance import commit, machine  # noqa: E402
-from edge_node.algorithm.robust import DEFAULT_MAX_ABS_RATIO, DEFAULT_MAX_RMS_RATIO, screen_peer_models  # noqa: E402
+from edge_node.algorithm.robust import (  # noqa: E402
+    DEFAULT_MAX_ABS_RATIO,
+    DEFAULT_MAX_RMS_RATIO,
+    model_stats,
+    screen_peer_models,
+)
 from edge_node.data import load_dataset  # noqa: E402
 from edge_node.sim.checkpoint import load_checkpoint  # noqa: E402
 from edge_node.sim.config import SimConfig  # noqa: E402
@@ -61,21 +66,18 @@ def smallest_passing_ratio(own: tuple[dict, dict], peers: list[tuple[str, dict, 
 
 
 def spread(models: list[tuple[dict, dict]]) -> tuple[float, str]:
-    """The largest over the smallest client statistic of any tensor (rms or max |w|, floored), and where."""
-    floor = min(
-        math.sqrt(sum(float(w[n][m[n]].double().square().sum()) for n in w) / max(1, sum(int(m[n].sum()) for n in w)))
-        for w, m in models
-    )
+    """The largest over the smallest client statistic of any tensor (rms or max |w|, floored), and where.
+
+    The statistics are the screen's own (``model_stats``); the floor is the smallest client's overall rms.
+    """
+    names = list(models[0][0])
+    stats = [model_stats(w, m, names)[0] for w, m in models]
+    assert all(st is not None for st in stats), "an honest model with non-finite values"
+    floor = min(math.sqrt(st.sum_squares / max(1, st.active)) for st in stats if st is not None)
     worst, where = 1.0, ""
-    for name in models[0][0]:
+    for name in names:
         for kind in ("rms", "amax"):
-            values = []
-            for w, m in models:
-                active = w[name][m[name]].double()
-                value = 0.0 if not active.numel() else (
-                    float(active.square().mean().sqrt()) if kind == "rms" else float(active.abs().max())
-                )  # fmt: skip
-                values.append(max(value, floor))
+            values = [max(getattr(st, kind)[name], floor) for st in stats if st is not None]
             ratio = max(values) / min(values)
             if ratio > worst:
                 worst, where = ratio, f"{name} {kind}"

@@ -71,7 +71,9 @@ class ScreenResult:
 
 
 @dataclass(frozen=True)
-class _Stats:
+class ModelStats:
+    """Per-tensor rms and max |w| of a model's active weights, and its sum of squares and active count."""
+
     rms: dict[str, float]
     amax: dict[str, float]
     sum_squares: float
@@ -95,7 +97,7 @@ def _problem(name: str, weight: object, mask: object, shape: tuple[int, ...]) ->
     return None
 
 
-def _stats(weights: TensorDict, mask: TensorDict, names: Sequence[str]) -> tuple[_Stats | None, str | None]:
+def model_stats(weights: TensorDict, mask: TensorDict, names: Sequence[str]) -> tuple[ModelStats | None, str | None]:
     """Per-tensor rms and max |w| over active weights (float64), or why not (a non-finite value)."""
     rows = []
     for name in names:
@@ -122,7 +124,7 @@ def _stats(weights: TensorDict, mask: TensorDict, names: Sequence[str]) -> tuple
         amax[name] = largest
         total_squares += squares
         total_active += int(count)
-    return _Stats(rms, amax, total_squares, total_active), None
+    return ModelStats(rms, amax, total_squares, total_active), None
 
 
 def _median(values: list[float]) -> float:
@@ -173,12 +175,12 @@ def screen_peer_models(
         problem = _problem(name, own_weights[name], own_mask.get(name), shapes[name])
         if problem:
             raise ConfigError(f"own model: {problem}")
-    own, problem = _stats(own_weights, own_mask, names)
+    own, problem = model_stats(own_weights, own_mask, names)
     if own is None:
         raise ConfigError(f"own model: {problem}")
 
     refused: dict[str, str] = {}
-    stats: dict[str, _Stats] = {}
+    stats: dict[str, ModelStats] = {}
     with torch.no_grad():
         for peer_id, weights, mask in peers:
             problem = next(
@@ -191,7 +193,7 @@ def screen_peer_models(
             )
             peer_stats = None
             if problem is None:
-                peer_stats, problem = _stats(weights, mask, names)
+                peer_stats, problem = model_stats(weights, mask, names)
             if peer_stats is None:
                 refused[peer_id] = problem or "unusable model"
             else:

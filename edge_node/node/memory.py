@@ -10,7 +10,8 @@ The arenas themselves are the other half. glibc gives threads up to 8 per core, 
 gRPC, discovery and torch threads spread over them; each keeps its own free chunks, so RSS crept
 up for 30 minutes in an 8-daemon soak (about 415 -> 460 MB, still rising +11..+75 MB/h over
 its last 15 minutes). ``limit_malloc_arenas`` caps them (default 2) before the node starts any
-thread: the same fleet then stayed flat near 380 MB for 10 minutes, with as many rounds (``docs/RESULTS.md``).
+thread: the same fleet then stayed flat near 380 MB over 15 minutes, with 1-2 % fewer rounds
+(``docs/RESULTS.md``).
 An operator's own ``MALLOC_ARENA_MAX`` wins: glibc read it at start-up and it is left alone.
 """
 
@@ -46,11 +47,6 @@ def _glibc() -> Any:
     return _libc
 
 
-def _malloc_trim() -> Any:
-    libc = _glibc()
-    return libc.malloc_trim if libc is not None else None
-
-
 def limit_malloc_arenas(count: int = DEFAULT_ARENAS) -> bool:
     """Cap glibc's malloc arenas at ``count`` for threads started from now on; True when set.
 
@@ -67,5 +63,5 @@ def limit_malloc_arenas(count: int = DEFAULT_ARENAS) -> bool:
 
 def release_free_memory() -> bool:
     """Return free heap pages to the OS (glibc); True when the allocator gave something back."""
-    trim = _malloc_trim()
-    return bool(trim(0)) if trim is not None else False
+    libc = _glibc()
+    return bool(libc.malloc_trim(0)) if libc is not None else False

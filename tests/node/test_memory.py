@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+import pytest
+
+from edge_node.node.memory import limit_malloc_arenas
 
 # In a fresh interpreter: in the test session's long-lived heap, the blocks would partly land in chunks
 # earlier tests freed, and RSS would not show them come and go.
@@ -71,17 +76,13 @@ def _arenas(mode: str, env: dict[str, str] | None = None) -> int:
 
 
 def test_the_arena_cap_holds_threads_to_two_arenas():
-    import os
-
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     assert _arenas("free", env) > 2  # glibc alone gives the 8 threads more arenas
     assert _arenas("limit", env) <= 2
 
 
 def test_an_operators_malloc_arena_max_is_left_alone(monkeypatch):
-    from edge_node.node.memory import limit_malloc_arenas
-
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert limit_malloc_arenas() is False
-    with __import__("pytest").raises(ValueError):
+    with pytest.raises(ValueError):
         limit_malloc_arenas(0)
