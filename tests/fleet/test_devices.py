@@ -1,0 +1,99 @@
+"""Device profiles: ``--devices`` parsing, and the heterogeneous fleet of issue 21 (3 nodes, 2 profiles, auto tiers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_node.errors import ConfigError
+from edge_node.fleet import cgroups as _cgroups
+from edge_node.fleet.config import FleetConfig
+from edge_node.fleet.devices import PROFILES, node_link, parse_devices
+from edge_node.fleet.link import LinkSpec
+from tests.fleet.fleets import read_summary, run_cli
+
+
+def test_named_profiles_take_their_counts_in_order():
+    profiles = parse_devices("pi4:3,pi5:3,orin-nano:2", 8)
+    assert [p.name for p in profiles] == ["pi4"] * 3 + ["pi5"] * 3 + ["orin-nano"] * 2
+    assert profiles[0] is PROFILES["pi4"] and all(p.source != "custom" for p in profiles)
+    assert [p.name for p in parse_devices("pi5", 4)] == ["pi5"] * 4  # one profile without a count: every node
+
+
+def test_custom_profiles_and_groups():
+    slow, fast, fast2 = parse_devices("name=slow,cpu=0.25,mem=1g,rate=20mbit;name=fast,mem=512m,count=2", 3)
+    assert (slow.name, slow.cpu, slow.memory_bytes, slow.link.rate_bit_s) == ("slow", 0.25, 2**30, 20_000_000)
+    assert (fast.cpu, fast.memory_bytes, fast.link) == (None, 512 * 2**20, LinkSpec()) and fast2 == fast
+    assert slow.describe() == "slow (cpu 0.25, mem 1g, rate 20mbit)"
+    # --link for every node, the profile's own rate where it has one
+    merged = node_link(slow, LinkSpec.parse("rate=1mbit,delay=5ms"))
+    assert (merged.rate_bit_s, merged.delay_ms) == (20_000_000, 5.0)
+    assert node_link(fast, LinkSpec.parse("rate=1mbit")).rate_bit_s == 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("text", "nodes", "words"),
+    [
+        ("pi9:2", 2, "unknown profile 'pi9'"),
+        ("pi4:2,pi5:2", 3, "describes 4 nodes, but --nodes is 3"),
+        ("pi4:0,pi5:3", 3, "count '0'"),
+        ("cpu=fast", 2, "cpu='fast'"),
+        ("cpu=0.001", 2, "cpu='0.001'"),
+        ("mem=1tb", 2, "mem='1tb'"),
+        ("cpu=1,cpu=2", 2, "cpu is given twice"),
+        ("gpu=1", 2, "'gpu=1' is not one of"),
+        ("rate=fast", 2, "rate='fast'"),
+        ("name=Big Box,cpu=1", 2, "name='big box'"),
+        (" ; ", 2, "--devices is empty"),
+    ],
+)
+def test_bad_devices_are_refused_naming_the_part(text, nodes, words):
+    with pytest.raises(ConfigError) as info:
+        parse_devices(text, nodes)
+    assert words in str(info.value)
+
+
+def test_a_profile_with_a_link_needs_netns(tmp_path):
+    with pytest.raises(ConfigError, match="pi4 has a link rate or loss, which needs --netns"):
+        FleetConfig(nodes=2, devices="pi4:2", output=tmp_path)
+    FleetConfig(nodes=2, devices="cpu=0.5,mem=1g", output=tmp_path)  # cgroups alone need no namespace
+
+
+def test_bad_devices_flag_is_one_line_exit_2_and_makes_nothing(tmp_path):
+    out = tmp_path / "out"
+    result = run_cli(["loopback", "--nodes", "3", "--devices", "pi4:2", "--netns", "--output", str(out)])
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "describes 2 nodes, but --nodes is 3" in lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.netns
+def test_heterogeneous_fleet_picks_its_tiers_and_leaves_nothing_behind(require_root, tmp_path):
+    """Issue 21's check: 3 nodes, 2 profiles, --capacity auto: different tiers, every node trains and pulls.
+
+    "fast" nodes have a whole CPU and an unshaped veth; the "slow" one half a CPU and 4 Mbit/s. With a
+    12 s round budget, the slow node's transfer term alone (2 dense cnn models, 6.4 MB at 4 Mbit/s:
+    12.8 s) rules out density 1.0 whatever its training takes; a fast node keeps 1.0 as long as its
+    measured training time fits 12 s (about 2-6 s here). The conftest checks that no namespace,
+    qdisc or cgroup outlives the run.
+    """
+    if _cgroups.system_hierarchy() is None:
+        pytest.skip("no cgroup hierarchy with the cpu and memory controllers")
+    out = tmp_path / "out"
+    devices = "name=fast,cpu=1,mem=1g,count=2;name=slow,cpu=0.5,mem=1g,rate=4mbit"
+    result = run_cli(["loopback", "--nodes", "3", "--rounds", "2", "--netns", "--capacity", "auto",
+                      "--devices", devices, "--round-budget-s", "12", "--pull-timeout-s", "40", "--epochs", "1",
+                      "--output", str(out), "--no-progress"])  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(out)
+    nodes = {n["node_id"]: n for n in summary["nodes"]}
+    for node in nodes.values():
+        assert node["rounds"] == 2 and node["bytes_in"] > 0 and node["peers_answered"], node
+    cap = {k: n["device"]["capacity"] for k, n in nodes.items()}
+    assert cap["node0"]["tier"] == cap["node1"]["tier"] == "1.0", cap
+    assert float(cap["node2"]["tier"]) < 1.0 and "transfer" in cap["node2"]["decided_by"], cap
+    # each node measured its own limits: the quota, the memory limit, the shaped link
+    assert [cap[k]["cpu_limit"] for k in ("node0", "node1", "node2")] == [1.0, 1.0, 0.5]
+    assert all(c["memory_limit_bytes"] == 2**30 and c["available_memory_bytes"] < 2**30 for c in cap.values())
+    assert cap["node2"]["link_mbit_s"] == 4.0
+    assert "| node2 | slow: rate 4mbit |" in result.stdout
