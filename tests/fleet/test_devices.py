@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import time
+from pathlib import Path
+
 import pytest
 
 from edge_node.errors import ConfigError
 from edge_node.fleet import cgroups as _cgroups
 from edge_node.fleet.config import FleetConfig
 from edge_node.fleet.devices import PROFILES, node_link, parse_devices
+from edge_node.fleet.fleet import RUN_FILE, Fleet
 from edge_node.fleet.link import LinkSpec
-from tests.fleet.fleets import read_summary, run_cli
+from tests.fleet.fleets import FLEET_TIMEOUT_S, cli_process, read_summary, run_cli
 
 
 def test_named_profiles_take_their_counts_in_order():
@@ -97,3 +103,28 @@ def test_heterogeneous_fleet_picks_its_tiers_and_leaves_nothing_behind(require_r
     assert all(c["memory_limit_bytes"] == 2**30 and c["available_memory_bytes"] < 2**30 for c in cap.values())
     assert cap["node2"]["link_mbit_s"] == 4.0
     assert "| node2 | slow: rate 4mbit |" in result.stdout
+
+
+def test_a_killed_supervisor_s_cgroups_are_removed_by_the_next_start(require_root, tmp_path):
+    """SIGKILL to the supervisor: its daemons die with it (parent-death signal), its groups stay behind
+    (nobody could remove them), and the next fleet start removes them (their creator is gone)."""
+    if _cgroups.system_hierarchy() is None:
+        pytest.skip("no cgroup hierarchy with the cpu and memory controllers")
+    out = tmp_path / "fleet"
+    args = ["loopback", "--nodes", "2", "--rounds", "0", "--devices", "cpu=0.5,mem=1g", "--output", str(out),
+            "--epochs", "1", "--pull-timeout-s", "15", "--no-progress"]  # fmt: skip
+    with cli_process(args, tmp_path / "stdout.txt") as (proc, stderr):
+        assert stderr.wait_for("round 1", FLEET_TIMEOUT_S), stderr.so_far()
+        groups = [Path(d) for d in json.loads((out / RUN_FILE).read_text())["cgroups"]]
+        assert len(groups) == 4 and all(d.is_dir() for d in groups)  # cpu and memory, per node
+        proc.kill()
+        assert proc.wait(10) == -signal.SIGKILL
+    stderr.text()
+    deadline = time.monotonic() + 30
+    while any((d / "cgroup.procs").read_text().strip() for d in groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(d.is_dir() and not (d / "cgroup.procs").read_text().strip() for d in groups)
+    config = FleetConfig(nodes=2, rounds=1, output=out, devices="cpu=0.5", energy_backend="estimate")
+    with Fleet(config, fresh=True) as fleet:
+        assert not any(d.exists() for d in groups)  # the next start removed them
+        assert len([g for g in fleet.groups if g is not None]) == 2
