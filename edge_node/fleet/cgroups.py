@@ -8,11 +8,18 @@ again there (in that private mount namespace only), so that the node can read it
 (:mod:`edge_node.node.limits`). Two layouts are handled:
 
 * cgroup v2, where a ``cgroup2`` mount offers both the ``cpu`` and the ``memory`` controller: one group
-  under the hierarchy's root with ``cpu.max`` and ``memory.max`` (and ``memory.swap.max = 0``);
+  under the hierarchy's root with ``cpu.max``, ``cpu.weight`` and ``memory.max`` (and
+  ``memory.swap.max = 0``);
 * cgroup v1 otherwise (``cpu`` and ``memory`` hierarchies mounted apart, as on kernels booted with v1 or
   hybrid): a group in each, below the cgroup this process is in, with ``cpu.cfs_quota_us`` /
-  ``cpu.cfs_period_us`` and ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes`` where swap is
-  accounted). Nested under our own cgroup, a device never gets more than the supervisor itself may use.
+  ``cpu.cfs_period_us``, ``cpu.shares`` and ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes``
+  where swap is accounted). Nested under our own cgroup, a device never gets more than the supervisor
+  itself may use.
+
+The quota is a ceiling: a device never runs faster than its share. When the machine's cores are
+contended (more runnable work than cores) no group gets its full quota, so the weight (``cpu.shares`` /
+``cpu.weight``, in proportion to the quota, the fastest device weighing as much as an ordinary process)
+keeps the devices' speeds in the ratio of their profiles.
 
 Every group is removed when the fleet closes (its remaining processes, ours, are killed first), and
 :func:`cleanup_stale` removes the groups of a killed run: those whose creating process is gone.
@@ -181,10 +188,12 @@ def _write(path: Path, value: str) -> None:
         raise CgroupError(f"cannot write {value!r} to {path}: {exc.strerror or exc}") from None
 
 
-def _limit(hierarchy: Hierarchy, cpu_dir: Path, memory_dir: Path, cpu: float | None, memory: int | None) -> None:
+def _limit(hierarchy: Hierarchy, cpu_dir: Path, memory_dir: Path, cpu: float | None, memory: int | None,
+           weight: float) -> None:  # fmt: skip
     if hierarchy.version == 2:
         if cpu is not None:
             _write(cpu_dir / "cpu.max", f"{cpu_quota_us(cpu)} {CFS_PERIOD_US}")
+            _write(cpu_dir / "cpu.weight", str(max(1, round(100 * weight))))  # 100: an ordinary group
         if memory is not None:
             _write(memory_dir / "memory.max", str(memory))
             if (memory_dir / "memory.swap.max").exists():
@@ -193,6 +202,7 @@ def _limit(hierarchy: Hierarchy, cpu_dir: Path, memory_dir: Path, cpu: float | N
     if cpu is not None:
         _write(cpu_dir / "cpu.cfs_period_us", str(CFS_PERIOD_US))
         _write(cpu_dir / "cpu.cfs_quota_us", str(cpu_quota_us(cpu)))
+        _write(cpu_dir / "cpu.shares", str(max(2, round(1024 * weight))))  # 1024: an ordinary process
     if memory is not None:
         _write(memory_dir / "memory.limit_in_bytes", str(memory))
         if (memory_dir / "memory.memsw.limit_in_bytes").exists():  # swap accounted: no swapping past the limit
@@ -206,11 +216,14 @@ def _enable_v2_controllers(parent: Path) -> None:
         _write(parent / "cgroup.subtree_control", "+cpu +memory")
 
 
-def create_group(hierarchy: Hierarchy, name: str, *, cpu: float | None, memory_bytes: int | None) -> DeviceGroup:
-    """A group ``name`` limited to ``cpu`` CPUs and ``memory_bytes`` (None: not limited); removed again when
-    setting a limit fails."""
+def create_group(hierarchy: Hierarchy, name: str, *, cpu: float | None, memory_bytes: int | None,
+                 weight: float = 1.0) -> DeviceGroup:  # fmt: skip
+    """A group ``name`` limited to ``cpu`` CPUs and ``memory_bytes`` (None: not limited), with a CPU weight of
+    ``weight`` (in (0, 1]) times an ordinary process's; removed again when setting a limit fails."""
     if cpu is not None and cpu < MIN_CPU:
         raise ConfigError(f"cpu={cpu:g} must be at least {MIN_CPU:g} of a CPU")
+    if not 0 < weight <= 1:
+        raise ValueError(f"weight={weight} must be in (0, 1]")
     if memory_bytes is not None and memory_bytes < MIN_MEMORY_BYTES:
         raise ConfigError(f"mem={memory_bytes} bytes must be at least {MIN_MEMORY_BYTES // 2**20} MiB")
     if hierarchy.version == 2:
@@ -225,7 +238,7 @@ def create_group(hierarchy: Hierarchy, name: str, *, cpu: float | None, memory_b
             except OSError as exc:
                 raise CgroupError(f"cannot create the cgroup {d}: {exc.strerror or exc}") from None
             made.append(d)
-        _limit(hierarchy, dirs[0], dirs[-1], cpu, memory_bytes)
+        _limit(hierarchy, dirs[0], dirs[-1], cpu, memory_bytes, weight)
     except BaseException:
         remove_group(DeviceGroup(name, tuple(made), hierarchy.version))
         raise
@@ -260,9 +273,9 @@ def remove_group(group: DeviceGroup, wait_s: float = REMOVE_WAIT_S) -> None:
 
 @contextmanager
 def device_group(hierarchy: Hierarchy, tag: str, *, kind: str = "fleet", cpu: float | None,
-                 memory_bytes: int | None) -> Iterator[DeviceGroup]:  # fmt: skip
+                 memory_bytes: int | None, weight: float = 1.0) -> Iterator[DeviceGroup]:  # fmt: skip
     """:func:`create_group` with a unique name, removed on exit."""
-    group = create_group(hierarchy, unique_name(tag, kind), cpu=cpu, memory_bytes=memory_bytes)
+    group = create_group(hierarchy, unique_name(tag, kind), cpu=cpu, memory_bytes=memory_bytes, weight=weight)
     try:
         yield group
     finally:

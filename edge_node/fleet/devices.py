@@ -57,7 +57,7 @@ class DeviceProfile:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "cpu": self.cpu, "memory_bytes": self.memory_bytes,
-                "link": self.link.describe(), "source": self.source}  # fmt: skip
+                "link": self.link.describe(), "source": self.source, "describe": self.describe()}  # fmt: skip
 
 
 # Sources (README "Device profiles"): Raspberry Pi 4 and 5 product briefs (raspberrypi.com) and the Pi 5

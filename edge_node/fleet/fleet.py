@@ -169,10 +169,11 @@ class Fleet:
                 self.link_report = shape_links(self.net, fleet_link)
         else:
             self.endpoints = [("127.0.0.1", port) for port in free_ports(config.nodes)]
+        fastest = max((p.cpu for p in self.profiles if p.cpu is not None), default=1.0)
         self.groups = [
             None if hierarchy is None or (p.cpu is None and p.memory_bytes is None) else self._stack.enter_context(
-                _cgroups.device_group(hierarchy, f"{config.node_ids[i]}", kind=self.kind, cpu=p.cpu,
-                                      memory_bytes=p.memory_bytes))
+                _cgroups.device_group(hierarchy, config.node_ids[i], kind=self.kind, cpu=p.cpu,
+                                      memory_bytes=p.memory_bytes, weight=(p.cpu or fastest) / fastest))
             for i, p in enumerate(self.profiles)
         ]  # fmt: skip
         self.daemons = [self.make_daemon(i) for i in range(config.nodes)]

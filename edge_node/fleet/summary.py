@@ -168,7 +168,6 @@ def device_table(nodes: list[dict[str, Any]]) -> list[str]:
     for n in rows:
         device, cap = n["device"], n["device"].get("capacity") or {}
         profile = device["profile"]
-        link = ", ".join(f"{k} {v}" for k, v in profile["link"].items()) or "-"
         quota = "-" if cap.get("cpu_limit") is None else f"{cap['cpu_limit']:g}"
         cpus = f"{cap['cpu_count']} ({quota})" if cap.get("cpu_count") is not None else "-"
         memory = "-"
@@ -178,8 +177,9 @@ def device_table(nodes: list[dict[str, Any]]) -> list[str]:
             memory = f"{cap['available_memory_bytes'] / 2**20:.0f} / {limit_mib}"
         measured_link = "-" if cap.get("link_mbit_s") is None else f"{cap['link_mbit_s']:g}"
         oom = f" (OOM-killed {device['oom_kills']}x)" if device.get("oom_kills") else ""
+        name = (profile.get("describe") or profile["name"]) + oom
         lines.append(
-            f"| {n['node_id']} | {profile['name']}: {link}{oom} | {cpus} | {memory} | {measured_link} | "
+            f"| {n['node_id']} | {name} | {cpus} | {memory} | {measured_link} | "
             f"{cap.get('tier') or '-'} | {cap.get('decided_by') or 'not recorded'} |"
         )
     return lines

@@ -68,8 +68,10 @@ def _cpu_seconds_in(group: _cgroups.DeviceGroup, wall_s: float) -> float:
 
 
 def test_the_kernel_enforces_the_cpu_quota_and_the_memory_limit(hierarchy):
-    with _cgroups.device_group(hierarchy, "t", kind="test", cpu=0.2, memory_bytes=256 * 2**20) as group:
+    with _cgroups.device_group(hierarchy, "t", kind="test", cpu=0.2, memory_bytes=256 * 2**20, weight=0.5) as group:
         assert all(d.is_dir() for d in group.dirs)
+        weight_file, weight = ("cpu.shares", "512") if hierarchy.version == 1 else ("cpu.weight", "50")
+        assert (group.dirs[0] / weight_file).read_text().strip() == weight  # half an ordinary process's
         # 2 s of spinning at 0.2 CPUs: about 0.4 s of CPU (less on a loaded machine, never much more)
         assert _cpu_seconds_in(group, 2.0) < 0.6
         hog = "b = bytearray(512 * 2**20); b[::4096] = b'x' * len(b[::4096]); print('survived')"

@@ -102,7 +102,7 @@ def test_heterogeneous_fleet_picks_its_tiers_and_leaves_nothing_behind(require_r
     assert [cap[k]["cpu_limit"] for k in ("node0", "node1", "node2")] == [1.0, 1.0, 0.5]
     assert all(c["memory_limit_bytes"] == 2**30 and c["available_memory_bytes"] < 2**30 for c in cap.values())
     assert cap["node2"]["link_mbit_s"] == 4.0
-    assert "| node2 | slow: rate 4mbit |" in result.stdout
+    assert "| node2 | slow (cpu 0.5, mem 1g, rate 4mbit) | 1 (0.5) |" in result.stdout
 
 
 def test_a_killed_supervisor_s_cgroups_are_removed_by_the_next_start(require_root, tmp_path):
