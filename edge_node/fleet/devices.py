@@ -60,10 +60,10 @@ class DeviceProfile:
                 "link": self.link.describe(), "source": self.source, "describe": self.describe()}  # fmt: skip
 
 
-# Sources (README "Device profiles"): Raspberry Pi 4 and 5 product briefs (raspberrypi.com) and the Pi 5
-# launch announcement ("2-3x the CPU performance of Raspberry Pi 4"); NVIDIA Jetson Orin Nano series data
-# sheet (6x Cortex-A78AE at 1.5 GHz); Arm's Cortex-A77/A78 launch figures (+20 % and +7 % IPC over the
-# core before), so an A78AE at 1.5 GHz is about 0.8 of an A76 at 2.4 GHz per core.
+# Sources (links in README "Device profiles"): Raspberry Pi 4 and 5 product briefs and the Pi 5 launch post
+# ("2-3x the CPU performance of Raspberry Pi 4"); NVIDIA's Jetson Orin Nano series data sheet (6x
+# Cortex-A78AE at 1.5 GHz); Arm's Cortex-A77 / A78 launch claims (about +20 % and +7 % per clock over the
+# core before), so an A78AE at 1.5 GHz is about 0.8 of an A76 at 2.4 GHz per core: an estimate.
 PROFILES: dict[str, DeviceProfile] = {
     "pi4": DeviceProfile("pi4", cpu=0.2, memory_bytes=2 * 2**30, link=LinkSpec(rate_bit_s=20_000_000),
                          source="Raspberry Pi 4 Model B 2 GB: 4x Cortex-A72 1.8 GHz; a Pi 5 core is 2-3x "

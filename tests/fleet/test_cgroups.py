@@ -103,3 +103,9 @@ def test_groups_of_a_killed_run_are_removed_by_the_next(hierarchy):
     finally:
         _cgroups.remove_group(group)
         _cgroups.remove_group(mine)
+
+
+def test_devices_without_root_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(_cgroups.os, "geteuid", lambda: 1000)
+    with pytest.raises(_cgroups.ConfigError, match=r"^--devices needs root to create cgroups"):
+        _cgroups.check_available()
