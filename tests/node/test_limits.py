@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from edge_node.errors import ConfigError
+from edge_node.fleet import cgroups as _cgroups
 from edge_node.node import capacity
 from edge_node.node.limits import ceil_cpus, read_limits
 
@@ -69,3 +73,37 @@ def test_a_device_short_of_memory_is_refused_with_one_line():
     assert "\n" not in message
     assert message.startswith("too little memory for resnet18: a round needs about 202 MiB, but this device has "
                               "141 MiB available under its memory limit of 400 MiB")  # fmt: skip
+
+
+CAPACITY = [sys.executable, "-m", "edge_node", "capacity", "--json", "--fleet", "test", "--num-clients", "6",
+            "--client-index", "0", "--epochs", "1", "--threads", "1"]  # fmt: skip
+
+
+@pytest.fixture
+def hierarchy(require_root) -> _cgroups.Hierarchy:
+    found = _cgroups.system_hierarchy()
+    if found is None:
+        pytest.skip("no cgroup hierarchy with the cpu and memory controllers")
+    return found
+
+
+def test_edge_node_capacity_inside_a_limited_group_sees_its_limits(hierarchy):
+    with _cgroups.device_group(hierarchy, "cap", kind="test", cpu=0.5, memory_bytes=2**30) as group:
+        result = subprocess.run(group.wrap(CAPACITY), capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    m = json.loads(result.stdout)["measurements"]
+    assert (m["cpu_limit"], m["cpu_count"], m["memory_limit_bytes"]) == (0.5, 1, 2**30)
+    assert 0 < m["available_memory_bytes"] < 2**30 and "CPU quota 0.50 CPUs" in m["limits_detail"]
+
+
+def test_a_memory_limit_too_small_for_the_model_is_refused_before_the_probe(hierarchy):
+    """resnet18 with 3 neighbours needs about 310 MiB a round; under 512 MiB, with torch and the data loaded,
+    much less is left: one line and exit 2 (not the OOM killer)."""
+    with _cgroups.device_group(hierarchy, "small", kind="test", cpu=None, memory_bytes=512 * 2**20) as group:
+        result = subprocess.run(group.wrap([*CAPACITY, "--model", "resnet18"]), capture_output=True, text=True,
+                                timeout=180)  # fmt: skip
+        oom_kills = group.oom_kills()
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and oom_kills == 0, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("edge-node: error: too little memory for resnet18: a round needs")
+    assert "under its memory limit of 512 MiB" in lines[0]
