@@ -115,8 +115,8 @@ class Fleet:
         self.link_report = LinkReport()
         self.profiles = config.profiles  # one per node, or none
         self.node_links: list[LinkReport] = []  # with profiles: how each node's link was shaped
-        self.groups: list[_cgroups.DeviceGroup | None] = []
-        self.hierarchy: _cgroups.Hierarchy | None = None  # with profiles: each node's cgroup (None: unlimited)
+        self.groups: list[_cgroups.DeviceGroup | None] = []  # with profiles: each node's cgroup (None: unlimited)
+        self.hierarchy: _cgroups.Hierarchy | None = None  # where the groups are, when any node is limited
         self.daemons: list[DaemonProcess] = []
         self.endpoints: list[tuple[str, int]] = []  # (host, port) of each node
         self.started_unix: float | None = None
