@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
@@ -159,3 +161,25 @@ def test_screen_margin_bench_tiny_run(tmp_path: Path):
     (row,) = json.loads(out.read_text())["rounds"]
     assert 1.0 <= row["rms_margin"] < 10 and 1.0 <= row["amax_margin"] < 10 and row["spread"] >= 1.0
     assert "largest honest margin over 1 rounds" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_hetero_fleet_bench_runs_an_arm_and_the_slowest_tier_after_it(tmp_path: Path, require_root: None):
+    from edge_node.fleet.cgroups import system_hierarchy
+
+    if system_hierarchy() is None:
+        pytest.skip("no cgroup hierarchy with the cpu and memory controllers")
+    out = tmp_path / "hetero"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "hetero_fleet.py"), "--output", str(out), "--demo", "--nodes", "2", "--rounds",
+         "1", "--devices", "name=a,cpu=0.5,mem=1g;name=b,cpu=0.25,mem=1g", "--arms", "auto,slowest",
+         "--pull-timeout-s", "15"],
+        capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((out / "hetero.json").read_text())["arms"]
+    assert set(result) == {"auto", "slowest"} and all(a["exit_code"] == 0 for a in result.values())
+    slowest = min(result["auto"]["tiers"].values(), key=float)
+    assert set(result["slowest"]["tiers"].values()) == {slowest}  # every node at the auto arm's slowest tier
+    assert (out / "hetero.md").read_text().count("| auto | 0 |") == 1 and (out / "hetero.png").exists()

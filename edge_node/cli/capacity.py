@@ -20,6 +20,7 @@ def format_decision(decision: Any) -> str:
         f"activation memory    {m.activation_bytes / 2**20:.0f} MiB (resident growth during the probe)",
         f"available memory     {m.available_memory_bytes / 2**30:.2f} GiB",
         f"CPUs                 {m.cpu_count} ({m.torch_threads} torch threads)",
+        f"cgroup limits        {m.limits_detail or '-'}",
         f"accelerator          {m.accelerator}",
         f"link speed           {m.link_detail}",
         "",

@@ -30,6 +30,11 @@ _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.
               help="Condition every node's link, e.g. 'rate=10mbit,delay=20ms,loss=1%' (with --netns; netem, or "
               "tbf + iptables where the kernel has no netem: then delay is not applied and the run says "
               "so).")  # fmt: skip
+@click.option("--devices", "devices", multiple=True, metavar="PROFILES",
+              help="Device profiles, enforced by cgroups and the links (root): named 'pi4:3,pi5:3,orin-nano:2' or "
+              "custom 'cpu=0.25,mem=1g,rate=20mbit,count=2'; groups separated by ';' or by repeating the flag. "
+              "Counts add up to --nodes (one profile without a count: every node). See README 'Device "
+              "profiles'.")  # fmt: skip
 @click.option("--lockstep", is_flag=True, help="The synchronous algorithm: the simulation's seeded neighbours, "
               "every node waits for the fleet each round.")  # fmt: skip
 @click.option("--tls", is_flag=True, help="Mutual TLS: a fleet CA and one certificate per node in OUTPUT/tls.")
@@ -66,7 +71,8 @@ _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.
 @click.option("--progress/--no-progress", default=None,
               help="Live table [default: in a terminal], or plain lines (always in a pipe).")  # fmt: skip
 @verbose_option
-def loopback(fresh: bool, progress: bool | None, fleet_id: str, daemon_args: tuple[str, ...], **flags: Any) -> None:
+def loopback(fresh: bool, progress: bool | None, fleet_id: str, daemon_args: tuple[str, ...],
+             devices: tuple[str, ...], **flags: Any) -> None:  # fmt: skip
     """Run N real edge-node daemons on this machine (127.0.0.1 or namespaces) and summarise the fleet.
 
     Each node is an `edge-node start` process with its own state directory, port and slice of the data
@@ -79,7 +85,8 @@ def loopback(fresh: bool, progress: bool | None, fleet_id: str, daemon_args: tup
     from edge_node.fleet.supervise import run_fleet
 
     live = progress is not False and sys.stderr.isatty()
-    config = FleetConfig(fleet=fleet_id, daemon_args=daemon_args, progress=live, **flags)
+    config = FleetConfig(fleet=fleet_id, daemon_args=daemon_args, progress=live,
+                         devices=";".join(devices) if devices else None, **flags)  # fmt: skip
     stop = threading.Event()
     caught: list[int] = []
 

@@ -11,9 +11,12 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_node.errors import ConfigError
+
+if TYPE_CHECKING:
+    from edge_node.fleet.devices import DeviceProfile
 
 MAX_NODES = 64  # one machine; the bridge would take 250
 DEFAULT_OUTPUT = Path("runs/loopback")
@@ -39,6 +42,7 @@ class FleetConfig:
     output: Path = DEFAULT_OUTPUT
     netns: bool = False  # each node in its own namespace on a bridge, found over mDNS (root)
     link: str | None = None  # "rate=10mbit,delay=20ms,loss=1%" (needs netns)
+    devices: str | None = None  # "pi4:2,pi5:1" or "cpu=0.25,mem=1g,rate=20mbit" (edge_node.fleet.devices)
     lockstep: bool = False  # the synchronous algorithm: seeded neighbours, wait for the fleet each round
     tls: bool = False  # mutual TLS with a fleet CA made in OUTPUT/tls
     fleet: str = "loopback"
@@ -86,8 +90,20 @@ class FleetConfig:
             from edge_node.fleet.link import LinkSpec
 
             LinkSpec.parse(self.link)
+        if self.devices is not None:
+            shaped = [p.name for p in self.profiles if p.link.describe()]
+            if shaped and not self.netns:
+                raise ConfigError(f"--devices: {shaped[0]} has a link rate or loss, which needs --netns (shaping "
+                                  "127.0.0.1 would slow down every program of this machine)")  # fmt: skip
         object.__setattr__(self, "output", Path(self.output))
         object.__setattr__(self, "daemon_args", tuple(self.daemon_args))
+
+    @property
+    def profiles(self) -> list[DeviceProfile]:
+        """Each node's device profile (node i: element i); empty without ``devices``."""
+        from edge_node.fleet.devices import parse_devices
+
+        return parse_devices(self.devices, self.nodes) if self.devices is not None else []
 
     @property
     def node_ids(self) -> list[str]:

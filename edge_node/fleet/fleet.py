@@ -12,6 +12,10 @@ others over mDNS on its ``eth0`` (a lock-step fleet lists them as static peers i
 the whole fleet in client-index order). Bridges, veths, qdiscs and iptables rules all live inside the
 fleet's namespaces, so deleting those removes everything; nothing is added to the machine's own network.
 
+With device profiles (``devices``) each node's daemon also runs in a cgroup of its own that limits its CPU
+and memory (:mod:`edge_node.fleet.cgroups`), and its link is shaped to its profile's rate and loss; the
+groups are removed with the fleet, and any start removes the groups of killed fleets.
+
 ``OUTPUT/fleet-run.json`` names the supervisor, its daemons and namespaces while the fleet runs; a
 later start on the same output directory ends what a killed supervisor left there, and any start
 removes namespaces of killed fleets (:func:`edge_node.fleet.netns.cleanup_stale`).
@@ -32,9 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from edge_node.errors import ConfigError
+from edge_node.fleet import cgroups as _cgroups
 from edge_node.fleet import netns as _netns
 from edge_node.fleet.config import CONFIG_FILE, NETNS_PORT, FleetConfig, settings_to_flags
 from edge_node.fleet.daemons import STOP_GRACE_S, DaemonProcess, end_leftover, pid_alive, python_command
+from edge_node.fleet.devices import format_memory, node_link
 from edge_node.fleet.link import LinkReport, LinkSpec, check_link_tools, shape_links
 from edge_node.storage import atomic_write_text
 
@@ -107,6 +113,10 @@ class Fleet:
         self.output = config.output
         self.net: _netns.BridgeNet | None = None
         self.link_report = LinkReport()
+        self.profiles = config.profiles  # one per node, or none
+        self.node_links: list[LinkReport] = []  # with profiles: how each node's link was shaped
+        self.groups: list[_cgroups.DeviceGroup | None] = []  # with profiles: each node's cgroup (None: unlimited)
+        self.hierarchy: _cgroups.Hierarchy | None = None  # where the groups are, when any node is limited
         self.daemons: list[DaemonProcess] = []
         self.endpoints: list[tuple[str, int]] = []  # (host, port) of each node
         self.started_unix: float | None = None
@@ -133,11 +143,17 @@ class Fleet:
     def open(self) -> None:
         """Clean up leftovers, check the output directory, make the network and the daemons (not started)."""
         config = self.config
+        fleet_link = LinkSpec.parse(config.link) if config.link is not None else LinkSpec()
+        hierarchy = None
+        if any(p.cpu is not None or p.memory_bytes is not None for p in self.profiles):
+            hierarchy = self.hierarchy = _cgroups.check_available()
         if config.netns:
             _netns.check_available()
-            if config.link is not None:
-                check_link_tools(LinkSpec.parse(config.link))  # before anything is made
+            for spec in [fleet_link, *(node_link(p, fleet_link) for p in self.profiles)]:
+                check_link_tools(spec)  # before anything is made
             _netns.cleanup_stale(self.kind)
+        if os.geteuid() == 0:
+            _cgroups.cleanup_stale(hierarchy or _cgroups.system_hierarchy(), self.kind)
         self._end_leftovers()
         self._prepare_output()
         if config.tls:
@@ -147,12 +163,63 @@ class Fleet:
                 _netns.bridge_with_namespaces(config.nodes, subnet=config.subnet, kind=self.kind, tag="node")
             )
             self.endpoints = [(address, NETNS_PORT) for address in self.net.addresses]
-            if config.link is not None:
-                self.link_report = shape_links(self.net, LinkSpec.parse(config.link))
+            if self.profiles:
+                self._shape_device_links(fleet_link)
+            elif config.link is not None:
+                self.link_report = shape_links(self.net, fleet_link)
         else:
             self.endpoints = [("127.0.0.1", port) for port in free_ports(config.nodes)]
+        fastest = max((p.cpu for p in self.profiles if p.cpu is not None), default=1.0)
+        self.groups = [
+            None if hierarchy is None or (p.cpu is None and p.memory_bytes is None) else self._stack.enter_context(
+                _cgroups.device_group(hierarchy, config.node_ids[i], kind=self.kind, cpu=p.cpu,
+                                      memory_bytes=p.memory_bytes, weight=(p.cpu or fastest) / fastest))
+            for i, p in enumerate(self.profiles)
+        ]  # fmt: skip
         self.daemons = [self.make_daemon(i) for i in range(config.nodes)]
         self._write_run_file()
+
+    def _shape_device_links(self, fleet_link: LinkSpec) -> None:
+        """Each node's link to its profile (``--link`` where the profile sets nothing); one report per node,
+        and the fleet's report says how ``--link``'s own properties were applied."""
+        assert self.net is not None
+        self.node_links = [shape_links(self.net, node_link(p, fleet_link), hosts=[i])
+                           for i, p in enumerate(self.profiles)]  # fmt: skip
+        asked = fleet_link.describe()
+        report = LinkReport(asked=asked)
+        for node in self.node_links:
+            report.applied.update({k: v for k, v in node.applied.items() if k in asked})
+            report.not_applied.update({k: v for k, v in node.not_applied.items() if k in asked})
+        self.link_report = report
+
+    def link_warnings(self) -> list[str]:
+        """One line per link property asked for (by ``--link`` or a profile) and not applied."""
+        lines = self.link_report.warnings()
+        for node_id, report in zip(self.config.node_ids, self.node_links, strict=False):
+            lines += [f"{node_id}: {line}" for line in report.warnings() if line not in lines]
+        return lines
+
+    def device_info(self) -> dict[str, dict[str, Any]]:
+        """Per node: its profile, how its link was shaped, its cgroup and how often the OOM killer struck."""
+        info = {}
+        for i, profile in enumerate(self.profiles):
+            group = self.groups[i] if i < len(self.groups) else None
+            info[self.config.node_ids[i]] = {
+                "profile": profile.to_json(),
+                "link": self.node_links[i].to_json() if i < len(self.node_links) else None,
+                "cgroup": [str(d) for d in group.dirs] if group is not None else [],
+                "oom_kills": group.oom_kills() if group is not None else 0,
+            }
+        return info
+
+    def oom_note(self, node_id: str) -> str:
+        """`` (by the OOM killer, under its memory limit of 1g)`` when the kernel killed that node for memory."""
+        i = self.config.node_ids.index(node_id) if node_id in self.config.node_ids else -1
+        group = self.groups[i] if 0 <= i < len(self.groups) else None
+        if group is None or not group.oom_kills():
+            return ""
+        limit = self.profiles[i].memory_bytes
+        return f" (by the OOM killer, under its memory limit of {format_memory(limit) if limit else '?'})"
 
     def _end_leftovers(self) -> None:
         """End daemons (and namespaces) a killed supervisor left in this output directory."""
@@ -241,6 +308,10 @@ class Fleet:
         namespace = None
         if self.net is not None:
             namespace = self.net.namespaces[i if host is None else host]
+        group = self.groups[i] if i < len(self.groups) else None
+        if group is not None:
+            argv = group.wrap(argv, namespace, self.hierarchy)
+        elif namespace is not None:
             argv = ["ip", "netns", "exec", namespace, *argv]
         return DaemonProcess(
             node_id=node_id, state_dir=self.output / node_id, argv=argv, log_path=self.output / f"{node_id}.log",
@@ -331,6 +402,7 @@ class Fleet:
             "started_unix": self.started_unix,
             "nodes": [{"node_id": d.node_id, "pid": d.pid, "state_dir": str(d.state_dir)} for d in self.daemons],
             "namespaces": self.net.names if self.net is not None else [],
+            "cgroups": [str(d) for g in self.groups if g is not None for d in g.dirs],
         }
         atomic_write_text(self.output / RUN_FILE, json.dumps(run, indent=1) + "\n")
         self._run_file_written = True

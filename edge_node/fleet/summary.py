@@ -72,10 +72,14 @@ def fleet_rounds(per_node: dict[str, list[dict[str, Any]]]) -> list[dict[str, An
 
 def summarize(
     fleet: dict[str, Any], per_node: dict[str, list[dict[str, Any]]], exits: dict[str, int | None],
-    starts: dict[str, int],
+    starts: dict[str, int], devices: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The whole summary: ``fleet`` (settings, link report, wall time, outcome) plus what the nodes recorded."""
+    """The whole summary: ``fleet`` (settings, link report, wall time, outcome) plus what the nodes recorded;
+    with ``devices`` (a fleet of device profiles) each node also carries its ``device``: profile, link, tier."""
     nodes = [node_summary(n, per_node.get(n, []), exit_code=exits.get(n), starts=starts.get(n, 1)) for n in per_node]
+    for n in nodes:
+        if devices and n["node_id"] in devices:
+            n["device"] = devices[n["node_id"]]
     busiest = max(nodes, key=lambda n: n["bytes_in"] + n["bytes_out"], default=None)
     refusals: dict[str, int] = {}
     for n in nodes:
@@ -127,6 +131,7 @@ def format_markdown(summary: dict[str, Any]) -> str:
             f"| {name} | {n['rounds']} | {_pct(n['acc_first'])} -> {_pct(n['acc_final'])} | {_mb(n['bytes_in'])} | "
             f"{_mb(n['bytes_out'])} | {', '.join(n['peers_answered']) or 'none'} | {refused} | {energy} |"
         )
+    lines += device_table(summary["nodes"])
     lines.append("")
     lines.append(
         f"Fleet mean accuracy (after local training): first round {_pct(summary['acc_first_mean'])}, "
@@ -151,6 +156,33 @@ def format_markdown(summary: dict[str, Any]) -> str:
         mode += ", mutual TLS"
     lines.append(f"Network: {mode}. Wall time {fleet.get('wall_s', 0):.0f} s; outcome: {fleet.get('outcome')}.")
     return "\n".join(lines) + "\n"
+
+
+def device_table(nodes: list[dict[str, Any]]) -> list[str]:
+    """A table of each node's device profile and the tier it chose, with what decided (none without profiles)."""
+    rows = [n for n in nodes if n.get("device")]
+    if not rows:
+        return []
+    lines = ["", "| node | device | CPUs (quota) | memory available / limit (MiB) | link (Mbit/s) | tier | "
+             "decided by |", "|---|---|---:|---:|---:|---|---|"]  # fmt: skip
+    for n in rows:
+        device, cap = n["device"], n["device"].get("capacity") or {}
+        profile = device["profile"]
+        quota = "-" if cap.get("cpu_limit") is None else f"{cap['cpu_limit']:g}"
+        cpus = f"{cap['cpu_count']} ({quota})" if cap.get("cpu_count") is not None else "-"
+        memory = "-"
+        if cap.get("available_memory_bytes") is not None:
+            limit = cap.get("memory_limit_bytes")
+            limit_mib = "-" if limit is None else f"{limit / 2**20:.0f}"
+            memory = f"{cap['available_memory_bytes'] / 2**20:.0f} / {limit_mib}"
+        measured_link = "-" if cap.get("link_mbit_s") is None else f"{cap['link_mbit_s']:g}"
+        oom = f" (OOM-killed {device['oom_kills']}x)" if device.get("oom_kills") else ""
+        name = (profile.get("describe") or profile["name"]) + oom
+        lines.append(
+            f"| {n['node_id']} | {name} | {cpus} | {memory} | {measured_link} | "
+            f"{cap.get('tier') or '-'} | {cap.get('decided_by') or 'not recorded'} |"
+        )
+    return lines
 
 
 def plot_summary(summary: dict[str, Any], per_node: dict[str, list[dict[str, Any]]], path: Path) -> Path:

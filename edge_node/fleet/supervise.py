@@ -101,7 +101,7 @@ def run_fleet(config: FleetConfig, display: Display, stop: threading.Event, *, f
     """Run the fleet of ``config`` until it is done, fails or ``stop`` is set; always cleans up."""
     started = time.monotonic()
     with Fleet(config, fresh=fresh) as fleet:
-        warnings = fleet.link_report.warnings()
+        warnings = fleet.link_warnings()
         for line in warnings:
             display.event(f"edge-node: warning: {line}")
         where = "network namespaces (mDNS)" if config.netns else "127.0.0.1 (static peers)"
@@ -151,12 +151,44 @@ def run_fleet(config: FleetConfig, display: Display, stop: threading.Event, *, f
             "exit_code": code,
             "resumed": fleet.resumed,
         }
-        summary = summarize(info, per_node, exits, starts)
+        devices = device_summaries(fleet) if fleet.profiles else None
+        summary = summarize(info, per_node, exits, starts, devices)
         files = write_summary(config.output, summary, per_node)
         tail = ""
         if failed is not None:
             tail = next(d.log_tail() for d in fleet.own_daemons() if d.node_id == failed)
         return Outcome(code, reason, summary, files, failed, tail, warnings)
+
+
+def device_summaries(fleet: Fleet) -> dict[str, dict[str, Any]]:
+    """Per node: its profile and link, and the tier it chose with what decided (its last ``status.json``)."""
+    from edge_node.node.status import read_status_file
+
+    out = fleet.device_info()
+    for daemon in fleet.own_daemons():
+        status = read_status_file(daemon.state_dir) or {}
+        decision = status.get("capacity") if isinstance(status.get("capacity"), dict) else None
+        out[daemon.node_id]["capacity"] = capacity_brief(decision)
+    return out
+
+
+def capacity_brief(decision: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The parts of a node's capacity decision the summary shows (None when the node recorded none)."""
+    if not decision:
+        return None
+    measured = decision.get("measurements") or {}
+    return {
+        "tier": decision.get("tier"),
+        "density": decision.get("density"),
+        "source": decision.get("source"),
+        "decided_by": decision.get("decided_by"),
+        "train_samples_per_s": measured.get("train_samples_per_s"),
+        "cpu_count": measured.get("cpu_count"),
+        "cpu_limit": measured.get("cpu_limit"),
+        "available_memory_bytes": measured.get("available_memory_bytes"),
+        "memory_limit_bytes": measured.get("memory_limit_bytes"),
+        "link_mbit_s": measured.get("link_mbit_s"),
+    }
 
 
 def _handle(
@@ -180,10 +212,11 @@ def _handle(
                 continue
             view.state, view.phase = exit_description(code, short=True), "stopped"
             if not final:
-                display.event(f"{event.node_id}: {exit_description(code)}; stopping the fleet")
+                why = exit_description(code) + fleet.oom_note(event.node_id)
+                display.event(f"{event.node_id}: {why}; stopping the fleet")
                 if outcome is None:
                     fleet_code = code if code in PASSED_ON else int(ExitCode.UNEXPECTED)
-                    outcome = (fleet_code, f"{event.node_id} {exit_description(code)}", event.node_id)
+                    outcome = (fleet_code, f"{event.node_id} {why}", event.node_id)
     return outcome
 
 

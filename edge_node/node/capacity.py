@@ -9,7 +9,12 @@ What is measured, once at start (logged, and shown by ``edge-node capacity``):
   probe takes the warm-up plus about ``probe_s``, also for ``resnet18`` on one core;
 * the resident-memory growth of those steps (activations, gradients), and the memory available now;
 * CPU count, the accelerator in use, and the link speed of the node's interfaces where the OS reports
-  one (``/sys/class/net/<if>/speed``; Wi-Fi, loopback and many virtual links report none).
+  one (``/sys/class/net/<if>/speed``; Wi-Fi, loopback and many virtual links report none), or the rate
+  of a ``tbf``/``netem`` qdisc shaping the interface when that is slower (``tc -j qdisc show``).
+
+Under cgroup limits (a container, ``edge-node loopback --devices``) the CPU count is what the CPU quota
+allows and the available memory what the memory limit leaves (:mod:`edge_node.node.limits`); the
+throughput probe is throttled by the quota by itself, since it times real steps.
 
 The rule: the largest tier density ``d`` for which all of these hold, checked from 1.0 down:
 
@@ -17,7 +22,9 @@ The rule: the largest tier density ``d`` for which all of these hold, checked fr
    samples / throughput`` and ``transfer_s(d)`` the time to pull ``neighbours`` models of density ``d``
    (their exact encoded size) at the link speed (skipped, and said so, when no speed is reported);
 2. the memory a round needs (own weights, gradients and aggregate, ``neighbours`` decoded peer models,
-   the measured activations) fits the available memory with ``MEMORY_HEADROOM`` to spare.
+   the measured activations) fits the available memory with ``MEMORY_HEADROOM`` to spare. This need
+   is the same at every tier, so a node short of memory is refused at start (``ConfigError``, exit 2)
+   rather than put at the smallest tier to be killed by the OOM killer in its first round.
 
 Honesty about the model: PyTorch's kernels here are dense, so a lower density cuts the bytes on the
 wire and the stored model, not the training time or the memory of a round; ``train_s`` and the memory
@@ -32,8 +39,11 @@ from a checkpoint does not measure: its mask fixes its tier (:func:`kept_from_ch
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -56,6 +66,7 @@ from edge_node.algorithm import (
 from edge_node.data.batches import ClientData
 from edge_node.errors import ConfigError
 from edge_node.models import build_model
+from edge_node.node.limits import Limits, ceil_cpus, own_limits
 from edge_node.wire import ModelSpec, ValueType, encoded_model_size
 
 if TYPE_CHECKING:
@@ -69,6 +80,7 @@ MAX_PROBE_STEPS = 50
 WARMUP_SAMPLES = 8  # samples of each of the two warm-up steps
 MEMORY_HEADROOM = 0.25  # leave a quarter of the available memory free
 SYS_NET = Path("/sys/class/net")
+TC_TIMEOUT_S = 5.0  # one `tc qdisc show`
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,9 @@ class Measurements:
     accelerator: str  # "none", or the CUDA device's name
     link_mbit_s: float | None  # slowest reported link speed of the interfaces, None when none reports
     link_detail: str
+    cpu_limit: float | None = None  # CPUs the cgroup's quota allows (None: no quota)
+    memory_limit_bytes: int | None = None  # the cgroup's memory limit (None: none)
+    limits_detail: str = ""  # which cgroup files said so
 
 
 @dataclass(frozen=True)
@@ -118,26 +133,64 @@ class CapacityDecision:
         return out
 
 
-def link_speed(interfaces: Sequence[str], sys_net: Path = SYS_NET) -> tuple[float | None, str]:
-    """The slowest speed (Mbit/s) the OS reports for ``interfaces`` (names; all non-loopback if empty)."""
-    names = list(interfaces)
+def shaped_rate_mbit(interface: str) -> float | None:
+    """The rate (Mbit/s) of a ``tbf`` or ``netem`` root qdisc on ``interface``, None when none shapes it.
+
+    Asks ``tc -j qdisc show`` (iproute2, bounded by ``TC_TIMEOUT_S``); no ``tc``, no answer: None.
+    """
+    if shutil.which("tc") is None:
+        return None
+    try:
+        result = subprocess.run(["tc", "-j", "qdisc", "show", "dev", interface], capture_output=True, text=True,
+                                timeout=TC_TIMEOUT_S, check=False)  # fmt: skip
+        qdiscs = json.loads(result.stdout) if result.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+    rates = []
+    for q in qdiscs if isinstance(qdiscs, list) else []:
+        options = q.get("options") if isinstance(q, dict) else None
+        rate = options.get("rate") if isinstance(options, dict) else None
+        if q.get("root") and q.get("kind") in ("tbf", "netem") and isinstance(rate, int) and rate > 0:
+            rates.append(rate * 8 / 1e6)  # tc's JSON gives bytes per second
+    return min(rates) if rates else None
+
+
+def interface_names(items: Sequence[str]) -> list[str]:
+    """Interface names for ``items`` (names, or addresses as ``--interface`` takes them)."""
+    nics = psutil.net_if_addrs()
+    names = []
+    for item in items:
+        owner = next((n for n, addrs in nics.items() if any(a.address.split("%", 1)[0] == item for a in addrs)), None)
+        names.append(item if item in nics or owner is None else owner)
+    return names
+
+
+def link_speed(
+    interfaces: Sequence[str], sys_net: Path = SYS_NET, shaped: Callable[[str], float | None] = shaped_rate_mbit
+) -> tuple[float | None, str]:
+    """The slowest speed (Mbit/s) of ``interfaces`` (names or addresses; all non-loopback if empty): what the
+    OS reports, or a shaping qdisc's rate (``shaped``) where that is slower."""
+    names = interface_names(interfaces)
     if not names:
         try:
             names = sorted(p.name for p in sys_net.iterdir() if p.name != "lo")
         except OSError:
             names = []
-    speeds = {}
+    speeds: dict[str, tuple[float, str]] = {}
     for name in names:
         try:
             value = int((sys_net / name / "speed").read_text().strip())
         except (OSError, ValueError):
-            continue
-        if value > 0:  # -1: unknown (Wi-Fi, down links)
-            speeds[name] = value
+            value = -1
+        if value > 0:  # -1: unknown (Wi-Fi, down links); veths refuse to answer
+            speeds[name] = (float(value), f"{name}: {value} Mbit/s ({sys_net}/{name}/speed)")
+        rate = shaped(name)
+        if rate is not None and (name not in speeds or rate < speeds[name][0]):
+            speeds[name] = (rate, f"{name}: {rate:g} Mbit/s (the qdisc shaping it)")
     if not speeds:
         return None, f"not reported by the OS for {', '.join(names) or 'any interface'}"
-    slowest = min(speeds, key=speeds.__getitem__)
-    return float(speeds[slowest]), f"{slowest}: {speeds[slowest]} Mbit/s ({sys_net}/{slowest}/speed)"
+    slowest = min(speeds, key=lambda n: speeds[n][0])
+    return speeds[slowest]
 
 
 def _rss() -> int:
@@ -208,6 +261,8 @@ def probe(
     speed, detail = link_speed(interfaces)
     accelerator = torch.cuda.get_device_name(device) if device.type == "cuda" else "none"
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    available, limits = available_memory()
+    cpus = len(affinity) if limits.cpus is None else min(len(affinity), ceil_cpus(limits.cpus))
     return Measurements(
         train_samples_per_s=samples / elapsed if elapsed > 0 else float("inf"),
         probe_steps=steps,
@@ -216,12 +271,15 @@ def probe(
         warmup_s=round(warmup_s, 3),
         probe_total_s=round(time.perf_counter() - started_total, 3),
         activation_bytes=activation,
-        available_memory_bytes=int(psutil.virtual_memory().available),
-        cpu_count=len(affinity),
+        available_memory_bytes=available,
+        cpu_count=cpus,
         torch_threads=torch.get_num_threads(),
         accelerator=accelerator,
         link_mbit_s=speed,
         link_detail=detail,
+        cpu_limit=limits.cpus,
+        memory_limit_bytes=limits.memory_limit_bytes,
+        limits_detail=f"{limits.cpu_detail}; {limits.memory_detail}",
     )
 
 
@@ -229,6 +287,22 @@ def model_bytes_at(spec: ModelSpec, density: float, value_type: ValueType = Valu
     """Encoded bytes of a model of ``spec`` at ERK ``density`` (what a peer pulls)."""
     counts = active_counts(spec.shapes, erk_densities(spec.shapes, density))
     return encoded_model_size(spec, counts, value_type, density=density)
+
+
+def round_memory_bytes(spec: ModelSpec, neighbours: int, activation_bytes: int) -> int:
+    """What a round holds besides the runtime: own weights, gradient and aggregate (4 B each), own masks
+    (2 x 1 B), the neighbours' decoded models (4 B + 1 B each), and the activations."""
+    params = spec.total_numel
+    return params * (3 * 4 + 2) + neighbours * params * 5 + activation_bytes
+
+
+def available_memory() -> tuple[int, Limits]:
+    """Memory available to this process: the machine's, or less where a cgroup limit leaves less."""
+    limits = own_limits()
+    available = int(psutil.virtual_memory().available)
+    if limits.memory_available_bytes is not None:
+        available = min(available, limits.memory_available_bytes)
+    return available, limits
 
 
 def choose_tier(
@@ -242,9 +316,7 @@ def choose_tier(
     value_type: ValueType = ValueType.FLOAT32,
 ) -> CapacityDecision:
     """Apply the module's rule to ``measured``; the decision says which constraint decided."""
-    params = spec.total_numel
-    # Own weights, gradient and aggregate (4 B each), own masks (2 x 1 B), neighbours' decoded models (4 B + 1 B).
-    memory = params * (3 * 4 + 2) + neighbours * params * 5 + measured.activation_bytes
+    memory = round_memory_bytes(spec, neighbours, measured.activation_bytes)
     budget_memory = measured.available_memory_bytes * (1 - MEMORY_HEADROOM)
     train_s = epochs * samples / measured.train_samples_per_s
     checks = []
@@ -274,6 +346,30 @@ def choose_tier(
         above = checks[checks.index(chosen) - 1]
         decided = f"density {above.density:g} breaks: {above.failed}"
     return CapacityDecision(chosen.density, tier_name(chosen.density), "measured", decided, measured, tuple(checks))
+
+
+def check_memory(decision: CapacityDecision, model: str) -> None:
+    """ConfigError (one line) when the memory a round needs does not fit this device at any tier.
+
+    The need is the same at every tier (dense kernels), so no tier can help: starting would only get
+    the node killed by the OOM killer in its first round.
+    """
+    measured = decision.measurements
+    if measured is not None and decision.checks:
+        refuse_short_memory(model, decision.checks[-1].memory_bytes, measured.available_memory_bytes,
+                            measured.memory_limit_bytes)  # fmt: skip
+
+
+def refuse_short_memory(model: str, need: int, available: int, limit: int | None) -> None:
+    """ConfigError when ``need`` bytes do not fit ``available`` with ``MEMORY_HEADROOM`` to spare."""
+    if need <= available * (1 - MEMORY_HEADROOM):
+        return
+    under = "" if limit is None else f" under its memory limit of {limit / 2**20:.0f} MiB"
+    raise ConfigError(
+        f"too little memory for {model}: a round needs about {need / 2**20:.0f} MiB, but this device has "
+        f"{available / 2**20:.0f} MiB available{under} (at most {100 * (1 - MEMORY_HEADROOM):.0f}% of it is "
+        "used); give it more memory, or a smaller model or fewer --neighbours"
+    )
 
 
 def configured(density: float) -> CapacityDecision:
@@ -316,13 +412,21 @@ def measure(
 
     The one code path of ``edge-node capacity`` and ``edge-node start --capacity auto`` (call
     :func:`runtime_device` first): both measure exactly what the running node would train.
+
+    Raises:
+        ConfigError: the memory a round needs does not fit (:func:`check_memory`).
     """
+    available, limits = available_memory()  # before the probe: a device far too small is not probed into the OOM killer
+    refuse_short_memory(config.model, round_memory_bytes(spec, config.neighbours, 0), available,
+                        limits.memory_limit_bytes)  # fmt: skip
     scratch = build_model(config.model, local.num_classes, seed=config.seed).to(device)
     measured = probe(
         scratch, local.data, config.batch_size, interfaces=config.interfaces, micro_batch=config.micro_batch,
         generator=torch.Generator().manual_seed(config.seed), check_stop=check_stop,
     )  # fmt: skip
-    return choose_tier(
+    decision = choose_tier(
         measured, spec, epochs=config.epochs, samples=local.data.num_train, neighbours=config.neighbours,
         round_budget_s=config.round_budget_s, value_type=ValueType.parse(config.value_type),
     )  # fmt: skip
+    check_memory(decision, config.model)
+    return decision

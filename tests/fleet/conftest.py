@@ -4,7 +4,8 @@ Every process a fleet test starts carries ``EDGE_NODE_TEST_MARK`` in its environ
 it, also when their supervisor dies and they are re-parented), so leftovers are found by that mark and
 never by a name. Namespaces are ours when their name carries a pid of ours (``en-<kind>-<pid>-``) or
 of a process that is gone; qdiscs (``tbf``/``netem``) and iptables rules (comment ``edge-node-loopback``)
-of ours would only show in the machine's own namespace if they escaped the fleet's: none may.
+of ours would only show in the machine's own namespace if they escaped the fleet's: none may. Device
+cgroups (``en-<kind>-<pid>-`` directories in the cpu and memory hierarchies) are ours by the same rule.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
+from edge_node.fleet import cgroups as _cgroups
 from edge_node.fleet import netns as _netns
 from edge_node.fleet.link import IPTABLES_COMMENT
 
@@ -89,6 +91,8 @@ def no_leftovers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     mark = uuid.uuid4().hex
     monkeypatch.setenv(MARK, mark)
     namespaces_before = set(_netns.list_namespaces()) if os.geteuid() == 0 else set()
+    hierarchy = _cgroups.system_hierarchy() if os.geteuid() == 0 else None
+    groups_before = set(_cgroups.our_groups(hierarchy)) if hierarchy is not None else set()
     shaping_before, rules_before = _root_state()
     yield {"mark": mark}
     problems = []
@@ -105,6 +109,12 @@ def no_leftovers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
             problems.append(f"namespaces left: {sorted(left)}")
             for ns in left:
                 _netns.delete_namespace(ns)
+        if hierarchy is not None:
+            groups = [d for d in set(_cgroups.our_groups(hierarchy)) - groups_before if _ours(d.name, mark)]
+            if groups:
+                problems.append(f"cgroups left: {sorted(map(str, groups))}")
+                for d in groups:
+                    _cgroups.remove_group(_cgroups.DeviceGroup(d.name, (d,), hierarchy.version))
         shaping, rules = _root_state()
         if shaping - shaping_before:
             problems.append(f"qdiscs left in the machine's namespace: {sorted(shaping - shaping_before)}")
