@@ -29,7 +29,7 @@ import torch
 from edge_node.algorithm.heterogeneous import parse_tier
 from edge_node.errors import ConfigError, ListenError
 from edge_node.net.tls import TlsConfig, warn_insecure
-from edge_node.protocol import MAX_ROUND
+from edge_node.protocol import MAX_ROUND, check_fleet_id, check_node_id
 from edge_node.wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
     PROTOCOL_MAJOR,
@@ -39,7 +39,6 @@ from edge_node.wire import (
     encode_model,
     parse_protocol_version,
 )
-from edge_node.wire.codec import check_node_id
 from edge_node.wire.messages import (
     PEER_SERVICE_NAME,
     GetModelRequest,
@@ -142,8 +141,7 @@ class PeerServer:
         keep_snapshots: int = 2,
     ) -> None:
         check_node_id(node_id)
-        if not isinstance(fleet_id, str) or not fleet_id or len(fleet_id.encode()) > 255:
-            raise ValueError(f"fleet_id={fleet_id!r} must be a non-empty string of at most 255 bytes")
+        check_fleet_id(fleet_id, "fleet_id")
         if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
             raise TypeError(f"max_message_bytes={max_message_bytes!r} must be an integer")
         if max_message_bytes < MIN_MAX_MESSAGE_BYTES:

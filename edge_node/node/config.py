@@ -22,7 +22,7 @@ from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError
 from edge_node.models import MODEL_NAMES
 from edge_node.net.discovery.static import parse_peers
-from edge_node.protocol import NODE_ID_PATTERN, is_valid_node_id
+from edge_node.protocol import NODE_ID_PATTERN, check_fleet_id, is_valid_node_id
 
 DEFAULT_CONFIG_FILE = Path("/etc/edge-node/config.toml")
 DEFAULT_STATE_DIR = Path("/var/lib/edge-node")
@@ -30,7 +30,6 @@ DEFAULT_PORT = 7878
 DISCOVERY_MODES = ("mdns", "static", "both")
 DEVICES = ("cpu", "cuda")
 VALUE_TYPES = ("float32", "float16", "bfloat16")
-_FLEET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 def node_id_from_hostname(hostname: str | None = None) -> str:
@@ -116,8 +115,11 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.node_id and not is_valid_node_id(self.node_id):
             raise ConfigError(f"node_id={self.node_id!r} must match {NODE_ID_PATTERN}")
-        if self.fleet and not _FLEET_RE.fullmatch(self.fleet):
-            raise ConfigError(f"fleet={self.fleet!r} must be 1-63 characters of [A-Za-z0-9_.-], starting alphanumeric")
+        if self.fleet:
+            try:
+                check_fleet_id(self.fleet)  # the rule discovery, headers and Hello apply
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         if self.model not in MODEL_NAMES:
             raise ConfigError(f"model={self.model!r} must be one of {', '.join(MODEL_NAMES)}")
         if self.dataset not in DATASET_NAMES:

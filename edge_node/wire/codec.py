@@ -18,7 +18,7 @@ import torch
 from google.protobuf.message import DecodeError
 
 from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
-from edge_node.protocol import MAX_ROUND, NODE_ID_PATTERN, is_valid_node_id
+from edge_node.protocol import MAX_ROUND, NODE_ID_PATTERN, check_fleet_id, check_node_id, check_round, is_valid_node_id
 from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_stream, varint_size
 from edge_node.wire.messages import (
     ProtoModelChunk,
@@ -41,33 +41,10 @@ from edge_node.wire.spec import (
     parse_protocol_version,
 )
 
-_MAX_ID_BYTES = 255  # fleet ids also travel in mDNS TXT strings
-
-
-def _check_id(kind: str, value: object) -> str:
-    if not isinstance(value, str) or not value or len(value.encode()) > _MAX_ID_BYTES:
-        raise ValueError(f"{kind}={value!r} must be a non-empty string of at most {_MAX_ID_BYTES} bytes")
-    return value
-
-
-def check_node_id(node_id: object) -> str:
-    """A node id as the protocol defines it (one DNS label, ``protocol.NODE_ID_PATTERN``); ValueError otherwise."""
-    if not is_valid_node_id(node_id):
-        raise ValueError(f"node_id={node_id!r} must be 1-63 characters of [A-Za-z0-9_-], starting alphanumeric")
-    assert isinstance(node_id, str)
-    return node_id
-
-
-def check_round(round: object) -> int:
-    """A round number a stream may carry: an integer in [0, MAX_ROUND]; ValueError otherwise."""
-    if isinstance(round, bool) or not isinstance(round, int) or not 0 <= round <= MAX_ROUND:
-        raise ValueError(f"round={round!r} must be an integer in [0, {MAX_ROUND}]")
-    return round
-
 
 def _check_header_args(node_id: str, fleet_id: str, round: int, density: float, max_message_bytes: int) -> float:
     check_node_id(node_id)
-    _check_id("fleet_id", fleet_id)
+    check_fleet_id(fleet_id, "fleet_id")
     check_round(round)
     if not isinstance(density, (int, float)) or not math.isfinite(density) or not 0.0 <= density <= 1.0:
         raise ValueError(f"density={density!r} must be in [0, 1]")
@@ -323,7 +300,7 @@ class ModelDecoder:
         expected_round: int | None = None,
     ) -> None:
         self.spec = spec
-        self.expected_fleet = _check_id("expected_fleet", expected_fleet)
+        self.expected_fleet = check_fleet_id(expected_fleet, "expected_fleet")
         self.expected_node_id = None if expected_node_id is None else check_node_id(expected_node_id)
         self.expected_round = None if expected_round is None else check_round(expected_round)
         self.limits = limits or WireLimits.for_spec(spec)
