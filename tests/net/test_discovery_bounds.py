@@ -246,7 +246,7 @@ def test_a_listed_peer_whose_address_is_withdrawn_keeps_its_listing_and_is_asked
 # -- the bound ---------------------------------------------------------------------------------------
 def test_newcomers_beyond_the_bound_are_refused_and_never_resolved() -> None:
     clock = Clock()
-    book = make_book(clock, max_peers=4)
+    book = make_book(clock, max_peers=4, probation_s=60)
     for i in range(4):
         book.observe(announce(clock, f"real-{i}"), clock.ms)
     sweep(book, clock)
@@ -259,9 +259,31 @@ def test_newcomers_beyond_the_bound_are_refused_and_never_resolved() -> None:
     assert book.refusals.snapshot() == {"table_full": 100}
 
 
+def test_after_a_burst_fills_the_table_a_newcomer_is_listed_once_the_burst_is_past_probation() -> None:
+    clock = Clock()
+    book = make_book(clock, max_peers=8, proven_for_s=100, probation_s=10)
+    book.observe(announce(clock, "real-0", ttl=4500), clock.ms)
+    sweep(book, clock)
+    book.record_pull("real-0", True)  # answered a pull: never evicted for newcomers
+    clock.t += 1
+    for i in range(500):  # the burst: complete fake services of our fleet
+        book.observe(announce(clock, f"fake-{i}", ttl=120), clock.ms)
+    sweep(book, clock)
+    assert book.sizes()["tracked"] == 8 and not book.has_room()
+    clock.t += 5
+    assert not book.observe(announce(clock, "real-1", ttl=120), clock.ms)  # within the burst's probation
+    clock.t += 5  # the burst's names are past probation and never answered a pull
+    assert book.has_room()
+    book.observe(announce(clock, "real-1", ttl=120), clock.ms)
+    sweep(book, clock)
+    assert {"real-0", "real-1"} <= listed(book) and book.sizes()["tracked"] == 8
+    counts = book.refusals.snapshot()
+    assert counts["table_full"] == 500 - 7 + 1 and counts["evicted_unproven"] == 1, counts
+
+
 def test_failed_pulls_make_unproven_peers_evictable_never_proven_or_unpulled_ones() -> None:
     clock = Clock()
-    book = make_book(clock, max_peers=3, evict_after_failures=3, proven_for_s=100, cooldown_s=50)
+    book = make_book(clock, max_peers=3, evict_after_failures=3, proven_for_s=100, cooldown_s=50, probation_s=1e5)
     for nid in ("proven", "failing", "unpulled"):
         book.observe(announce(clock, nid, ttl=4500), clock.ms)
     sweep(book, clock)

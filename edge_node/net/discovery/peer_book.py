@@ -9,9 +9,14 @@ closest to expiry, i.e. short-TTL real peers first) cannot take a listed peer aw
 Bounds (see :class:`BookLimits`):
 
 * at most ``max_peers`` names are tracked (listed, being checked, or being resolved); a newcomer
-  beyond that is refused (``table_full``) unless a listed peer is evictable: one that failed its last
-  ``evict_after_failures`` pulls and has not answered a pull within ``proven_for_s``. Peers that have
-  answered pulls recently are never evicted for newcomers; peers never pulled yet are not either.
+  beyond that takes the slot of an evictable name, else it is refused (``table_full``). Evictable,
+  in this order: a listed peer that failed its last ``evict_after_failures`` pulls (``evicted``,
+  then kept out for ``cooldown_s``); else the name tracked longest among those that have not answered
+  a pull within ``proven_for_s`` and were admitted at least ``probation_s`` ago (``evicted_unproven``,
+  no cooldown: a real peer evicted so comes back at its next announcement). Peers that answered a
+  pull recently are never evicted for newcomers. So a burst of fake services holds the table at most
+  ``probation_s``: a real peer that announces itself (or answers a browse) after that is listed at
+  once, and stays listed while it answers pulls.
 * at most ``max_pending`` of them may lack their SRV/TXT/address (PTR-only names): each is asked for
   them a few times with backoff, then dropped (``unresolved``) and kept out for ``cooldown_s``.
 * names that are refused are never resolved, and none of their records are kept here.
@@ -59,6 +64,7 @@ DEFAULT_MAX_PENDING = 16
 DEFAULT_EVICT_AFTER_FAILURES = 3
 DEFAULT_PROVEN_FOR_S = 3600.0  # a successful pull protects a peer from eviction this long
 DEFAULT_COOLDOWN_S = 300.0  # a name dropped as unresolved, evicted or broken is ignored this long
+DEFAULT_PROBATION_S = 10.0  # an unproven name may be evicted for a newcomer once tracked this long
 DEFAULT_QUERY_RATE = 4.0  # queries (packets) per second, over all peers
 DEFAULT_QUERY_BURST = 8
 
@@ -100,6 +106,7 @@ _WHY = {
     "bad_port": "its port is not in 1..65535",
     "unresolved": "its records never arrived",
     "evicted": "evicted: it failed its pulls and a newcomer needed the slot",
+    "evicted_unproven": "evicted: it never answered a pull and a newcomer needed the slot",
     "conflict": "a goodbye or another host/port for its name, and it did not answer within the challenge",
     "error": "processing its records failed",
 }
@@ -116,6 +123,7 @@ class BookLimits:
     evict_after_failures: int = DEFAULT_EVICT_AFTER_FAILURES
     proven_for_s: float = DEFAULT_PROVEN_FOR_S
     cooldown_s: float = DEFAULT_COOLDOWN_S
+    probation_s: float = DEFAULT_PROBATION_S
 
     def __post_init__(self) -> None:
         integers = (("max_peers", 1, 100_000), ("max_pending", 1, 100_000), ("evict_after_failures", 1, 1000))
@@ -123,7 +131,7 @@ class BookLimits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ConfigError(f"{name}={value!r} must be an integer in [{low}, {high}]")
-        for name in ("proven_for_s", "cooldown_s"):
+        for name in ("proven_for_s", "cooldown_s", "probation_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 86400 * 7:
                 raise ConfigError(f"{name}={value!r} must be a number of seconds in [0, 604800]")
@@ -278,8 +286,12 @@ class PeerBook:
             }
 
     def has_room(self) -> bool:
+        """Whether a newcomer would be admitted now (a free slot or an evictable name)."""
         with self._lock:
-            return len(self._entries) < self.limits.max_peers
+            if len(self._entries) < self.limits.max_peers:
+                return True
+            now_s = self._clock()
+            return self._evictable(now_s) is not None or self._unproven(now_s) is not None
 
     # -- fed by zeroconf's loop --------------------------------------------------------------------
     def observe(self, records: Sequence[DNSRecord], now_ms: float) -> bool:
@@ -382,10 +394,14 @@ class PeerBook:
             return False
         if len(self._entries) >= self.limits.max_peers:
             victim = self._evictable(now_s)
-            if victim is None:
-                self._refuse(alias, "table_full", f"the table holds {len(self._entries)} peers, none evictable")
-                return False
-            self._drop(victim, "evicted", now_s, cooldown=True)
+            if victim is not None:
+                self._drop(victim, "evicted", now_s, cooldown=True)
+            else:
+                victim = self._unproven(now_s)
+                if victim is None:
+                    self._refuse(alias, "table_full", f"the table holds {len(self._entries)} peers, none evictable")
+                    return False
+                self._drop(victim, "evicted_unproven", now_s)
         entry = _Entry(name=alias, node_id=node_id, admitted_s=now_s, next_query_s=now_s + _RESOLVE_FIRST_S)
         entry.ptr_created_ms, entry.ptr_ttl_s = record.created, record.ttl
         self._entries[key] = entry
@@ -532,6 +548,18 @@ class PeerBook:
             if not self._proven(entry, now_s) and (best is None or entry.failures > best[0]):
                 best = (entry.failures, key)
         return None if best is None else best[1]
+
+    def _unproven(self, now_s: float) -> str | None:
+        """The key tracked longest among names not proven and past their probation, or None.
+
+        Entries are kept in admission order (a dict), so this walks only the proven or young ones first.
+        """
+        for key, entry in self._entries.items():
+            if now_s - entry.admitted_s < self.limits.probation_s:
+                return None  # every later one was admitted later still
+            if not self._proven(entry, now_s):
+                return key
+        return None
 
     # -- removal -----------------------------------------------------------------------------------
     def _unindex(self, key: str, entry: _Entry) -> None:
