@@ -14,7 +14,7 @@ before its request message: that is where a call is counted against its host and
 
 Bounds (``ServerLimits``, documented in ``docs/``): open calls per host (``max_calls_per_host``,
 counted from the headers on) and in all (``max_concurrent_rpcs``); a request message must arrive
-within ``request_timeout_s``; a model stream ends after ``max_stream_s``; TCP connections at once
+within ``request_timeout_s``; TCP connections at once
 (``max_connections``, enforced by grpc core: beyond it a connection is closed at accept), each with
 at most ``max_streams_per_connection`` streams, ``handshake_timeout_s`` to finish its TLS/HTTP/2
 setup and closed after ``connection_idle_s`` without a call. ``check_fd_limit`` raises the process's
@@ -26,9 +26,11 @@ names another node than its certificate: PERMISSION_DENIED; a round not publishe
 (``"round r not published yet (latest q)"``); a round no longer kept: OUT_OF_RANGE; more than
 ``ServerLimits.max_streams_per_caller`` model streams open by one caller (``busy``), more than
 ``max_calls_per_host`` calls open by one host (``host-busy``) or ``max_concurrent_rpcs`` in all
-(``server-busy``): RESOURCE_EXHAUSTED; no request within ``request_timeout_s`` (``slow-request``) or
-a stream past ``max_stream_s`` (``slow-stream``): DEADLINE_EXCEEDED. Connections refused by grpc
-core at ``max_connections`` are not counted (grpc gives Python no hook there).
+(``server-busy``): RESOURCE_EXHAUSTED; no request within ``request_timeout_s`` (``slow-request``):
+DEADLINE_EXCEEDED. Connections refused by grpc core at ``max_connections`` are not counted (grpc
+gives Python no hook there). A model stream whose reader stops reading is held until the client
+goes away (cancelling a write that flow control holds does not end the call in grpc.aio): it is
+bounded by ``max_streams_per_caller`` and the host's ``max_calls_per_host``, not in time.
 """
 
 from __future__ import annotations
@@ -107,7 +109,6 @@ class ServerLimits:
     # else its host address (a claimed node id costs nothing to vary, so it cannot widen the cap).
     max_streams_per_caller: int = 2
     request_timeout_s: float = 2.0  # a call's request message must arrive within this (seconds)
-    max_stream_s: float = 120.0  # a model stream (23.6 MB: 2.4 s at 10 MB/s) is ended after this
     max_connections: int = 512  # TCP connections at once, all hosts (grpc core closes more at accept)
     max_streams_per_connection: int = 8  # HTTP/2 streams one connection may open at once
     handshake_timeout_s: float = 5.0  # a new connection's TLS/HTTP/2 setup must finish within this
@@ -122,7 +123,7 @@ class ServerLimits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
-        for name in ("request_timeout_s", "max_stream_s", "handshake_timeout_s", "connection_idle_s"):
+        for name in ("request_timeout_s", "handshake_timeout_s", "connection_idle_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
                 raise ValueError(f"{name}={value!r} must be a number of seconds in (0, 86400]")
@@ -166,7 +167,7 @@ class _Published:
 
 REFUSAL_KINDS = (
     "bad-request", "protocol", "fleet", "arch", "identity", "not-ready", "gone", "busy",
-    "host-busy", "server-busy", "slow-request", "slow-stream",
+    "host-busy", "server-busy", "slow-request",
 )  # fmt: skip
 _LOG_EVERY_S = 10.0  # a refusal kind is logged once per host per this long
 _QUIET_KINDS = ("not-ready", "busy")  # expected in lock-step fleets: logged at INFO, the rest at WARNING
@@ -400,10 +401,7 @@ class PeerServer:
         try:
             caller, published = self._open_stream(await self._request(context, "GetModel"), context)
             try:
-                await asyncio.wait_for(self._send(published, context), self._limits.max_stream_s)
-            except asyncio.TimeoutError:
-                reason = f"the model stream took longer than {self._limits.max_stream_s:g} s"
-                self._refuse(context, "slow-stream", grpc.StatusCode.DEADLINE_EXCEEDED, reason)
+                await self._send(published, context)
             finally:
                 self._close_stream(caller)
         except _Refusal as refusal:
