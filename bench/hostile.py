@@ -11,6 +11,13 @@ the victim's CPU seconds (all threads) and the growth of its peak RSS during the
 peak is reset first via /proc/self/clear_refs). Prints a table; writes JSON with ``--json``.
 ``--quick`` uses a tiny model and a 1 s deadline and runs the victim in this process (its CPU
 and RSS figures then include the attacker's threads): the test suite runs it to keep it working.
+
+Then the attacks on the victim's *server* (``SERVER_ATTACKS``, from 127.0.0.2 as raw HTTP/2, see
+``tests/net/grpc_attack.py``): calls that send headers and withhold the request (GetModel, Hello),
+and 1,100 idle TCP connections. Per attack: an honest peer's Hello and pull latency (median, from
+127.0.0.1) before and during the attack, the calls the attacker held, the calls the server ended,
+the server's refusals and its process's descriptors. ``bench/soak.py --attack`` repeats them
+against one daemon of a fleet (``server_attack``).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import torch
@@ -39,14 +47,22 @@ from edge_node.net import (
     ModelSnapshot,
     PeerAddress,
     PeerServer,
+    ServerLimits,
     TlsConfig,
     create_ca,
     create_server,
+    hello,
     issue_certificate,
     pull_models,
 )
 from edge_node.wire import ModelSpec, encode_model
 from edge_node.wire.messages import PEER_SERVICE_NAME, GetModelRequest
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.net.grpc_attack import IdleConnections, WithheldCalls  # noqa: E402
 
 FLEET = "bench"
 TINY = {"fc1.weight": (64, 256), "fc1.bias": (64,), "fc2.weight": (10, 64), "fc2.bias": (10,)}
@@ -64,6 +80,8 @@ ATTACKS = (
     "not-ready round",
 )
 MIB = 1 << 20
+SERVER_ATTACKS = ("withheld GetModel", "withheld Hello", "idle connections")
+ATTACKER_HOST = "127.0.0.2"
 
 
 def model_weights(name: str, num_classes: int = 10) -> tuple[dict[str, torch.Tensor], ModelSpec]:
@@ -318,6 +336,135 @@ def victim(args: dict) -> dict:
     }
 
 
+# --- attacks on the server --------------------------------------------------------------------------
+
+
+def _median_ms(action: Callable[[], object], n: int) -> tuple[float | None, int]:
+    """(median ms of the runs that succeeded or None, how many of ``n`` failed)."""
+    times, failed = [], 0
+    for _ in range(n):
+        start = time.perf_counter()
+        try:
+            action()
+        except Exception:  # an honest call the attack made fail: counted, the figure of the attack
+            failed += 1
+            continue
+        times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    return (times[len(times) // 2] if times else None), failed
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def server_attack(
+    attack: str,
+    port: int,
+    *,
+    node_id: str,
+    fleet: str,
+    spec: ModelSpec | None = None,
+    victim_pid: int | None = None,
+    hold_s: float = 3.0,
+    samples: int = 5,
+) -> dict:
+    """One attack on the server at 127.0.0.1:``port`` from ``ATTACKER_HOST``, with an honest peer beside it.
+
+    The honest peer's Hello (and pull, with ``spec``) latency is measured before and during the
+    attack; the attack lasts ``hold_s`` (longer than the server's request timeout).
+    """
+    address = PeerAddress(node_id, "127.0.0.1", port)
+
+    def do_hello() -> object:
+        return hello(address, node_id="honest", fleet_id=fleet, timeout_s=5, insecure=True)
+
+    def do_pull() -> object:
+        assert spec is not None
+        result = pull_models([address], spec, fleet, node_id="honest", deadline_s=10, insecure=True)
+        if result.failures:
+            raise RuntimeError(f"honest pull failed: {result.failures}")
+        return result
+
+    pid = victim_pid or os.getpid()
+    quiet_hello = _median_ms(do_hello, samples)
+    quiet_pull = _median_ms(do_pull, samples) if spec is not None else (None, 0)
+    fds_before = _fds(pid)
+    if attack == "idle connections":
+        context: Any = IdleConnections(ATTACKER_HOST, port, 1100)
+    else:
+        method = f"/{PEER_SERVICE_NAME}/{attack.split()[-1]}"
+        context = WithheldCalls(ATTACKER_HOST, port, method, calls=64, connections=8)
+    start = time.monotonic()
+    with context as running:
+        time.sleep(0.3)
+        own = len(running.socks) if isinstance(running, IdleConnections) else running.connections
+        fds_during = _fds(pid) - (own if pid == os.getpid() else 0)  # not the attacker's own sockets
+        busy_hello = _median_ms(do_hello, samples)
+        busy_pull = _median_ms(do_pull, samples) if spec is not None else (None, 0)
+        time.sleep(max(0.0, hold_s - (time.monotonic() - start)))
+        if attack == "idle connections":
+            attacker = {"connections": 1100 - running.failed, "still_open": running.open_count()}
+        else:
+            attacker = {"calls": running.sent, "ended_by_server": running.ended()}
+    return {
+        "attack": attack,
+        "honest_hello_ms": [_r(quiet_hello[0]), _r(busy_hello[0])],
+        "honest_hello_failed": [quiet_hello[1], busy_hello[1], samples],
+        "honest_pull_ms": [_r(quiet_pull[0]), _r(busy_pull[0])] if spec is not None else None,
+        "honest_pull_failed": [quiet_pull[1], busy_pull[1], samples] if spec is not None else None,
+        "victim_fds": [fds_before, fds_during],
+        "attacker": attacker,
+        "held_s": round(time.monotonic() - start, 2),
+    }
+
+
+def _r(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 2)
+
+
+def _ms_text(pair: list[float | None] | None, failed: list[int] | None) -> str:
+    if pair is None or failed is None:
+        return "-"
+    parts = [("-" if ms is None else f"{ms:.1f}") + (f" ({bad}/{failed[2]} failed)" if bad else "")
+             for ms, bad in zip(pair, failed[:2], strict=True)]  # fmt: skip
+    return " / ".join(parts)
+
+
+def server_attacks(model: str) -> list[dict]:
+    """Every ``SERVER_ATTACKS`` against a fresh server of ``model`` in this process; rows for the table."""
+    weights, masks, spec = masked_model(model, 1)
+    rows = []
+    for attack in SERVER_ATTACKS:
+        peer = PeerServer(spec, node_id="victim", fleet_id=FLEET)
+        peer.publish(ModelSnapshot(weights, masks, 1, mask_density(masks), "victim", FLEET, spec.arch_id))
+        limits = ServerLimits(max_connections=200) if attack == "idle connections" else ServerLimits()
+        server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
+        server.start()
+        try:
+            row = server_attack(
+                attack, port, node_id="victim", fleet=FLEET, spec=spec, hold_s=limits.request_timeout_s + 1
+            )
+            row["refusals"] = peer.refusals()
+            row["limits"] = {"max_calls_per_host": limits.max_calls_per_host, "max_connections": limits.max_connections}
+        finally:
+            server.stop(None).wait(5)
+        rows.append(row)
+    return rows
+
+
+def print_server_attacks(rows: list[dict], model: str) -> None:
+    print(f"\nattacks on the victim's server ({model}), attacker {ATTACKER_HOST}, honest peer 127.0.0.1:")
+    for r in rows:
+        fds = r["victim_fds"]
+        hello_text = _ms_text(r["honest_hello_ms"], r["honest_hello_failed"])
+        print(
+            f"{r['attack']:<18} honest Hello ms quiet / attack: {hello_text};"
+            f" pull: {_ms_text(r['honest_pull_ms'], r['honest_pull_failed'])}; victim fds {fds[0]} -> {fds[1]};"
+            f" attacker {r['attacker']}; server refusals {r.get('refusals')}"
+        )
+
+
 # --- the run ----------------------------------------------------------------------------------------
 
 
@@ -328,6 +475,7 @@ def main() -> None:
     parser.add_argument("--model", default="cnn", help="cnn, resnet18 or vgg11 (default cnn)")
     parser.add_argument("--deadline", type=float, default=5.0, help="the victim's pull deadline, seconds")
     parser.add_argument("--attacks", default=",".join(ATTACKS), help="comma-separated subset")
+    parser.add_argument("--no-server-attacks", action="store_true", help="skip the attacks on the server")
     parser.add_argument("--victim", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.victim:
@@ -375,7 +523,11 @@ def main() -> None:
             f" worst attack: {max(r['seconds'] for r in rows):.2f} s (the deadline bounds it),"
             f" {max(r['victim_bytes'] for r in rows):,} bytes"
         )
+    server_rows = [] if args.no_server_attacks else server_attacks(model)
+    if server_rows:
+        print_server_attacks(server_rows, model)
     figures = {
+        "server_attacks": server_rows,
         "model": model,
         "parameters": spec.total_numel,
         "deadline_s": deadline_s,

@@ -173,12 +173,17 @@ def _grpc_transport_time(port: int, spec: ModelSpec) -> tuple[float, int]:
         return time.perf_counter() - start, size
 
 
-def pull_speed(repeats: int, name: str = "resnet18", density: float = 0.5) -> dict:
+def pull_speed(
+    repeats: int, name: str = "resnet18", density: float = 0.5, value_type: ValueType = ValueType.FLOAT32
+) -> dict:
     weights, spec = model_and_spec(name)
     masks = masks_for(weights, density)
-    peer = PeerServer(spec, node_id="bench-node", fleet_id=FLEET)
+    peer = PeerServer(spec, node_id="bench-node", fleet_id=FLEET, value_type=value_type)
     peer.publish(ModelSnapshot(weights, masks, 1, density, "bench-node", FLEET, spec.arch_id))
-    frames = [m.SerializeToString() for m in encode_model(spec, weights, masks, **header_kwargs(density))]
+    frames = [
+        m.SerializeToString()
+        for m in encode_model(spec, weights, masks, value_type=value_type, **header_kwargs(density))
+    ]
     server, port = create_server("127.0.0.1:0", peer, insecure=True)
     server.start()
     try:
@@ -197,6 +202,7 @@ def pull_speed(repeats: int, name: str = "resnet18", density: float = 0.5) -> di
     return {
         "model": name,
         "density": density,
+        "value_type": value_type.name.lower(),
         "wire_bytes": size,
         "raw_socket_s": raw_s,
         "grpc_transport_s": transport_s,
@@ -235,18 +241,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"  decode {s[f'{key}_decode_MBps']:7.1f} MB/s ({s[f'{key}_decode_s']:.3f} s)"
                 f"  encode+decode {s[f'{key}_encode_plus_decode_s']:.3f} s"
             )
-    pull = pull_speed(repeats, names[-1], 0.5)
-    print(
-        f"\nloopback pull of {pull['model']} d = {pull['density']} ({pull['wire_bytes']:,d} bytes,"
-        f" median of {repeats}):"
-        f" raw TCP {pull['raw_socket_s'] * 1e3:.1f} ms, gRPC transport {pull['grpc_transport_s'] * 1e3:.1f} ms"
-        f" ({pull['grpc_transport_over_raw']:.2f}x), pull_models incl. validation+decode"
-        f" {pull['pull_models_s'] * 1e3:.1f} ms ({pull['pull_models_over_raw']:.2f}x)"
-    )
+    pulls = [pull_speed(repeats, name, 0.5, vt) for name in names for vt in (ValueType.FLOAT32, ValueType.FLOAT16)]
+    print(f"\nloopback pulls, d = 0.5, median of {repeats} (each row: the three measured interleaved, one run)")
+    for pull in pulls:
+        print(
+            f"{pull['model']:9} {pull['value_type']:8} {pull['wire_bytes']:12,d} bytes:"
+            f" raw TCP {pull['raw_socket_s'] * 1e3:7.1f} ms, gRPC transport {pull['grpc_transport_s'] * 1e3:7.1f} ms"
+            f" ({pull['grpc_transport_over_raw']:.2f}x), pull_models incl. validation+decode"
+            f" {pull['pull_models_s'] * 1e3:7.1f} ms ({pull['pull_models_over_raw']:.2f}x)"
+        )
     if args.json:
         meta = {"python": platform.python_version(), "torch": torch.__version__, "grpc": grpc.__version__,
                 "machine": platform.machine(), "cpus": torch.get_num_threads()}  # fmt: skip
-        args.json.write_text(json.dumps({"meta": meta, "bytes": rows, "codec": speed, "pull": pull}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"meta": meta, "bytes": rows, "codec": speed, "pull": pulls}, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
 

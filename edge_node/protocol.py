@@ -1,4 +1,8 @@
-"""The protocol version shared by the wire format (stream header, Hello) and discovery (TXT ``v``).
+"""The contract values peers exchange, one rule each: protocol version, node id, fleet id, round, density, fp.
+
+Config, discovery (TXT), TLS, stream headers and Hello all check these values with the functions here.
+
+The protocol version is shared by the wire format (stream header, Hello) and discovery (TXT ``v``).
 
 Peers with another MAJOR version cannot talk to each other and ignore each other; a MINOR bump stays
 compatible. 1.1 added ``GetModelRequest.round`` (pull one exact published round); servers of 1.0
@@ -10,6 +14,7 @@ so receivers refuse unknown fields in what peers send them (stream messages, Hel
 
 from __future__ import annotations
 
+import math
 import re
 
 PROTOCOL_VERSION = "1.1"
@@ -46,3 +51,91 @@ _NODE_ID_RE = re.compile(NODE_ID_PATTERN)
 def is_valid_node_id(node_id: object) -> bool:
     """Whether ``node_id`` is 1-63 characters of [A-Za-z0-9_-], starting alphanumeric."""
     return isinstance(node_id, str) and _NODE_ID_RE.fullmatch(node_id) is not None
+
+
+# A fleet id travels in TXT ``fleet``, stream headers and Hello, and names a fleet in configs: the same
+# one-DNS-label rule as a node id (no dots: ``lab.1`` would be accepted by one part and refused by another).
+FLEET_ID_PATTERN = NODE_ID_PATTERN
+_FLEET_ID_RE = _NODE_ID_RE
+
+# ``net/tls.py`` advertises ``"sha256:" + hexdigest()`` of the certificate's DER bytes, lower case.
+FINGERPRINT_PATTERN = r"sha256:[0-9a-f]{64}"
+_FINGERPRINT_RE = re.compile(FINGERPRINT_PATTERN)
+
+# Numbers a peer sends as text (TXT ``round``, ``density``) are ASCII only: ``\d`` and ``float()`` also
+# take other scripts' digits ("١٢" is 12 to ``int()``).
+_ROUND_TEXT_RE = re.compile(r"[0-9]{1,16}")
+_DENSITY_TEXT_RE = re.compile(r"[0-9]{1,3}(\.[0-9]{1,20})?([eE][+-]?[0-9]{1,3})?")
+
+
+def is_valid_fleet_id(fleet_id: object) -> bool:
+    """Whether ``fleet_id`` is 1-63 characters of [A-Za-z0-9_-], starting alphanumeric (no dots)."""
+    return isinstance(fleet_id, str) and _FLEET_ID_RE.fullmatch(fleet_id) is not None
+
+
+def check_node_id(node_id: object, name: str = "node_id") -> str:
+    """``node_id`` when valid (``is_valid_node_id``); ValueError quoting it otherwise."""
+    if not is_valid_node_id(node_id):
+        raise ValueError(f"{name}={_shown(node_id)} must be 1-63 characters of [A-Za-z0-9_-], starting alphanumeric")
+    assert isinstance(node_id, str)
+    return node_id
+
+
+def check_fleet_id(fleet_id: object, name: str = "fleet") -> str:
+    """``fleet_id`` when valid (``is_valid_fleet_id``); ValueError quoting it otherwise."""
+    if not is_valid_fleet_id(fleet_id):
+        raise ValueError(
+            f"{name}={_shown(fleet_id)} must be 1-63 characters of [A-Za-z0-9_-], starting alphanumeric (no dots)"
+        )
+    assert isinstance(fleet_id, str)
+    return fleet_id
+
+
+def check_round(round: object) -> int:
+    """A round a node may publish or claim: an int in [0, MAX_ROUND]; ValueError otherwise."""
+    if isinstance(round, bool) or not isinstance(round, int) or not 0 <= round <= MAX_ROUND:
+        raise ValueError(f"round={_shown(round)} must be an integer in [0, {MAX_ROUND}]")
+    return round
+
+
+def check_density(density: object) -> float:
+    """A published density: a finite number in (0, 1]; ValueError otherwise."""
+    if isinstance(density, bool) or not isinstance(density, (int, float)):
+        raise ValueError(f"density={_shown(density)} must be a number in (0, 1]")
+    value = float(density)
+    if not (math.isfinite(value) and 0.0 < value <= 1.0):
+        raise ValueError(f"density={_shown(density)} must be a number in (0, 1]")
+    return value
+
+
+def parse_round_text(text: str) -> int:
+    """A round sent as text: 1-16 ASCII digits, in range; ValueError otherwise."""
+    if not isinstance(text, str) or _ROUND_TEXT_RE.fullmatch(text) is None:
+        raise ValueError(f"round={_shown(text)} is not 1-16 ASCII digits")
+    return check_round(int(text))
+
+
+def parse_density_text(text: str) -> float:
+    """A density sent as text: ASCII digits, point and exponent only (as ``repr(float)`` writes it)."""
+    if not isinstance(text, str) or _DENSITY_TEXT_RE.fullmatch(text) is None:
+        raise ValueError(f"density={_shown(text)} is not an ASCII decimal number")
+    return check_density(float(text))
+
+
+def is_valid_fingerprint(fingerprint: object) -> bool:
+    """Whether ``fingerprint`` is exactly what ``net/tls.py`` advertises: ``sha256:`` and 64 lower-case hex digits."""
+    return isinstance(fingerprint, str) and _FINGERPRINT_RE.fullmatch(fingerprint) is not None
+
+
+def check_fingerprint(fingerprint: object) -> str:
+    """``fingerprint`` when valid (``is_valid_fingerprint``); ValueError quoting it otherwise."""
+    if not is_valid_fingerprint(fingerprint):
+        raise ValueError(f"fingerprint={_shown(fingerprint)} is not sha256:<64 lower-case hex digits>")
+    assert isinstance(fingerprint, str)
+    return fingerprint
+
+
+def _shown(value: object) -> str:
+    """``repr`` of a value, cut to 80 characters (peers may send kilobytes)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -113,6 +113,15 @@ def burst_packets(
     )
 
 
+def spoof_srv_packets(node_id: str, port: int, ttl: int) -> list[bytes]:
+    """One SRV record for ``node_id``'s instance name naming ``port``: what a spoofer sends."""
+    from zeroconf import DNSService
+
+    name = f"{node_id}.{SERVICE_TYPE}"
+    record = DNSService(name, _TYPE_SRV, _CLASS_IN | _CLASS_UNIQUE, ttl, 0, 0, port, f"{node_id}.local.")
+    return response_packets([[record]], 1)
+
+
 def ptr_only_packets(n: int, *, per_packet: int = 58, ttl: int = 4500) -> list[bytes]:
     """``n`` PTR records of our service type with nothing behind them."""
     from zeroconf import DNSPointer
@@ -283,8 +292,11 @@ def run_attacker(address: str) -> None:
                 subnet=cmd["subnet"],
                 per_packet=cmd["per_packet"],
                 first=cmd.get("first", 0),
+                ttl=cmd.get("ttl", 4500),
             )
             _emit({"event": "sent", **send(packets, pace_s)})
+        elif op == "spoof_srv":
+            _emit({"event": "sent", **send(spoof_srv_packets(cmd["node_id"], cmd["port"], cmd["ttl"]), pace_s)})
         elif op == "ptr_only":
             _emit({"event": "sent", **send(ptr_only_packets(cmd["n"], per_packet=cmd["per_packet"]), pace_s)})
         elif op == "bad_alias":

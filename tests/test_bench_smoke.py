@@ -17,7 +17,7 @@ def test_wire_bench_quick_prints_sizes_and_the_loopback_ratio(tmp_path: Path):
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "loopback pull of cnn" in proc.stdout and "x)" in proc.stdout
+    assert "loopback pulls" in proc.stdout and "cnn       float16" in proc.stdout and "x)" in proc.stdout
     assert json.loads(out.read_text())
 
 

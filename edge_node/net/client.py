@@ -44,7 +44,7 @@ from edge_node.errors import (
     WireLimitError,
 )
 from edge_node.net.tls import CertificateMismatch, TlsConfig, verify_fingerprint, warn_insecure
-from edge_node.protocol import MAX_ROUND, is_valid_node_id
+from edge_node.protocol import MAX_ROUND, is_valid_fleet_id, is_valid_node_id
 from edge_node.wire import (
     PROTOCOL_MAJOR,
     PROTOCOL_VERSION,
@@ -617,8 +617,8 @@ def _parse_hello(raw: bytes, peer: PeerAddress) -> PeerHello:
     if is_valid_node_id(peer.node_id) and reply.node_id != peer.node_id:
         bad(f"answers as node {reply.node_id!r}, was asked as {peer.node_id!r}", "identity")
     fleet = reply.fleet_id
-    if not fleet or len(fleet.encode()) > 255 or not fleet.isprintable():
-        bad(f"fleet id {_clean(fleet[:80])!r} is empty, longer than 255 bytes or not printable")
+    if not is_valid_fleet_id(fleet):
+        bad(f"fleet id {_clean(fleet[:80])!r} is not a fleet id")
     if not _ARCH_ID.fullmatch(reply.arch_id):
         bad(f"architecture id {_clean(reply.arch_id[:80])!r} is not of the form NAME/CLASSES/HASH8")
     if reply.round > MAX_ROUND:

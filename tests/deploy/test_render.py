@@ -133,6 +133,7 @@ def test_example_inventory_renders_each_group_and_install_mode(tmp_path: Path) -
         'Environment="OMP_NUM_THREADS=2"',
     ]
     assert "TimeoutStartSec=300" in kitchen_unit.splitlines() and "TimeoutStartSec=600" in orin_unit.splitlines()
+    assert "LimitNOFILE=4096" in kitchen_unit.splitlines()  # fits server_max_connections (512) + the rest
 
     # The daemon reads every rendered file as written (the role's own check before it replaces one).
     for host, config in (("pi-kitchen", kitchen), ("pi-garage", garage), ("orin-lab", orin)):
@@ -206,6 +207,7 @@ def test_fleet_id_written_as_a_number_in_the_ini_inventory_is_taken_as_its_digit
 BAD_VALUES = {
     "fleet-a-float": ({"edge_node_fleet": 1.5}, "pi-garage: edge_node_fleet=1.5 must be a fleet id"),
     "fleet-a-boolean": ({"edge_node_fleet": True}, "pi-garage: edge_node_fleet=true must be a fleet id"),
+    "fleet-with-a-dot": ({"edge_node_fleet": "lab.1"}, 'pi-garage: edge_node_fleet="lab.1" must be a fleet id'),
     "environment-name": (
         {"edge_node_environment": {"BAD NAME": "1"}},
         'pi-garage: edge_node_environment={"BAD NAME": "1"} must be a mapping of variable names',

@@ -25,7 +25,7 @@ from edge_node.net.discovery.bounds import (
     TokenBucket,
     own_networks,
 )
-from edge_node.net.discovery.peer_book import SERVICE_TYPE, BookLimits, PeerBook, Sweep
+from edge_node.net.discovery.peer_book import CHALLENGE_S, SERVICE_TYPE, BookLimits, PeerBook, Sweep
 from edge_node.net.discovery.txt import decode_txt_record
 
 _PTR, _SRV, _TXT, _A = 12, 33, 16, 1
@@ -133,13 +133,80 @@ def test_a_complete_announcement_is_listed_and_expires_after_its_ttl() -> None:
     assert book.sizes()["tracked"] == 0
 
 
-def test_a_goodbye_removes_at_once_and_own_name_is_never_tracked() -> None:
+def test_a_goodbye_removes_after_an_unanswered_challenge_and_own_name_is_never_tracked() -> None:
     clock = Clock()
     book = make_book(clock)
     book.observe(announce(clock, "pi-1") + announce(clock, "me"), clock.ms)
     assert [p.node_id for _, p in sweep(book, clock).upserts] == ["pi-1"]
     book.observe(goodbye(clock, "pi-1"), clock.ms)
-    assert [(r.node_id, r.why) for r in sweep(book, clock).removals] == [("pi-1", "said goodbye")]
+    result = sweep(book, clock)
+    assert not result.removals and asked(result) == {"pi-1"}  # anyone may send a goodbye: ask the peer
+    clock.t += CHALLENGE_S
+    assert [(r.node_id, r.why) for r in sweep(book, clock).removals] == [
+        ("pi-1", "said goodbye and did not answer the challenge")
+    ]
+    assert book.refusals.snapshot() == {"conflict": 1}
+
+
+def test_a_goodbye_for_a_name_not_listed_yet_removes_it_at_once() -> None:
+    clock = Clock()
+    book = make_book(clock)
+    book.observe(announce(clock, "pi-1", ptr_only=True), clock.ms)
+    book.observe(goodbye(clock, "pi-1"), clock.ms)
+    sweep(book, clock)
+    assert book.sizes()["tracked"] == 0
+
+
+def spoof_srv(clock: Clock, node_id: str, *, port: int, ttl: int, host: str | None = None) -> list[DNSRecord]:
+    """One SRV record for ``node_id``'s instance name, as an attacker sends it."""
+    name = f"{node_id}.{SERVICE_TYPE}"
+    return [DNSService(name, _SRV, _IN | _UNIQUE, ttl, 0, 0, port, host or f"{node_id}.local.", created=clock.ms)]
+
+
+@pytest.mark.parametrize(
+    "spoof",
+    [
+        {"port": 6666, "ttl": 1},  # the probe's attack: another port, expiring after 1 s
+        {"port": 6666, "ttl": 120, "host": "evil.local."},  # another host, long-lived
+        {"port": 7000, "ttl": 1},  # the same record with a 1 s TTL
+        {"port": 7000, "ttl": 0},  # an SRV goodbye
+    ],
+)
+def test_a_spoofed_srv_cannot_drop_or_move_a_peer_that_answers(spoof: dict[str, object]) -> None:
+    clock = Clock()
+    book = make_book(clock)
+    book.observe(announce(clock, "pi-1"), clock.ms)
+    sweep(book, clock)
+    clock.t += 1
+    book.observe(spoof_srv(clock, "pi-1", **spoof), clock.ms)  # type: ignore[arg-type]
+    result = sweep(book, clock)
+    [(_, peer)] = result.upserts
+    assert peer.endpoint == "10.0.0.5:7000" and not result.removals
+    if spoof["port"] != 7000 or spoof["ttl"] == 0:
+        assert asked(result) == {"pi-1"}
+        clock.t += 0.2
+        book.observe(announce(clock, "pi-1"), clock.ms)  # the real peer answers the query
+    for _ in range(130):  # past the spoofed record's TTL, the challenge and the real record's refreshes
+        clock.t += 1
+        if int(clock.t) % 50 == 0:
+            book.observe(announce(clock, "pi-1"), clock.ms)
+        result = sweep(book, clock)
+        assert not result.removals, result.removals
+        assert [p.endpoint for _, p in result.upserts] == ["10.0.0.5:7000"]
+    conflicts = book.refusals.snapshot().get("conflict", 0)
+    assert conflicts == (0 if spoof == {"port": 7000, "ttl": 1} else 1)
+
+
+def test_a_peer_that_moved_without_a_goodbye_is_moved_after_the_challenge() -> None:
+    clock = Clock()
+    book = make_book(clock)
+    book.observe(announce(clock, "pi-1"), clock.ms)
+    sweep(book, clock)
+    clock.t += 1
+    book.observe(announce(clock, "pi-1", port=7001), clock.ms)  # restarted on another port
+    assert [p.endpoint for _, p in sweep(book, clock).upserts] == ["10.0.0.5:7000"]
+    clock.t += CHALLENGE_S
+    assert [p.endpoint for _, p in sweep(book, clock).upserts] == ["10.0.0.5:7001"]
 
 
 def test_records_arriving_after_the_ptr_complete_a_pending_name() -> None:
@@ -179,7 +246,7 @@ def test_a_listed_peer_whose_address_is_withdrawn_keeps_its_listing_and_is_asked
 # -- the bound ---------------------------------------------------------------------------------------
 def test_newcomers_beyond_the_bound_are_refused_and_never_resolved() -> None:
     clock = Clock()
-    book = make_book(clock, max_peers=4)
+    book = make_book(clock, max_peers=4, probation_s=60)
     for i in range(4):
         book.observe(announce(clock, f"real-{i}"), clock.ms)
     sweep(book, clock)
@@ -192,9 +259,31 @@ def test_newcomers_beyond_the_bound_are_refused_and_never_resolved() -> None:
     assert book.refusals.snapshot() == {"table_full": 100}
 
 
+def test_after_a_burst_fills_the_table_a_newcomer_is_listed_once_the_burst_is_past_probation() -> None:
+    clock = Clock()
+    book = make_book(clock, max_peers=8, proven_for_s=100, probation_s=10)
+    book.observe(announce(clock, "real-0", ttl=4500), clock.ms)
+    sweep(book, clock)
+    book.record_pull("real-0", True)  # answered a pull: never evicted for newcomers
+    clock.t += 1
+    for i in range(500):  # the burst: complete fake services of our fleet
+        book.observe(announce(clock, f"fake-{i}", ttl=120), clock.ms)
+    sweep(book, clock)
+    assert book.sizes()["tracked"] == 8 and not book.has_room()
+    clock.t += 5
+    assert not book.observe(announce(clock, "real-1", ttl=120), clock.ms)  # within the burst's probation
+    clock.t += 5  # the burst's names are past probation and never answered a pull
+    assert book.has_room()
+    book.observe(announce(clock, "real-1", ttl=120), clock.ms)
+    sweep(book, clock)
+    assert {"real-0", "real-1"} <= listed(book) and book.sizes()["tracked"] == 8
+    counts = book.refusals.snapshot()
+    assert counts["table_full"] == 500 - 7 + 1 and counts["evicted_unproven"] == 1, counts
+
+
 def test_failed_pulls_make_unproven_peers_evictable_never_proven_or_unpulled_ones() -> None:
     clock = Clock()
-    book = make_book(clock, max_peers=3, evict_after_failures=3, proven_for_s=100, cooldown_s=50)
+    book = make_book(clock, max_peers=3, evict_after_failures=3, proven_for_s=100, cooldown_s=50, probation_s=1e5)
     for nid in ("proven", "failing", "unpulled"):
         book.observe(announce(clock, nid, ttl=4500), clock.ms)
     sweep(book, clock)

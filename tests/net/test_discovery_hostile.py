@@ -205,3 +205,43 @@ def test_unusable_addresses_and_ports_are_never_listed(lab: Lab) -> None:
     # 0.0.0.0, 224.0.0.251, 255.255.255.255, 10.77.0.255, 240.0.0.1, 127.0.0.1 (node not on loopback)
     assert refusals.get("bad_address", 0) >= 6 and refusals.get("foreign_subnet", 0) >= 1  # 8.8.8.8
     assert refusals.get("bad_port", 0) >= 1
+
+
+@pytest.mark.netns
+def test_a_spoofed_srv_does_not_drop_or_move_a_live_peer(lab: Lab) -> None:
+    """The probe's attack: the live peer's instance name announced at another port (TTL 1 s, and 120 s)."""
+    victim = lab.victim()
+    lab.reals(("real-0",))
+    attacker = lab.attacker()
+    assert victim.wait_listed(("real-0",), FIND_S)["ok"], victim.proc.stderr_text[-2000:]
+    for ttl in (1, 120, 0):
+        attacker.send("spoof_srv", node_id="real-0", port=6666, ttl=ttl)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 3 * REAL_TTL_S + 5:  # past the spoofed TTL, the challenge and 3 real TTLs
+        stats = victim.stats()
+        ports = {p["node_id"]: p["port"] for p in stats["peers"]}
+        assert ports.get("real-0") == 7001, stats["peers"]
+        time.sleep(0.3)
+    assert stats["refusals"].get("conflict", 0) >= 2, stats["refusals"]
+
+
+@pytest.mark.netns
+def test_a_peer_that_joins_after_a_burst_is_listed_within_the_bound(lab: Lab) -> None:
+    """After 5,000 fake services fill the table, a real peer starting 5 s later is listed within
+    ``probation_s`` (10 s) plus one room browse (10 s): the fakes never answered a pull."""
+    max_peers = 16
+    victim = lab.victim(max_peers=max_peers)
+    lab.reals(("real-0",))
+    attacker = lab.attacker()
+    assert victim.wait_listed(("real-0",), FIND_S)["ok"], victim.proc.stderr_text[-2000:]
+    victim.pull("real-0", True)  # it answered a pull: never evicted for newcomers
+    sent = attacker.send("burst", n=5000, per_packet=8, fleet=FLEET, subnet=SUBNET, pace_s=0.0005, ttl=120)
+    assert sent["sent"] >= 600
+    time.sleep(5.0)
+    assert len(victim.stats()["peers"]) == max_peers  # the burst holds the table
+    started = time.monotonic()
+    lab.reals(("late-1",), ttl_s=120)
+    waited = victim.wait_listed(("late-1",), 10.0 + 10.0 + 5.0)
+    print(f"\nlate peer listed after {time.monotonic() - started:.1f} s; refusals {waited['refusals']}")
+    assert waited["ok"], waited
+    assert "real-0" in peer_ids(waited) and waited["refusals"].get("evicted_unproven", 0) >= 1

@@ -22,6 +22,7 @@ _REPO = Path(__file__).resolve().parents[2]
 if str(_REPO) not in sys.path:  # `tests.netns` is a helper module, not an installed package
     sys.path.insert(0, str(_REPO))
 
+from edge_node.net.discovery.peer_book import CHALLENGE_S  # noqa: E402
 from edge_node.protocol import PROTOCOL_VERSION  # noqa: E402
 from tests.netns import NetnsProcess, bridge_with_namespaces, cleanup_stale, netns, run_in_netns  # noqa: E402
 
@@ -31,7 +32,7 @@ FLEET = "fleet-a"
 TTL_S = 3  # short, so a killed node must vanish within seconds
 FIND_S = 5.0  # the promise: nodes find each other within this
 START_S = 40.0  # generous bound on interpreter start-up on a busy 2-core machine (not a promise)
-GOODBYE_S = 1.5  # "at once"
+GOODBYE_S = CHALLENGE_S + 1.5  # a goodbye is challenged (anyone can send one), then applied unless answered
 KILLED_S = TTL_S + 1.5  # record TTL, plus one sweep and scheduling slack
 
 # The node host: imports discovery once (slow: the package pulls in torch), then forks one child per

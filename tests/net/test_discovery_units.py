@@ -35,6 +35,7 @@ from edge_node.net.discovery import (
 )
 from edge_node.net.discovery.mdns import parse_default_routes
 from edge_node.net.discovery.peer_book import usable_order as _usable_order
+from edge_node.net.tls import certificate_fingerprint, create_ca, issue_certificate
 from edge_node.protocol import PROTOCOL_VERSION, protocol_major
 
 FIELDS = TxtFields(
@@ -45,7 +46,7 @@ FIELDS = TxtFields(
     tier="t3",
     density=0.6,
     round=42,
-    fingerprint="ab:cd:ef",
+    fingerprint="sha256:" + "ab" * 32,
 )
 
 
@@ -119,6 +120,14 @@ def test_txt_keys_are_case_insensitive_and_unknown_keys_ignored() -> None:
         ({"tier": ""}, "tier"),
         ({"v": "one"}, "MAJOR.MINOR"),
         ({"id": "no spaces"}, "node_id"),
+        ({"round": "\u0661\u0662"}, "round"),  # Arabic-Indic "12": int() reads it, the contract does not
+        ({"round": "12\n"}, "round"),
+        ({"density": "0.\u0665"}, "density"),  # "0.5" in Arabic-Indic digits
+        ({"fleet": "lab.1"}, "fleet"),
+        ({"fp": "A" * 200}, "fingerprint"),  # the right alphabet, not the format net/tls.py produces
+        ({"fp": "sha256:" + "AB" * 32}, "fingerprint"),  # upper case: tls.py writes lower
+        ({"fp": "sha256:" + "ab" * 31}, "fingerprint"),
+        ({"fp": "sha256:" + "ab" * 32 + "\n"}, "fingerprint"),
     ],
 )
 def test_malformed_txt_values_are_refused_with_the_reason(override: dict[str, str | None], message: str) -> None:
@@ -393,3 +402,12 @@ def test_cli_peers_refuses_bad_arguments(argv: list[str], message: str, capsys: 
         main(["peers", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_fingerprint_tls_produces_is_what_txt_accepts(tmp_path: Path) -> None:
+    """One rule: the ``fp`` a TLS node advertises parses, so the exact format refuses nobody honest."""
+    ca_cert, ca_key = create_ca("lab")
+    cert, _key = issue_certificate(ca_cert, ca_key, "pi-07")
+    fingerprint = certificate_fingerprint(cert)
+    props = encode_txt(dataclasses.replace(FIELDS, fingerprint=fingerprint))
+    assert parse_txt(_raw(props)).fingerprint == fingerprint

@@ -246,6 +246,17 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path, args, file_text, code, mess
     assert not (tmp_path / "s" / "checkpoint.pt").exists()
 
 
+@pytest.mark.parametrize("fleet", ["lab.1", "lab 1", "l\u0661"])
+def test_a_fleet_id_discovery_would_refuse_is_refused_at_config_time(tmp_path, fleet):
+    """One rule per contract value: before, ``lab.1`` passed the config check, then discovery refused it
+    after the capacity probe ran, the lock was taken and the server started."""
+    state = tmp_path / "s"
+    result = run_cli(["start", "--fleet", fleet, "--insecure", "--state-dir", str(state), "--listen", "127.0.0.1:0"])
+    assert result.returncode == int(ExitCode.BAD_INPUT), result.stderr
+    assert f"fleet={fleet!r} must be 1-63 characters" in _one_line_error(result)
+    assert not state.exists(), sorted(state.rglob("*"))
+
+
 def test_port_in_use_is_exit_3(tmp_path):
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))

@@ -38,6 +38,8 @@ REFUSAL_REASONS: dict[str, str] = {
     "foreign_subnet": "an address outside the allowed subnets (by default the node's own interfaces' subnets)",
     "bad_port": "a port outside 1..65535",
     "evicted": "a listed peer that failed its pulls, made room for a newcomer",
+    "evicted_unproven": "a name that never answered a pull, tracked longest past its probation, made room",
+    "conflict": "a goodbye or an SRV naming another host/port for a listed peer: it was challenged (asked again)",
     "error": "a record whose processing raised; it was dropped and the pass went on",
     "query_budget": "a query (resolve, refresh, browse) deferred because the global query budget was spent",
     "self": "a static peer that turned out to be this node",

@@ -58,6 +58,7 @@ from edge_node.net.discovery.peer_book import (
     DEFAULT_EVICT_AFTER_FAILURES,
     DEFAULT_MAX_PEERS,
     DEFAULT_MAX_PENDING,
+    DEFAULT_PROBATION_S,
     DEFAULT_PROVEN_FOR_S,
     DEFAULT_QUERY_BURST,
     DEFAULT_QUERY_RATE,
@@ -91,7 +92,7 @@ _STOP_TIMEOUT_S = 5.0  # bound on joining the worker thread at stop()
 _MIN_SWEEP_GAP_S = 0.05  # sweeps woken by records come at most this often (a flood wakes it per packet)
 _BROWSE_AT_S = (1.0, 4.0, 9.0)  # after the first browse (20-120 ms after start), as zeroconf's browser does
 _BROWSE_EVERY_S = 900.0  # then once per this (finds peers whose announcement was lost)
-_ROOM_BROWSE_GAP_S = 30.0  # and, after newcomers were refused for room, once the table has room again
+_ROOM_BROWSE_GAP_S = 10.0  # and, after newcomers were refused for room, once the table has room again
 _SUMMARY_EVERY_S = 60.0  # refusals are summarised in the log at most this often
 
 
@@ -221,6 +222,8 @@ class MdnsDiscovery(Discovery):
         evict_after_failures: failed pulls in a row that make an unproven listed peer evictable.
         proven_for_s: how long a successful pull protects a peer from eviction.
         cooldown_s: how long a name dropped as unresolved, evicted or broken is ignored.
+        probation_s: how long a name that never answered a pull keeps its slot against newcomers
+            (the longest a burst of fake services can keep a real newcomer out, plus one room browse).
     """
 
     def __init__(
@@ -249,6 +252,7 @@ class MdnsDiscovery(Discovery):
         evict_after_failures: int = DEFAULT_EVICT_AFTER_FAILURES,
         proven_for_s: float = DEFAULT_PROVEN_FOR_S,
         cooldown_s: float = DEFAULT_COOLDOWN_S,
+        probation_s: float = DEFAULT_PROBATION_S,
     ) -> None:
         check_protocol_version(protocol_version)
         if fleet is not None:
@@ -276,6 +280,7 @@ class MdnsDiscovery(Discovery):
             evict_after_failures=evict_after_failures,
             proven_for_s=proven_for_s,
             cooldown_s=cooldown_s,
+            probation_s=probation_s,
         )
         TokenBucket(query_rate, query_burst)  # checks both values here, at the entry
         super().__init__(fleet=fleet, arch=arch or None, protocol_version=protocol_version)

@@ -9,13 +9,26 @@ closest to expiry, i.e. short-TTL real peers first) cannot take a listed peer aw
 Bounds (see :class:`BookLimits`):
 
 * at most ``max_peers`` names are tracked (listed, being checked, or being resolved); a newcomer
-  beyond that is refused (``table_full``) unless a listed peer is evictable: one that failed its last
-  ``evict_after_failures`` pulls and has not answered a pull within ``proven_for_s``. Peers that have
-  answered pulls recently are never evicted for newcomers; peers never pulled yet are not either.
+  beyond that takes the slot of an evictable name, else it is refused (``table_full``). Evictable,
+  in this order: a listed peer that failed its last ``evict_after_failures`` pulls (``evicted``,
+  then kept out for ``cooldown_s``); else the name tracked longest among those that have not answered
+  a pull within ``proven_for_s`` and were admitted at least ``probation_s`` ago (``evicted_unproven``,
+  no cooldown: a real peer evicted so comes back at its next announcement). Peers that answered a
+  pull recently are never evicted for newcomers. So a burst of fake services holds the table at most
+  ``probation_s``: a real peer that announces itself (or answers a browse) after that is listed at
+  once, and stays listed while it answers pulls.
 * at most ``max_pending`` of them may lack their SRV/TXT/address (PTR-only names): each is asked for
   them a few times with backoff, then dropped (``unresolved``) and kept out for ``cooldown_s``.
 * names that are refused are never resolved, and none of their records are kept here.
 * every query (resolve, refresh, browse) spends a token of one global budget (a :class:`TokenBucket`).
+
+A listed peer is not taken away or moved by one packet: mDNS records carry no proof of who sent
+them. A goodbye (PTR or SRV with TTL 0), or an SRV for its name naming another host or port while its
+current SRV is live, opens a *challenge* (counted as ``conflict``, logged): the name is queried at
+once and again, and only if no fresh copy of the current SRV arrives within ``CHALLENGE_S`` is the
+goodbye or the new record applied. A peer that answers keeps its listing; one that really left is
+removed ``CHALLENGE_S`` later than before. A same-host SRV with a shorter remaining lifetime never
+shortens the one held.
 
 Nothing here opens a socket or starts a thread.
 """
@@ -51,6 +64,7 @@ DEFAULT_MAX_PENDING = 16
 DEFAULT_EVICT_AFTER_FAILURES = 3
 DEFAULT_PROVEN_FOR_S = 3600.0  # a successful pull protects a peer from eviction this long
 DEFAULT_COOLDOWN_S = 300.0  # a name dropped as unresolved, evicted or broken is ignored this long
+DEFAULT_PROBATION_S = 10.0  # an unproven name may be evicted for a newcomer once tracked this long
 DEFAULT_QUERY_RATE = 4.0  # queries (packets) per second, over all peers
 DEFAULT_QUERY_BURST = 8
 
@@ -66,6 +80,8 @@ _NAMES_PER_QUERY = 6  # names asked in one query packet (4 questions each; < 146
 _MAX_ADDRESSES = 8  # addresses kept per peer (newest win)
 _COOLDOWN_MEMORY = 1024  # names remembered in cooldown (oldest forgotten first)
 _FLUSH_AFTER_MS = 1000  # RFC 6762 10.2: a cache-flush record replaces same-type records older than 1 s
+CHALLENGE_S = 3.0  # a listed peer has this long to re-announce its SRV after a goodbye or conflicting SRV
+_CHALLENGE_QUERY_GAP_S = 0.9  # and is asked this often meanwhile (a responder multicasts a record at most 1/s)
 
 # DNS numbers (RFC 1035, 2782, 3596): zeroconf keeps its constants private.
 _TYPE_A = 1
@@ -90,6 +106,8 @@ _WHY = {
     "bad_port": "its port is not in 1..65535",
     "unresolved": "its records never arrived",
     "evicted": "evicted: it failed its pulls and a newcomer needed the slot",
+    "evicted_unproven": "evicted: it never answered a pull and a newcomer needed the slot",
+    "conflict": "a goodbye or another host/port for its name, and it did not answer within the challenge",
     "error": "processing its records failed",
 }
 
@@ -105,6 +123,7 @@ class BookLimits:
     evict_after_failures: int = DEFAULT_EVICT_AFTER_FAILURES
     proven_for_s: float = DEFAULT_PROVEN_FOR_S
     cooldown_s: float = DEFAULT_COOLDOWN_S
+    probation_s: float = DEFAULT_PROBATION_S
 
     def __post_init__(self) -> None:
         integers = (("max_peers", 1, 100_000), ("max_pending", 1, 100_000), ("evict_after_failures", 1, 1000))
@@ -112,7 +131,7 @@ class BookLimits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ConfigError(f"{name}={value!r} must be an integer in [{low}, {high}]")
-        for name in ("proven_for_s", "cooldown_s"):
+        for name in ("proven_for_s", "cooldown_s", "probation_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 86400 * 7:
                 raise ConfigError(f"{name}={value!r} must be a number of seconds in [0, 604800]")
@@ -179,6 +198,10 @@ class _Entry:
     last_refresh_s: float = -1e18
     last_ok_s: float | None = None
     failures: int = 0
+    challenged_ms: float | None = None  # when a goodbye or conflicting SRV challenged this listed name
+    challenger: tuple[str, str, int, float, int] | None = (
+        None  # that SRV (server, key, port, created, ttl); None: goodbye
+    )
 
     def srv_live(self, now_ms: float) -> bool:
         return self.server is not None and now_ms < self.srv_created_ms + self.srv_ttl_s * 1000.0
@@ -263,8 +286,12 @@ class PeerBook:
             }
 
     def has_room(self) -> bool:
+        """Whether a newcomer would be admitted now (a free slot or an evictable name)."""
         with self._lock:
-            return len(self._entries) < self.limits.max_peers
+            if len(self._entries) < self.limits.max_peers:
+                return True
+            now_s = self._clock()
+            return self._evictable(now_s) is not None or self._unproven(now_s) is not None
 
     # -- fed by zeroconf's loop --------------------------------------------------------------------
     def observe(self, records: Sequence[DNSRecord], now_ms: float) -> bool:
@@ -342,7 +369,10 @@ class PeerBook:
         if record.is_expired(now_ms):  # a goodbye
             if entry is None:
                 return False
-            entry.goodbye = True
+            if entry.listed:
+                self._challenge(entry, None, now_ms, "a PTR goodbye")
+            else:
+                entry.goodbye = True
             return True
         if entry is not None:
             entry.ptr_created_ms, entry.ptr_ttl_s = record.created, record.ttl
@@ -364,10 +394,14 @@ class PeerBook:
             return False
         if len(self._entries) >= self.limits.max_peers:
             victim = self._evictable(now_s)
-            if victim is None:
-                self._refuse(alias, "table_full", f"the table holds {len(self._entries)} peers, none evictable")
-                return False
-            self._drop(victim, "evicted", now_s, cooldown=True)
+            if victim is not None:
+                self._drop(victim, "evicted", now_s, cooldown=True)
+            else:
+                victim = self._unproven(now_s)
+                if victim is None:
+                    self._refuse(alias, "table_full", f"the table holds {len(self._entries)} peers, none evictable")
+                    return False
+                self._drop(victim, "evicted_unproven", now_s)
         entry = _Entry(name=alias, node_id=node_id, admitted_s=now_s, next_query_s=now_s + _RESOLVE_FIRST_S)
         entry.ptr_created_ms, entry.ptr_ttl_s = record.created, record.ttl
         self._entries[key] = entry
@@ -377,12 +411,27 @@ class PeerBook:
     def _on_record(self, record: DNSRecord, now_ms: float, now_s: float, announced: set[str]) -> bool:
         entry = self._entries[record.key]
         if record.type == _TYPE_SRV:
-            if record.is_expired(now_ms):
-                entry.goodbye = True
-                return True
             server: str = record.server  # type: ignore[attr-defined]
             server_key: str = record.server_key  # type: ignore[attr-defined]
             port: int = record.port  # type: ignore[attr-defined]
+            same = entry.server_key == server_key and entry.port == port
+            if entry.listed and entry.srv_live(now_ms):
+                if record.is_expired(now_ms) or not same:
+                    offer = (
+                        None if record.is_expired(now_ms) else (server, server_key, port, record.created, record.ttl)
+                    )
+                    if same or offer is not None:  # a goodbye for another host/port than the held one: moot
+                        self._challenge(entry, offer, now_ms, "an SRV goodbye" if offer is None else f"{server}:{port}")
+                    return True
+                expires_ms = record.created + record.ttl * 1000.0
+                if entry.challenged_ms is not None and record.created > entry.challenged_ms:
+                    _LOGGER.info("peer %s re-announced itself: challenge dismissed", entry.node_id)
+                    entry.challenged_ms, entry.challenger = None, None
+                if expires_ms < entry.srv_created_ms + entry.srv_ttl_s * 1000.0:
+                    return False  # a copy that would expire sooner: never shortens the held record
+            elif record.is_expired(now_ms):
+                entry.goodbye = True
+                return True
             material = entry.server_key != server_key or entry.port != port or not entry.listed
             if entry.server_key != server_key:
                 self._unindex(record.key, entry)
@@ -400,6 +449,40 @@ class PeerBook:
             return False
         entry.txt = bytes(text)
         return True
+
+    def _challenge(
+        self, entry: _Entry, offer: tuple[str, str, int, float, int] | None, now_ms: float, what: str
+    ) -> None:
+        """A goodbye (``offer`` None) or another SRV for a listed name: count it, ask the name at once."""
+        self.refusals.add("conflict")
+        if self._log.allow(entry.name, "conflict"):
+            _LOGGER.warning(
+                "conflicting mDNS record for listed peer %s (holds %s:%s, got %s): asking it, %.0f s to answer",
+                entry.node_id, entry.server, entry.port, what, CHALLENGE_S,
+            )  # fmt: skip
+        if entry.challenged_ms is None:
+            entry.challenged_ms = now_ms
+            entry.last_refresh_s = -1e18  # ask now (within the query budget)
+        entry.challenger = offer
+
+    def _settle(self, key: str, entry: _Entry, now_ms: float, now_s: float) -> bool:
+        """Apply an unanswered challenge once ``CHALLENGE_S`` passed; True when ``key`` was dropped."""
+        assert entry.challenged_ms is not None
+        if now_ms - entry.challenged_ms < CHALLENGE_S * 1000.0:
+            return False
+        offer, entry.challenged_ms, entry.challenger = entry.challenger, None, None
+        if offer is None or now_ms >= offer[3] + offer[4] * 1000.0:
+            self._drop(key, None, now_s, why="said goodbye and did not answer the challenge")
+            return True
+        server, server_key, port, created_ms, ttl_s = offer
+        _LOGGER.warning("peer %s moved to %s:%s (it did not answer the challenge)", entry.node_id, server, port)
+        if entry.server_key != server_key:
+            self._unindex(key, entry)
+            entry.addresses.clear()
+            self._by_server.setdefault(server_key, set()).add(key)
+        entry.server, entry.server_key, entry.port = server, server_key, port
+        entry.srv_created_ms, entry.srv_ttl_s = created_ms, ttl_s
+        return False
 
     def _on_address(self, record: DNSRecord, now_ms: float, now_s: float, announced: set[str]) -> bool:
         address = _address_text(record.address, getattr(record, "scope_id", None))  # type: ignore[attr-defined]
@@ -465,6 +548,18 @@ class PeerBook:
             if not self._proven(entry, now_s) and (best is None or entry.failures > best[0]):
                 best = (entry.failures, key)
         return None if best is None else best[1]
+
+    def _unproven(self, now_s: float) -> str | None:
+        """The key tracked longest among names not proven and past their probation, or None.
+
+        Entries are kept in admission order (a dict), so this walks only the proven or young ones first.
+        """
+        for key, entry in self._entries.items():
+            if now_s - entry.admitted_s < self.limits.probation_s:
+                return None  # every later one was admitted later still
+            if not self._proven(entry, now_s):
+                return key
+        return None
 
     # -- removal -----------------------------------------------------------------------------------
     def _unindex(self, key: str, entry: _Entry) -> None:
@@ -547,6 +642,18 @@ class PeerBook:
         if entry.goodbye:
             self._drop(key, None, now_s, why="said goodbye")
             return
+        if entry.challenged_ms is not None:
+            if self._settle(key, entry, now_ms, now_s):
+                return
+            if entry.challenged_ms is not None:
+                if now_s - entry.last_refresh_s >= _CHALLENGE_QUERY_GAP_S:
+                    refresh.append(entry)
+                out.due(
+                    min(
+                        now_s + _CHALLENGE_QUERY_GAP_S,
+                        now_s + (entry.challenged_ms / 1000.0 + CHALLENGE_S - now_ms / 1000.0),
+                    )
+                )
         live = entry.srv_live(now_ms)
         if entry.listed:
             if not live:
@@ -637,7 +744,7 @@ class PeerBook:
         could not be sent counts once as ``query_budget``.
         """
         packets: list[DNSOutgoing] = []
-        due = refresh + resolve
+        due = list({entry.name: entry for entry in refresh + resolve}.values())  # a challenged name is due twice
         for start in range(0, len(due), _NAMES_PER_QUERY):
             chunk = due[start : start + _NAMES_PER_QUERY]
             if not bucket.take():

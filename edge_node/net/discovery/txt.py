@@ -9,29 +9,26 @@ ignore that advertiser.
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
+from edge_node import protocol
 from edge_node.errors import ConfigError, DiscoveryError
-from edge_node.protocol import NODE_ID_PATTERN, parse_protocol_version
+from edge_node.protocol import parse_protocol_version
 
 TXT_KEYS = ("v", "id", "fleet", "arch", "tier", "density", "round", "fp")
 REQUIRED_TXT_KEYS = ("v", "id", "fleet", "arch", "tier", "density", "round")
 MAX_TXT_STRING_BYTES = 255  # one DNS character-string: a length byte then at most 255 bytes
-MAX_ROUND = 10**15
 MAX_TXT_STRINGS = 128  # ours has 8; newer peers may add keys, but not hundreds
 
-# A DNS label (63 bytes) that is also a safe host name part: the id becomes `<id>.local.`.
-_ID_RE = re.compile(NODE_ID_PATTERN)
 # The wire's architecture id ("cnn/10/1a2b3c4d", ModelSpec.arch_id), so peers compare one string; may be
 # empty: "no model" (e.g. an operator probe).
-_ARCH_RE = re.compile(r"^[A-Za-z0-9_.:/+-]{0,200}$")
-_TIER_RE = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
-_FP_RE = re.compile(r"^[A-Za-z0-9:+/=_-]{0,200}$")
-_INT_RE = re.compile(r"^\d{1,16}$")
-_FLOAT_RE = re.compile(r"^[0-9.eE+-]{1,32}$")
+_ARCH_RE = re.compile(r"[A-Za-z0-9_.:/+-]{0,200}")
+_TIER_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -49,18 +46,27 @@ class TxtFields:
 
 
 def _check(pattern: re.Pattern[str], name: str, value: object) -> str:
-    if not isinstance(value, str) or pattern.match(value) is None:
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
         raise ConfigError(f"{name}={value!r} is not valid (allowed: {pattern.pattern})")
     return value
 
 
+def _contract(rule: Callable[[object], _T], value: object) -> _T:
+    """``rule(value)`` (a ``protocol`` check), its ValueError raised as ConfigError."""
+    try:
+        return rule(value)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def check_node_id(node_id: object) -> str:
-    """A node id usable as DNS-SD instance name and host label; ConfigError otherwise."""
-    return _check(_ID_RE, "node_id", node_id)
+    """A node id usable as DNS-SD instance name and host label (``protocol.check_node_id``)."""
+    return _contract(protocol.check_node_id, node_id)
 
 
 def check_fleet(fleet: object) -> str:
-    return _check(_ID_RE, "fleet", fleet)
+    """A fleet id (``protocol.check_fleet_id``)."""
+    return _contract(protocol.check_fleet_id, fleet)
 
 
 def check_arch(arch: object) -> str:
@@ -72,24 +78,18 @@ def check_tier(tier: object) -> str:
 
 
 def check_fingerprint(fingerprint: object) -> str | None:
+    """None when empty (no TLS), else exactly what ``net/tls.py`` produces (``protocol.check_fingerprint``)."""
     if fingerprint is None or fingerprint == "":
         return None
-    return _check(_FP_RE, "fingerprint", fingerprint)
+    return _contract(protocol.check_fingerprint, fingerprint)
 
 
 def check_density(density: object) -> float:
-    if isinstance(density, bool) or not isinstance(density, (int, float)):
-        raise ConfigError(f"density={density!r} must be a number in (0, 1]")
-    value = float(density)
-    if not (math.isfinite(value) and 0.0 < value <= 1.0):
-        raise ConfigError(f"density={density!r} must be a number in (0, 1]")
-    return value
+    return _contract(protocol.check_density, density)
 
 
 def check_round(round_: object) -> int:
-    if isinstance(round_, bool) or not isinstance(round_, int) or not 0 <= round_ <= MAX_ROUND:
-        raise ConfigError(f"round={round_!r} must be an integer in [0, {MAX_ROUND}]")
-    return round_
+    return _contract(protocol.check_round, round_)
 
 
 def check_port(port: object) -> int:
@@ -187,11 +187,6 @@ def parse_txt(raw: Mapping[bytes, bytes | None]) -> TxtFields:
     missing = [key for key in REQUIRED_TXT_KEYS if key not in props]
     if missing:
         raise DiscoveryError(f"TXT lacks key(s) {', '.join(missing)}")
-    density_text, round_text = props["density"], props["round"]
-    if _FLOAT_RE.match(density_text) is None:
-        raise DiscoveryError(f"TXT density={density_text[:40]!r} is not a number")
-    if _INT_RE.match(round_text) is None:
-        raise DiscoveryError(f"TXT round={round_text[:40]!r} is not a non-negative integer")
     try:
         return TxtFields(
             protocol_version=check_protocol_version(props["v"]),
@@ -199,11 +194,11 @@ def parse_txt(raw: Mapping[bytes, bytes | None]) -> TxtFields:
             fleet=check_fleet(props["fleet"]),
             arch=check_arch(props["arch"]),
             tier=check_tier(props["tier"]),
-            density=check_density(float(density_text)),
-            round=check_round(int(round_text)),
+            density=protocol.parse_density_text(props["density"]),
+            round=protocol.parse_round_text(props["round"]),
             fingerprint=check_fingerprint(props.get("fp")),
         )
-    except (ConfigError, ValueError) as exc:  # float("1e") and friends
+    except ValueError as exc:  # ConfigError is one
         raise DiscoveryError(f"TXT value rejected: {_shorten(str(exc))}") from None
 
 

@@ -1,0 +1,142 @@
+"""The server cannot be starved by one host: real gRPC on 127.0.0.1, the attacker on 127.0.0.2.
+
+The attacks are raw HTTP/2 (``tests/net/grpc_attack.py``) from another loopback address, so the
+server sees another host than the honest client on 127.0.0.1; each test measures the honest Hello
+and pull latency before and during the attack, side by side, and asserts the bounds.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from edge_node.errors import ConfigError
+from edge_node.net import PeerAddress, PeerServer, ServerLimits, create_server, hello, pull_model
+from edge_node.net.server import FD_RESERVE, check_fd_limit
+from edge_node.wire.messages import PEER_SERVICE_NAME
+
+_REPO = Path(__file__).resolve().parents[2]
+if str(_REPO) not in sys.path:
+    sys.path.insert(0, str(_REPO))
+
+from tests.net.grpc_attack import IdleConnections, WithheldCalls  # noqa: E402
+from tests.net.test_grpc_peer import FLEET, SPEC, snapshot  # noqa: E402
+
+ATTACKER = "127.0.0.2"
+GET_MODEL = f"/{PEER_SERVICE_NAME}/GetModel"
+HELLO = f"/{PEER_SERVICE_NAME}/Hello"
+PLAIN = {"insecure": True}
+
+
+def _latency_ms(action: Callable[[], object], n: int = 10) -> float:
+    """Median wall time of ``action`` over ``n`` runs, in ms."""
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        action()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def _honest(port: int) -> tuple[Callable[[], object], Callable[[], object]]:
+    address = PeerAddress("srv", "127.0.0.1", port)
+
+    def do_hello() -> object:
+        return hello(address, node_id="honest", fleet_id=FLEET, timeout_s=5, **PLAIN)
+
+    def do_pull() -> object:
+        return pull_model(address, SPEC, FLEET, node_id="honest", deadline_s=5, **PLAIN)
+
+    return do_hello, do_pull
+
+
+@pytest.mark.parametrize("method", [GET_MODEL, HELLO])
+def test_withheld_requests_from_one_host_cannot_starve_honest_calls(method: str) -> None:
+    """The probe sent 8 (then 16) such calls from one connection; here 64 over 8 connections."""
+    limits = ServerLimits(max_calls_per_host=4, request_timeout_s=2.0)
+    peer = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
+    peer.publish(snapshot("srv", 1))
+    server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
+    server.start()
+    try:
+        do_hello, do_pull = _honest(port)
+        quiet_hello, quiet_pull = _latency_ms(do_hello), _latency_ms(do_pull)
+        with WithheldCalls(ATTACKER, port, method, calls=64, connections=8) as attack:
+            time.sleep(0.3)  # every call has arrived
+            held = peer.open_calls().get(f"ipv4:{ATTACKER}", 0)
+            busy_hello, busy_pull = _latency_ms(do_hello), _latency_ms(do_pull)
+            time.sleep(limits.request_timeout_s + 0.5)
+            after_timeout = peer.open_calls().get(f"ipv4:{ATTACKER}", 0)
+            ended = attack.ended()
+        refusals = peer.refusals()
+    finally:
+        server.stop(None).wait(5)
+    print(
+        f"\n{method}: honest Hello {quiet_hello:.1f} -> {busy_hello:.1f} ms, pull {quiet_pull:.1f} -> {busy_pull:.1f}"
+        f" ms; attacker held {held} calls, {after_timeout} after {limits.request_timeout_s:g} s; ended {ended};"
+        f" refusals {refusals}"
+    )
+    assert attack.sent == 64
+    assert held <= limits.max_calls_per_host  # its share, whatever it sends
+    assert after_timeout == 0  # calls without a request are ended in bounded time
+    assert refusals["host-busy"] == 64 - limits.max_calls_per_host
+    assert refusals["slow-request"] == limits.max_calls_per_host
+    assert ended == 64  # every withheld call was ended by the server, none left hanging
+    assert busy_hello < max(50.0, 5 * quiet_hello) and busy_pull < max(100.0, 5 * quiet_pull)
+
+
+def test_idle_connections_cannot_exhaust_descriptors_and_are_closed_in_bounded_time() -> None:
+    """The probe's 1,100 idle TCP connections against a 1,024 fd limit: the server keeps at most
+    ``max_connections`` (grpc core closes the rest at accept) and closes each after
+    ``handshake_timeout_s``; the node's descriptors stay bounded and the server serves afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"needs a hard descriptor limit of 4096 for the attacker's sockets (have {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
+    limits = ServerLimits(max_connections=200, handshake_timeout_s=2.0)
+    peer = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
+    peer.publish(snapshot("srv", 1))
+    server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
+    server.start()
+    try:
+        do_hello, _ = _honest(port)
+        with IdleConnections(ATTACKER, port, 1100) as idle:
+            time.sleep(0.5)
+            held = idle.open_count()
+            time.sleep(limits.handshake_timeout_s + 1.0)
+            left = idle.open_count()
+            recovered_ms = _latency_ms(do_hello, n=3)
+        print(f"\n1,100 idle connections: {held} held by the server, {left} after the handshake timeout")
+    finally:
+        server.stop(None).wait(5)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert held <= limits.max_connections + 8  # + the listen backlog's in-flight accepts
+    assert left == 0
+    assert recovered_ms < 1000
+
+
+def test_the_fd_limit_is_raised_to_the_hard_limit_and_refused_when_too_low() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+        if hard == resource.RLIM_INFINITY or hard >= 512 + FD_RESERVE:
+            assert check_fd_limit(ServerLimits(max_connections=512)) == hard
+            assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
+        if hard != resource.RLIM_INFINITY:
+            with pytest.raises(ConfigError, match=r"file-descriptor limit is \d+ .*server_max_connections="):
+                check_fd_limit(ServerLimits(max_connections=hard))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_server_limits_are_checked_once_quoting_the_value() -> None:
+    with pytest.raises(ValueError, match="request_timeout_s=0 must be"):
+        ServerLimits(request_timeout_s=0)
+    with pytest.raises(ValueError, match="max_calls_per_host=0 must be"):
+        ServerLimits(max_calls_per_host=0)
