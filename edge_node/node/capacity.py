@@ -317,7 +317,8 @@ def measure(
     The one code path of ``edge-node capacity`` and ``edge-node start --capacity auto`` (call
     :func:`runtime_device` first): both measure exactly what the running node would train.
     """
-    scratch = build_model(config.model, local.num_classes, seed=config.seed).to(device)
+    input_shape = local.data.pool.input_shape
+    scratch = build_model(config.model, local.num_classes, seed=config.seed, input_shape=input_shape).to(device)
     measured = probe(
         scratch, local.data, config.batch_size, interfaces=config.interfaces, micro_batch=config.micro_batch,
         generator=torch.Generator().manual_seed(config.seed), check_stop=check_stop,
