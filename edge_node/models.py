@@ -1,4 +1,4 @@
-"""The model registry: CIFAR-sized ``cnn``, ``resnet18`` and ``vgg11``, all with GroupNorm.
+"""The model registry: CIFAR-sized ``cnn``, ``resnet18`` and ``vgg11``, all with GroupNorm, and users' own models.
 
 ``resnet18`` on Tiny-ImageNet (64x64) is the DisPFL paper's ``tiny_resnet18``: the same network (3x3
 stride-1 stem, no max-pool) whose final average pool is global (adaptive to 1x1), so a 64x64 input ends in
@@ -8,16 +8,24 @@ convolution costs 4x the FLOPs. ``cnn`` takes 32x32 images only (its fc1 is size
 GroupNorm, never BatchNorm: DisPFL masks every parameter tensor and models must carry no buffers
 (running statistics cannot be averaged over personal masks). Parameter counts for 10 classes are
 pinned by ALGORITHM.md and by tests: cnn 797,962; resnet18 11,173,962; vgg11 9,231,114.
+
+A user's model is a factory ``factory(num_classes, input_shape) -> nn.Module``, named as
+``package.module:function`` or registered by an installed package under the entry-point group
+``edge_node.models``. :func:`build_checked_model` holds it to the contract the rest relies on
+(docs/MODELS.md): no buffers, float32 parameters, the same weights for the same seed, and
+``(B, *input_shape)`` in, ``(B, num_classes)`` logits out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from edge_node.errors import ModelError
+from edge_node.plugins import entry_point_names, is_factory_path, load_entry_point, load_factory, one_line
 
 GN_GROUPS = 32  # GroupNorm(32, C), as in DisPFL's reference models
 
@@ -109,23 +117,141 @@ class VGG11(nn.Module):
 
 MODELS: dict[str, Callable[[int], nn.Module]] = {"cnn": CNN, "resnet18": ResNet18, "vgg11": VGG11}
 MODEL_NAMES = tuple(MODELS)
+ENTRY_POINT_GROUP = "edge_node.models"  # installed packages register model factories under this group
+DEFAULT_INPUT_SHAPE = (3, 32, 32)  # the built-in models' CIFAR images
+_ARCH_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+_ARCH_NAME_MAX = 64  # ModelSpec's limit: an arch id stays short for TXT records and stream headers
+
+# factory(num_classes, input_shape) -> nn.Module (docs/PLUGINS.md says what it must promise)
+ModelFactory = Callable[[int, tuple[int, ...]], nn.Module]
 
 
-def build_model(name: str, num_classes: int = 10, *, seed: int | None = None) -> nn.Module:
-    """Build a registered model; with ``seed`` its initial weights are reproducible.
+def model_factory(name: str) -> ModelFactory:
+    """The factory ``name`` stands for: a built-in model, ``package.module:function``, or an entry point.
+
+    Raises:
+        ModelError: one line naming ``name`` and what is wrong (unknown, no module, no attribute, ...).
+    """
+    if name in MODELS:
+        builtin = MODELS[name]
+        return lambda num_classes, _input_shape: builtin(num_classes)
+    if is_factory_path(name):
+        return load_factory(name, "model factory", ModelError)
+    found = load_entry_point(ENTRY_POINT_GROUP, name, "model", ModelError)
+    if found is None:
+        known = ", ".join([*MODEL_NAMES, *entry_point_names(ENTRY_POINT_GROUP)])
+        raise ModelError(f"unknown model {name!r}; choose one of {known}, or a factory package.module:function")
+    return found
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a model name that cannot name a factory, without importing it (configs check this early)."""
+    if not isinstance(name, str) or not name:
+        raise ModelError(f"model={name!r} must be a model name or a factory package.module:function")
+    if name in MODELS or is_factory_path(name):
+        return
+    if name not in entry_point_names(ENTRY_POINT_GROUP):
+        known = ", ".join([*MODEL_NAMES, *entry_point_names(ENTRY_POINT_GROUP)])
+        raise ModelError(f"model={name!r} must be one of {known}, or a factory package.module:function")
+
+
+def arch_name(name: str) -> str:
+    """The name part of the architecture id (``ModelSpec.arch_name``) for the model ``name``.
+
+    A built-in or entry-point name is kept; a factory path's characters outside ``[A-Za-z0-9_.-]`` become
+    dots and its last 64 characters are kept (the function's end). The id also hashes every parameter's
+    name and shape, so two different models never share an id even when their names do.
+    """
+    return _ARCH_CHARS.sub(".", name)[-_ARCH_NAME_MAX:] or "model"
+
+
+def build_model(
+    name: str, num_classes: int = 10, *, seed: int | None = None, input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE
+) -> nn.Module:
+    """Build a model by name; with ``seed`` its initial weights are reproducible.
 
     The seed is applied inside ``torch.random.fork_rng`` so library code never changes the caller's
-    global RNG state (every client of a fleet must start from the same weights).
+    global RNG state (every client of a fleet must start from the same weights). A user's factory gets
+    ``(num_classes, input_shape)``; what it raises or returns instead of a module is a ModelError.
     """
-    if name not in MODELS:
-        raise ModelError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    factory = model_factory(name)
     if num_classes < 2:
         raise ModelError(f"num_classes={num_classes} must be at least 2")
-    if seed is None:
-        return MODELS[name](num_classes)
+    shape = tuple(int(d) for d in input_shape)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return MODELS[name](num_classes)
+        if seed is not None:
+            torch.manual_seed(seed)
+        try:
+            built = factory(num_classes, shape)
+        except Exception as exc:  # the user's factory failed: one line, not its traceback
+            raise ModelError(f"model {name}: factory({num_classes}, {shape}) raised {one_line(exc)}") from None
+    if not isinstance(built, nn.Module):
+        raise ModelError(f"model {name}: factory returned a {type(built).__name__}, not a torch.nn.Module")
+    return built
+
+
+def model_problem(model: nn.Module) -> str | None:
+    """Why ``model`` cannot be masked and averaged by DisPFL (buffers, non-float32 parameters), or None."""
+    for buffer_name, _ in model.named_buffers():
+        layer_name = buffer_name.rpartition(".")[0]
+        layer = model.get_submodule(layer_name) if layer_name else model
+        return (
+            f"layer {layer_name or '(root)'!r} ({type(layer).__name__}) keeps buffer {buffer_name!r}: running "
+            "statistics cannot be masked and averaged across clients; use GroupNorm or LayerNorm instead"
+        )
+    parameters = list(model.named_parameters())
+    if not parameters:
+        return "it has no parameters to train"
+    for param_name, param in parameters:
+        if param.dtype != torch.float32:
+            return f"parameter {param_name!r} is {param.dtype}; models train and travel as float32 (no .half())"
+        if len(param_name.encode()) > 255:
+            return f"parameter name {param_name[:40]!r}... is longer than 255 bytes (the wire's limit)"
+    return None
+
+
+def _shape_text(input_shape: tuple[int, ...]) -> str:
+    """``64x64 images`` for a (C, H, W) shape, else ``inputs of shape (64,)``."""
+    if len(input_shape) == 3:
+        return f"{input_shape[1]}x{input_shape[2]} images"
+    return f"inputs of shape {input_shape}"
+
+
+def build_checked_model(name: str, num_classes: int, input_shape: Sequence[int], seed: int = 0) -> nn.Module:
+    """The model ``name`` for ``num_classes`` classes, held to the contract before anything is written.
+
+    Refused with one ModelError line: a model with buffers (BatchNorm) or non-float32 parameters, one
+    that cannot take a batch of ``(2, *input_shape)`` or does not return ``(2, num_classes)`` logits, and a
+    user's factory whose weights differ between two builds with the same seed (it would draw from an RNG
+    other than torch's, and a fleet's nodes would not start from the same weights).
+    """
+    shape = tuple(int(d) for d in input_shape)
+    if name == "cnn" and len(shape) == 3 and shape[1:] != (32, 32):
+        raise ModelError(f"model cnn takes 32x32 images; this data set's are {shape[1]}x{shape[2]}: use resnet18")
+    built = build_model(name, num_classes, seed=seed, input_shape=shape)
+    problem = model_problem(built)
+    if problem is not None:
+        raise ModelError(f"model {name} cannot be masked and averaged: {problem}")
+    try:
+        with torch.no_grad():  # no buffers: a forward pass changes no state
+            logits = built(torch.zeros(2, *shape))
+    except Exception as exc:  # a shape mismatch is a RuntimeError; a user's forward may raise anything
+        fits = "use resnet18" if name in ("cnn", "vgg11") else "fix the factory or use another --model"
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelError(f"model {name} cannot take this data set's {_shape_text(shape)} ({reason}): {fits}") from None
+    if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (2, num_classes):
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ModelError(f"model {name} gives outputs of shape {got} for a batch of 2 {_shape_text(shape)}; "
+                         f"(2, {num_classes}) class scores were expected")  # fmt: skip
+    if name not in MODELS:
+        again = build_model(name, num_classes, seed=seed, input_shape=shape)
+        ours, theirs = list(built.parameters()), list(again.parameters())
+        if len(ours) != len(theirs) or not all(
+            a.shape == b.shape and torch.equal(a, b) for a, b in zip(ours, theirs, strict=True)
+        ):
+            raise ModelError(f"model {name}: two builds with seed {seed} differ; draw initial weights from torch's "
+                             "RNG only (every node must start from the same weights)")  # fmt: skip
+    return built
 
 
 def count_parameters(model: nn.Module) -> int:

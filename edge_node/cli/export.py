@@ -24,7 +24,7 @@ def export(onnx_path: Path, config_file: Path | None, **flags: Any) -> None:
     """
     import torch
 
-    from edge_node.models import build_model
+    from edge_node.models import arch_name, build_checked_model
     from edge_node.node.daemon import client_index_of
     from edge_node.node.export import check_onnx, write_onnx
     from edge_node.node.local_data import load_local_data
@@ -36,8 +36,8 @@ def export(onnx_path: Path, config_file: Path | None, **flags: Any) -> None:
     client = config.client_index if config.client_index is not None else client_index_of(node_id)
     device = torch.device("cpu")
     local = load_local_data(config, client, device)
-    model = build_model(config.model, local.num_classes, seed=config.seed)
-    spec = ModelSpec.from_tensors(config.model, local.num_classes, dict(model.named_parameters()))
+    model = build_checked_model(config.model, local.num_classes, local.data.pool.input_shape, config.seed)
+    spec = ModelSpec.from_tensors(arch_name(config.model), local.num_classes, dict(model.named_parameters()))
     path = config.state_dir / CHECKPOINT_FILE
     saved = load_checkpoint(path, Identity(node_id, config.fleet, spec.arch_id, config.seed, client), device)
     if saved is None:

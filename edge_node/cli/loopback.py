@@ -44,9 +44,15 @@ _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.
 @click.option("--fresh", is_flag=True, help="Discard the fleet in --output and start over.")
 @click.option("--fleet", "fleet_id", default="loopback", show_default=True, help="Fleet id.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Fleet seed (initial weights, partition, masks).")
-@click.option("--model", type=click.Choice(_MODELS), default="cnn", show_default=True)
-@click.option("--dataset", type=click.Choice(_DATASETS), default="demo", show_default=True,
-              help="Data set each node takes its slice of; demo is built in.")  # fmt: skip
+@click.option(
+    "--model",
+    default="cnn",
+    show_default=True,
+    help=f"{', '.join(_MODELS)}, an installed plug-in's name or a factory package.module:function.",
+)
+@click.option("--dataset", default="demo", show_default=True,
+              help=f"Data set each node takes its slice of: {', '.join(_DATASETS)} (demo is built in) or a data "
+              "factory package.module:function.")  # fmt: skip
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Where --dataset's files are.")
 @click.option("--partition", default="dir:0.3", show_default=True, help="How the data set is split among the nodes.")
 @click.option("--neighbours", type=int, default=None, help="Peers each node pulls per round [default: min(3, N-1)].")
@@ -87,6 +93,10 @@ def loopback(fresh: bool, progress: bool | None, fleet_id: str, daemon_args: tup
     live = progress is not False and sys.stderr.isatty()
     config = FleetConfig(fleet=fleet_id, daemon_args=daemon_args, progress=live,
                          devices=";".join(devices) if devices else None, **flags)  # fmt: skip
+    if config.model not in _MODELS or config.dataset not in _DATASETS:
+        from edge_node.api import check_model_and_data
+
+        check_model_and_data(config.model, config.dataset, config.data_dir, seed=config.seed)  # before any file
     stop = threading.Event()
     caught: list[int] = []
 

@@ -13,11 +13,10 @@ import click
 from edge_node.algorithm.masks import MASK_METHODS
 from edge_node.algorithm.prune_regrow import REGROW_RULES
 from edge_node.algorithm.topology import TOPOLOGIES
+from edge_node.api import read_records, run_simulation
 from edge_node.cli._app import app, verbose_option
-from edge_node.data import DATASET_NAMES, PARTITION_NAMES, load_dataset
+from edge_node.data import DATASET_NAMES, PARTITION_NAMES
 from edge_node.energy.detect import BACKENDS
-from edge_node.energy.report import load_energy_log
-from edge_node.energy.report import summarize as energy_summary
 from edge_node.errors import ConfigError
 from edge_node.models import MODEL_NAMES
 from edge_node.sim.config import (
@@ -29,9 +28,8 @@ from edge_node.sim.config import (
     SimConfig,
     saved_settings,
 )
-from edge_node.sim.report import SUMMARY_FILE, format_summary, plot_run, read_rounds, summarize
-from edge_node.sim.runner import progress_bars_shown, resolve_device, run_simulation
-from edge_node.storage import atomic_write_text
+from edge_node.sim.report import SUMMARY_FILE, format_summary, plot_run
+from edge_node.sim.runner import progress_bars_shown
 from edge_node.tomlconf import build, merge, read_toml, to_toml
 
 _LOGGER = logging.getLogger(__name__)
@@ -91,8 +89,8 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
 @click.option("--method", type=_choice(METHODS), help=f"Learning method [default: {_default('method')}].")
 @click.option(
     "--dataset",
-    type=_choice(DATASET_NAMES),
-    help=f"Data set; 'demo' is built in and needs no download [default: {_default('dataset')}].",
+    help=f"Data set: {', '.join(DATASET_NAMES)} ('demo' is built in and needs no download), or a data factory "
+    f"package.module:function [default: {_default('dataset')}].",
 )
 @click.option(
     "--data-dir",
@@ -101,7 +99,11 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     help="Data set location: python batches, an image-folder or Tiny-ImageNet tree, or a .tar.gz of one.",
 )
 @click.option("--download", is_flag=True, help="Download CIFAR python batches (checksummed) when absent.")
-@click.option("--model", type=_choice(MODEL_NAMES), help=f"Model [default: {_default('model')}].")
+@click.option(
+    "--model",
+    help=f"Model: {', '.join(MODEL_NAMES)}, an installed plug-in's name or a factory package.module:function "
+    f"[default: {_default('model')}].",
+)
 @click.option("--clients", type=int, help=f"Number of clients [default: {_default('clients')}; paper: 100].")
 @click.option(
     "--neighbours",
@@ -212,8 +214,6 @@ def simulate(
     if print_config:
         click.echo(to_toml(config), nl=False)
         return
-    resolve_device(config.device)  # before the (possibly long) data decode
-    data = load_dataset(config.dataset, config.data_dir, cache_dir=cache_dir, download=download)
 
     def started(effective: SimConfig, notes: list[str]) -> None:
         for note in notes:
@@ -228,11 +228,11 @@ def simulate(
     # Without bars (a pipe, a service, --no-progress): one line per round, unless -v logs them already.
     lines = not progress_bars_shown(config) and not _LOGGER.isEnabledFor(logging.INFO)
     run_dir = run_simulation(
-        config, data, fresh=fresh, on_round=_round_line(config) if lines else None, on_start=started
-    )
-    records = read_rounds(run_dir)
-    summary = summarize(records, energy_summary(load_energy_log(run_dir)))
-    atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+        config, fresh=fresh, cache_dir=cache_dir, download=download, on_round=_round_line(config) if lines else None,
+        on_start=started,
+    )  # fmt: skip
+    records = read_records(run_dir)
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     plots = plot_run(records, run_dir)
     click.echo(format_summary(summary))
     click.echo(f"\nrun directory: {run_dir.resolve()}")

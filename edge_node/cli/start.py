@@ -57,32 +57,32 @@ def start(print_config: bool, config_file: Path | None, **flags: Any) -> None:
         config.check_runnable()
         click.echo(to_toml(resolved, header="# effective edge-node config (defaults < file < flags)"), nl=False)
         return
+    from edge_node.api import run_node
     from edge_node.node.daemon import Node, Stopped
 
     configure_daemon_logging(logging.WARNING)  # start-up failures are one line (exit 2, 3 or 4)
-    node = Node(config)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        if node.should_exit.is_set():
-            _LOGGER.warning("second %s: stopping without waiting for transfers in flight", name)
-            node.handle_exit()  # never raises: shutdown (mDNS goodbye, lock release) must run to its end
-            return
-        _LOGGER.info("%s: stopping", name)
-        if node.handle_exit():
-            raise Stopped  # in a compute-only section: do not wait for the step to end
+    def install_signals(node: Node) -> None:
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            name = signal.Signals(signum).name
+            if node.should_exit.is_set():
+                _LOGGER.warning("second %s: stopping without waiting for transfers in flight", name)
+                node.handle_exit()  # never raises: shutdown (mDNS goodbye, lock release) must run to its end
+                return
+            _LOGGER.info("%s: stopping", name)
+            if node.handle_exit():
+                raise Stopped  # in a compute-only section: do not wait for the step to end
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
-    try:
-        node.startup()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+
+    def serving(node: Node) -> None:
         configure_daemon_logging(logging.INFO)  # serving: one line per round from here
         _LOGGER.info("%s", node.describe())
-        node.main_loop()
-    except Stopped:
-        _LOGGER.info("stopped during start-up")
+
+    try:
+        run_node(config, before_start=install_signals, serving=serving)
     finally:
-        node.shutdown()
         # Stopped and cleaned up: a signal while the interpreter winds down (it resets Python handlers to
         # the default there, not ignored ones) must not turn a clean stop into a death by signal.
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -2,7 +2,9 @@
 
 ``load_dataset(name, data_dir)`` returns a :class:`Dataset` of uint8 NCHW arrays (CIFAR-10/100 python
 batches, image-folder trees or tarballs, Tiny-ImageNet, or the built-in ``demo``), decoded once and
-cached; ``partition_reference`` (the DisPFL reference code's procedure, the default) or ``partition_dir`` /
+cached, or of any labelled samples a data factory ``package.module:function`` returns
+(:mod:`edge_node.data.factory`); ``partition_reference`` (the DisPFL reference code's procedure, the
+default) or ``partition_dir`` /
 ``partition_path`` (the balanced variants) and ``client_test_indices`` split it among clients as
 ALGORITHM.md specifies (``partition_clients`` all clients, ``client_slice`` one of them);
 ``ClientData`` is one client's slice on a device with its training and evaluation batches;
@@ -16,7 +18,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from edge_node.data.cache import default_cache_dir
-from edge_node.data.datasets import DATASET_NAMES, Dataset, channel_stats, default_data_dir, load_dataset
+from edge_node.data.datasets import (
+    DATASET_NAMES,
+    Dataset,
+    channel_stats,
+    check_dataset_name,
+    default_data_dir,
+    load_dataset,
+)
 from edge_node.data.partition import (
     PARTITION_NAMES,
     PartitionSpec,
@@ -45,6 +54,7 @@ __all__ = [
     "PartitionSpec",
     "augment_batch",
     "channel_stats",
+    "check_dataset_name",
     "client_slice",
     "client_test_indices",
     "default_cache_dir",

@@ -1,10 +1,11 @@
 """One client's data on a device, and its training and evaluation batches (shared by simulation and daemon).
 
-An :class:`ImagePool` holds a decoded data set's uint8 images and labels on a device, once; a
+An :class:`ImagePool` holds a decoded data set's samples and labels on a device, once; a
 :class:`ClientData` is a client's slice of it (training and test indices). Training batches are
-shuffled and augmented (ALGORITHM.md: random 32x32 crop of the zero-padded image, horizontal flip, then
-per-channel normalisation) from the caller's generator, an epoch's order and offsets crossing to the
-device in one copy; evaluation batches are normalised only, in index order.
+shuffled from the caller's generator; images (uint8) are also augmented (ALGORITHM.md: random 32x32 crop
+of the zero-padded image, horizontal flip, then per-channel normalisation), an epoch's order and offsets
+crossing to the device in one copy; evaluation batches are normalised only, in index order. Other samples
+(a data factory's float32 features) are batched as they are: no augmentation, no normalisation.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ EVAL_BATCH_SIZE = 1000
 
 @dataclass(frozen=True, eq=False)
 class ImagePool:
-    """A data set's images (uint8 NCHW) and labels (int64) on one device, with its normalisation."""
+    """A data set's samples and labels (int64) on one device: uint8 NCHW images with their normalisation, or
+    float32 samples of any shape (empty ``mean``/``std``)."""
 
     train_x: torch.Tensor
     train_y: torch.Tensor
     test_x: torch.Tensor
     test_y: torch.Tensor
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
+    mean: tuple[float, ...]  # images: per channel; other samples: ()
+    std: tuple[float, ...]
     num_classes: int
 
     @classmethod
@@ -53,10 +55,14 @@ class ImagePool:
         return self.train_x.device
 
     @property
-    def input_shape(self) -> tuple[int, int, int]:
-        """(C, H, W) of one image."""
-        c, h, w = self.train_x.shape[1:]
-        return int(c), int(h), int(w)
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one sample: (C, H, W) of an image."""
+        return tuple(int(d) for d in self.train_x.shape[1:])
+
+    @property
+    def is_image(self) -> bool:
+        """uint8 images are augmented and normalised; other samples are used as they are."""
+        return self.train_x.dtype == torch.uint8
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,11 +109,16 @@ class ClientData:
         return int(self.test_idx.numel())
 
     def train_batches(self, epochs: int, generator: torch.Generator, batch_size: int) -> Iterator[Batch]:
-        """Shuffled, augmented mini-batches over ``epochs`` epochs, drawn from ``generator`` (a CPU one)."""
+        """Shuffled (images: augmented) mini-batches over ``epochs`` epochs, drawn from ``generator`` (a CPU one)."""
         pool, idx = self.pool, self.train_idx
         n = idx.numel()
         for _ in range(epochs):
             order = idx[torch.randperm(n, generator=generator).to(idx.device)]
+            if not pool.is_image:
+                for start in range(0, n, batch_size):
+                    batch = order[start : start + batch_size]
+                    yield pool.train_x[batch], pool.train_y[batch]
+                continue
             top, left, mirror = (v.to(idx.device) for v in draw_crop_flip(n, generator, crop_padding=CROP_PADDING))
             for start in range(0, n, batch_size):
                 sl = slice(start, start + batch_size)
@@ -115,8 +126,9 @@ class ClientData:
                 yield normalize_batch(x, pool.mean, pool.std), pool.train_y[order[sl]]
 
     def eval_batches(self, batch_size: int = EVAL_BATCH_SIZE) -> Iterator[Batch]:
-        """The client's test samples, normalised, in index order."""
+        """The client's test samples (images normalised), in index order."""
         pool, idx = self.pool, self.test_idx
         for start in range(0, idx.numel(), batch_size):
             batch = idx[start : start + batch_size]
-            yield normalize_batch(pool.test_x[batch], pool.mean, pool.std), pool.test_y[batch]
+            x = pool.test_x[batch]
+            yield (normalize_batch(x, pool.mean, pool.std) if pool.is_image else x), pool.test_y[batch]

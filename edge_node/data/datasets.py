@@ -20,6 +20,7 @@ import numpy as np
 from edge_node.data import cache, cifar, demo, image_folder
 from edge_node.data.sources import DirTree, TarTree, Tree, join
 from edge_node.errors import DataError
+from edge_node.plugins import is_factory_path
 
 _LOG = logging.getLogger(__name__)
 
@@ -32,34 +33,57 @@ _ARRAY_KEYS = ("train_x", "train_y", "test_x", "test_y", "class_names", "mean", 
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A decoded data set: uint8 NCHW images and int64 labels, ready to be moved to a device once."""
+    """A decoded data set, ready to be moved to a device once: samples and int64 labels.
+
+    Images are uint8 ``[N, 3, H, W]`` (augmented and normalised per channel when batched); any other samples
+    (audio features, sensor windows, tabular rows: a data factory's) are float32 ``[N, *shape]``, batched as
+    they are, with empty ``mean``/``std``.
+    """
 
     name: str
-    train_x: np.ndarray  # uint8 [N, 3, H, W]
+    train_x: np.ndarray  # uint8 [N, 3, H, W] images, or float32 [N, *shape] samples
     train_y: np.ndarray  # int64 [N]
-    test_x: np.ndarray  # uint8 [M, 3, H, W]
+    test_x: np.ndarray  # like train_x, [M, ...]
     test_y: np.ndarray  # int64 [M]
     num_classes: int
     class_names: tuple[str, ...]
-    mean: tuple[float, float, float]  # per channel, in [0, 1] units, of the training images
-    std: tuple[float, float, float]
+    mean: tuple[float, ...]  # images: per channel, in [0, 1] units, of the training images; else ()
+    std: tuple[float, ...]
 
     def __post_init__(self) -> None:
+        image = self.train_x.dtype == np.uint8
         for split, x, y in (("train", self.train_x, self.train_y), ("test", self.test_x, self.test_y)):
-            if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1] != 3:
+            if image and (x.dtype != np.uint8 or x.ndim != 4 or x.shape[1] != 3):
                 raise DataError(f"{self.name} {split} images must be uint8 [N, 3, H, W], got {x.dtype} {x.shape}")
+            if not image and (x.dtype != np.float32 or x.ndim < 2):
+                raise DataError(f"{self.name} {split} samples must be float32 [N, ...], got {x.dtype} {x.shape}")
             if y.dtype != np.int64 or y.shape != (x.shape[0],):
                 raise DataError(f"{self.name} {split} labels must be int64 [{x.shape[0]}], got {y.dtype} {y.shape}")
             if y.size and (y.min() < 0 or y.max() >= self.num_classes):
                 raise DataError(f"{self.name} {split} labels outside 0..{self.num_classes - 1}")
-        if self.train_x.shape[2:] != self.test_x.shape[2:]:
-            raise DataError(f"{self.name}: train images {self.train_x.shape[2:]} vs test {self.test_x.shape[2:]}")
+        if self.train_x.shape[1:] != self.test_x.shape[1:]:
+            raise DataError(f"{self.name}: train samples {self.train_x.shape[1:]} vs test {self.test_x.shape[1:]}")
         if len(self.class_names) != self.num_classes:
             raise DataError(f"{self.name}: {len(self.class_names)} class names for {self.num_classes} classes")
+        channels = 3 if image else 0
+        if len(self.mean) != channels or len(self.std) != channels:
+            raise DataError(f"{self.name}: mean and std need {channels} values (one per image channel)")
+
+    @property
+    def is_image(self) -> bool:
+        """True for uint8 images, which get the CIFAR augmentation; False for a factory's float samples."""
+        return bool(self.train_x.dtype == np.uint8)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one sample: (3, H, W) for images."""
+        return tuple(int(d) for d in self.train_x.shape[1:])
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
-        """(3, H, W)."""
+        """(3, H, W) of an image data set."""
+        if not self.is_image:
+            raise DataError(f"{self.name} holds samples of shape {self.input_shape}, not images")
         return (3, int(self.train_x.shape[2]), int(self.train_x.shape[3]))
 
 
@@ -89,6 +113,13 @@ _SPECS = {
         "or an image-folder tree train/<class>/ + test/<class>/",
     ),
 }  # fmt: skip
+
+
+def check_dataset_name(name: object) -> None:
+    """Refuse a data set name that is neither built in nor a factory ``package.module:function``."""
+    if not isinstance(name, str) or not (name in DATASET_NAMES or is_factory_path(name)):
+        names = ", ".join(DATASET_NAMES)
+        raise DataError(f"dataset={name!r} must be one of {names} or a factory package.module:function")
 
 
 def default_data_dir() -> Path:
@@ -216,7 +247,8 @@ def load_dataset(
     """Load a data set by name (one of :data:`DATASET_NAMES`).
 
     Args:
-        name: ``cifar10``, ``cifar100``, ``tiny-imagenet`` or ``demo`` (built in; ignores ``data_dir``).
+        name: ``cifar10``, ``cifar100``, ``tiny-imagenet`` or ``demo`` (built in; ignores ``data_dir``), or a
+            data factory ``package.module:function`` (docs/PLUGINS.md; ignores ``data_dir``, not cached).
         data_dir: a folder or ``.tar.gz`` with the data (see the module docstring); default
             ``$EDGE_NODE_DATA_DIR`` or ``~/.cache/edge-node/datasets``.
         cache_dir: where decoded arrays are cached; default ``$EDGE_NODE_CACHE`` or ``~/.cache/edge-node``.
@@ -226,8 +258,14 @@ def load_dataset(
         DataError: the data is absent (the message says where it looked and how to provide it),
             corrupt, or of the wrong layout; nothing is cached then.
     """
+    if is_factory_path(name):
+        from edge_node.data.factory import load_factory_dataset  # imports torch: only for a factory
+
+        return load_factory_dataset(name)
     if name not in DATASET_NAMES:
-        raise DataError(f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+        raise DataError(
+            f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)} or a factory package.module:function"
+        )
     if name == "demo":
         return _to_dataset(name, len(demo.DEMO_CLASSES), _with_stats(demo.make_demo()))
     spec = _SPECS[name]

@@ -79,7 +79,7 @@ class FleetConfig:
                               f"{self.nodes - 1} others to pick from")  # fmt: skip
         if self.threads < 1:
             raise ConfigError(f"--threads {self.threads} must be at least 1")
-        if self.dataset != "demo" and self.data_dir is None:
+        if self.dataset in ("cifar10", "cifar100", "tiny-imagenet") and self.data_dir is None:
             raise ConfigError(f"--dataset {self.dataset} needs --data-dir (only the demo set is built in)")
         if self.data_dir is not None and not Path(self.data_dir).exists():
             raise ConfigError(f"--data-dir {self.data_dir} does not exist")

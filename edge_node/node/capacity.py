@@ -419,7 +419,8 @@ def measure(
     available, limits = available_memory()  # before the probe: a device far too small is not probed into the OOM killer
     refuse_short_memory(config.model, round_memory_bytes(spec, config.neighbours, 0), available,
                         limits.memory_limit_bytes)  # fmt: skip
-    scratch = build_model(config.model, local.num_classes, seed=config.seed).to(device)
+    input_shape = local.data.pool.input_shape
+    scratch = build_model(config.model, local.num_classes, seed=config.seed, input_shape=input_shape).to(device)
     measured = probe(
         scratch, local.data, config.batch_size, interfaces=config.interfaces, micro_batch=config.micro_batch,
         generator=torch.Generator().manual_seed(config.seed), check_stop=check_stop,

@@ -17,10 +17,10 @@ from typing import Any
 
 from edge_node.algorithm.dispfl import DisPFLParams
 from edge_node.algorithm.heterogeneous import TIER_DENSITIES
-from edge_node.data import DATASET_NAMES, parse_partition
+from edge_node.data import check_dataset_name, parse_partition
 from edge_node.energy.detect import BACKENDS
-from edge_node.errors import ConfigError
-from edge_node.models import MODEL_NAMES
+from edge_node.errors import ConfigError, DataError, ModelError
+from edge_node.models import check_model_name
 from edge_node.net.discovery.static import parse_peers
 from edge_node.net.server import ServerLimits
 from edge_node.protocol import NODE_ID_PATTERN, check_fleet_id, is_valid_node_id
@@ -64,11 +64,19 @@ class NodeConfig:
     seed: int = _key(0, "Fleet seed: every node starts from the same initial weights.")
     client_index: int | None = _key(None, "Its random streams and data slice [default: from the node id].")
     # Model and local data.
-    model: str = _key("cnn", "Model: cnn, resnet18 or vgg11 (the same on every node of a fleet).")
+    model: str = _key(
+        "cnn",
+        "Model: cnn, resnet18, vgg11, an installed plug-in's name or a factory package.module:function (the same "
+        "on every node of a fleet).",
+    )
     num_classes: int | None = _key(None, "Fleet-wide number of classes [default: from the data].")
     classes: tuple[str, ...] = _key((), "Fleet-wide class names; an image folder's class folders map onto them.")
     data: Path | None = _key(None, "Own data: image-folder tree (train/, test/), CIFAR batches, or a .tar.gz.")
-    dataset: str = _key("demo", "Without --data: cifar10, cifar100, tiny-imagenet or demo, sliced by --partition.")
+    dataset: str = _key(
+        "demo",
+        "Without --data: cifar10, cifar100, tiny-imagenet, demo or a data factory package.module:function, sliced "
+        "by --partition.",
+    )
     data_dir: Path | None = _key(None, "Where --dataset's files are.")
     partition: str = _key("dir:0.3", "How --dataset is split among --num-clients: dir:ALPHA or path:K.")
     num_clients: int = _key(1, "Clients --dataset is split among (1: all of it is this node's).")
@@ -124,10 +132,11 @@ class NodeConfig:
                 check_fleet_id(self.fleet)  # the rule discovery, headers and Hello apply
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-        if self.model not in MODEL_NAMES:
-            raise ConfigError(f"model={self.model!r} must be one of {', '.join(MODEL_NAMES)}")
-        if self.dataset not in DATASET_NAMES:
-            raise ConfigError(f"dataset={self.dataset!r} must be one of {', '.join(DATASET_NAMES)}")
+        try:
+            check_model_name(self.model)
+            check_dataset_name(self.dataset)
+        except (ModelError, DataError) as exc:
+            raise ConfigError(str(exc)) from None
         parse_partition(self.partition)
         _at_least("num_clients", self.num_clients, 1)
         if self.client_index is not None and not 0 <= self.client_index < max(self.num_clients, 2**31):

@@ -62,7 +62,7 @@ from edge_node.algorithm.topology import pick_peers, round_neighbours
 from edge_node.algorithm.training import Batch
 from edge_node.energy import EnergyAccountant, open_meter
 from edge_node.errors import ConfigError, ListenError, PeerUnreachable, TlsError, TrainingDiverged
-from edge_node.models import build_model
+from edge_node.models import arch_name, build_checked_model
 from edge_node.net import PeerAddress, PeerServer, TlsConfig, create_server, hello, pull_models
 from edge_node.net.discovery import (
     Discovery,
@@ -213,9 +213,10 @@ class Node:
         with self.interruptible():
             self.local: LocalData = load_local_data(config, self.client_index, self.device)
         release_free_memory()  # the whole data set it was sliced from, decoded
-        self.model = build_model(config.model, self.local.num_classes, seed=config.seed).to(self.device)
+        input_shape = self.local.data.pool.input_shape
+        self.model = build_checked_model(config.model, self.local.num_classes, input_shape, config.seed).to(self.device)
         init_weights = read_weights(self.model)
-        self.spec = ModelSpec.from_tensors(config.model, self.local.num_classes, init_weights)
+        self.spec = ModelSpec.from_tensors(arch_name(config.model), self.local.num_classes, init_weights)
         identity = Identity(self.node_id, config.fleet, self.spec.arch_id, config.seed, self.client_index)
         self.checkpoint_path = config.state_dir / CHECKPOINT_FILE
         saved = load_checkpoint(self.checkpoint_path, identity, self.device)

@@ -28,7 +28,7 @@ _LOGGER = logging.getLogger(__name__)
 
 ONNX_FILE = "model.onnx"
 OPSET = 17
-INPUT_NAME = "images"  # float32 [batch, 3, H, W], normalised as in training
+INPUT_NAME = "images"  # float32 [batch, *input_shape] (images: [batch, 3, H, W]), normalised as in training
 OUTPUT_NAME = "logits"
 
 
@@ -39,9 +39,7 @@ class ExportCheck:
     argmax_agreement: float  # fraction of samples whose top-1 class is the same
 
 
-def write_onnx(
-    path: Path, model: nn.Module, weights: Mapping[str, torch.Tensor], input_shape: tuple[int, int, int]
-) -> int:
+def write_onnx(path: Path, model: nn.Module, weights: Mapping[str, torch.Tensor], input_shape: tuple[int, ...]) -> int:
     """``model`` with ``weights`` loaded (zero where masked) as ONNX at ``path``, atomically; returns its size.
 
     The graph has a dynamic batch size. Raises StorageError when the file cannot be written (the

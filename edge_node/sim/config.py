@@ -12,10 +12,10 @@ from edge_node.algorithm.masks import MASK_METHODS, check_density
 from edge_node.algorithm.prune_regrow import REGROW_RULES
 from edge_node.algorithm.sparse_to_sparser import S2SParams
 from edge_node.algorithm.topology import TOPOLOGIES, check_topology
-from edge_node.data import DATASET_NAMES, PartitionSpec, parse_partition_spec
+from edge_node.data import PartitionSpec, check_dataset_name, parse_partition_spec
 from edge_node.energy.detect import BACKENDS
-from edge_node.errors import ConfigError
-from edge_node.models import MODEL_NAMES
+from edge_node.errors import ConfigError, DataError, ModelError
+from edge_node.models import check_model_name
 
 # The learning methods of the paper's table: DisPFL (+ DA-DPFL's sparse-to-sparser) and its baselines.
 METHODS = ("dispfl", "dispfl-s2s", "local", "dpsgd", "dpsgd-ft", "fedavg", "fedavg-ft")
@@ -87,9 +87,11 @@ class SimConfig:
                 raise ConfigError(f"{name.replace('_', ' ')} {value!r} must be one of {', '.join(choices)}")
 
         choice("method", METHODS)
-        choice("dataset", DATASET_NAMES)
-        if self.model not in MODEL_NAMES:
-            raise ConfigError(f"unknown model {self.model!r}; choose one of {', '.join(MODEL_NAMES)}")
+        try:
+            check_dataset_name(self.dataset)
+            check_model_name(self.model)
+        except (DataError, ModelError) as exc:
+            raise ConfigError(str(exc)) from None
         choice("setting", SETTINGS)
         choice("device", DEVICES)
         choice("energy_backend", BACKENDS)
@@ -249,6 +251,7 @@ def saved_settings(saved: dict[str, Any]) -> dict[str, Any]:
 def default_output(config: SimConfig) -> Path:
     """``OUTPUT_PATTERN`` for ``config``: ``runs/demo-cnn-dispfl-dir0.3-seed0``."""
     partition = config.partition.replace(":", "")
+    dataset, model = (name.rpartition(":")[2] for name in (config.dataset, config.model))  # a factory: its function
     return Path(OUTPUT_PATTERN.format(
-        dataset=config.dataset, model=config.model, method=config.method, partition=partition, seed=config.seed
+        dataset=dataset, model=model, method=config.method, partition=partition, seed=config.seed
     ))  # fmt: skip

@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 from tqdm import tqdm
 
 from edge_node.algorithm import (
@@ -71,8 +70,8 @@ from edge_node.data import Dataset, partition_clients
 from edge_node.data.batches import Batch, ClientData, ImagePool
 from edge_node.energy import EnergyAccountant, modelled_energy, open_meter
 from edge_node.energy.base import Meter
-from edge_node.errors import CheckpointError, ConfigError, ModelError, TrainingDiverged
-from edge_node.models import build_model
+from edge_node.errors import CheckpointError, ConfigError, TrainingDiverged
+from edge_node.models import arch_name, build_checked_model
 from edge_node.seeding import Stream, torch_generator
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from edge_node.sim.config import (
@@ -146,35 +145,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def check_model_input(model: str, image_shape: tuple[int, int, int], num_classes: int = 10, seed: int = 0) -> nn.Module:
-    """The model ``model`` built for ``num_classes``, once one image of ``image_shape`` went through it.
-
-    ConfigError (one line) when it cannot take such images: ``cnn``'s fc1 is sized for 32x32, ``vgg11``'s
-    classifier for a 1x1 map after five pools (32x32); ``resnet18`` pools globally and takes both sizes.
-    Called before anything in the run directory changes, so a mismatch writes and deletes nothing.
-    """
-    channels, height, width = image_shape
-    if model == "cnn" and (height, width) != (32, 32):
-        raise ConfigError(f"model cnn takes 32x32 images; this data set's are {height}x{width}: use resnet18")
-    try:
-        built = build_model(model, num_classes, seed=seed)
-    except ModelError as exc:
-        raise ConfigError(str(exc)) from exc
-    try:
-        with torch.no_grad():  # GroupNorm only: a forward pass changes no state
-            logits = built(torch.zeros(1, channels, height, width))
-    except RuntimeError as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        fits = "use resnet18" if model != "resnet18" else "use another --model"
-        raise ConfigError(
-            f"model {model} cannot take this data set's {height}x{width} images ({reason}): {fits}"
-        ) from None
-    if tuple(logits.shape) != (1, num_classes):
-        raise ConfigError(f"model {model} gives outputs of shape {tuple(logits.shape)} for one {height}x{width} "
-                          f"image; {num_classes} class scores were expected")  # fmt: skip
-    return built
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' asked for but torch.cuda.is_available() is False")
@@ -209,7 +179,7 @@ def run_simulation(
     is a terminal.
     """
     device = resolve_device(config.device)
-    model = check_model_input(config.model, dataset.image_shape, dataset.num_classes, config.seed)
+    model = build_checked_model(config.model, dataset.num_classes, dataset.input_shape, config.seed)
     if config.method in DECENTRALISED_METHODS and config.neighbours >= config.clients and config.topology == "random":
         raise ConfigError(f"neighbours={config.neighbours} must be less than clients={config.clients}")
     out = config.run_dir
@@ -259,7 +229,7 @@ def run_simulation(
         init_weights=init_weights,
         positions=weight_positions(model, pool.input_shape),
         dense=dense_nnz(model),
-        spec=ModelSpec.from_tensors(config.model, dataset.num_classes, init_weights),
+        spec=ModelSpec.from_tensors(arch_name(config.model), dataset.num_classes, init_weights),
         accountant=accountant,
     )
     state = sim.initial_state() if saved is None else sim.restore(saved)

@@ -103,3 +103,30 @@ def test_each_glibc_gets_its_own_archive(index: tuple[Path, Path], tmp_path: Pat
     assert a["archive"] != b["archive"]
     assert Path(a["archive"]).name == "cp311-x86_64-glibc2.36.tar"
     assert Path(a["archive"]).is_file() and Path(b["archive"]).is_file()
+
+
+def test_a_users_package_and_its_dependencies_join_the_wheelhouse(index: tuple[Path, Path], tmp_path: Path) -> None:
+    """--wheel twice: edge-node's and a user's package (its model and data factories) with its own dependency."""
+    package, idx = index
+    _wheel(idx, "dep-d", "1.0")
+    plugin = _wheel(tmp_path / "dist", "my-plugin", "1.0", ("dep-d", "dep-b>=1"))
+    result = _fill(package, idx, tmp_path / "wh", "3.11", "--wheel", str(plugin), "--exclude", "torch")
+    assert _names(result) == {"edge_node", "my_plugin", "dep_a", "dep_b", "dep_d"}
+    with tarfile.open(result["archive"]) as archive:
+        assert "my_plugin-1.0-py3-none-any.whl" in archive.getnames()
+
+
+def test_the_wheel_of_a_users_source_folder_is_built(tmp_path: Path) -> None:
+    """``wheel --source`` builds any project, not only edge-node: here the worked example of the README."""
+    cmd = [sys.executable, str(SCRIPT), "wheel", "--source", str(REPO_ROOT / "examples" / "digits_tabular"),
+           "--dest", str(tmp_path / "plugins")]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    built = json.loads(result.stdout)
+    assert Path(built["wheel"]).name == "edge_node_digits_tabular-0.1.0-py3-none-any.whl" and built["changed"]
+    with zipfile.ZipFile(built["wheel"]) as archive:
+        names = archive.namelist()
+        entry_points = archive.read("edge_node_digits_tabular-0.1.0.dist-info/entry_points.txt").decode()
+    assert "digits_tabular/model.py" in names and "digits-mlp = digits_tabular:mlp" in entry_points
+    again = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout)
+    assert again == {"wheel": built["wheel"], "changed": False}

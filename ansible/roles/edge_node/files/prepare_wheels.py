@@ -2,15 +2,17 @@
 """Controller side of the edge_node role: build the package's wheel, fill a wheelhouse for a target.
 
     prepare_wheels.py wheel --source CHECKOUT --dest DIR
-        Build edge-node's wheel from the checkout's files (tracked and untracked-but-not-ignored when
+        Build the wheel of a project (edge-node's checkout, or a user's package with its model and data
+        factories) from its files (tracked and untracked-but-not-ignored when
         it is a git checkout) in a scratch copy, so stale build/ output never enters the wheel, with
         SOURCE_DATE_EPOCH fixed so that the same sources give the same bytes (and the hosts' copies
         stay unchanged); sources identical to the last build's are not built again. Prints JSON:
         {"wheel": PATH, "changed": BOOL}.
 
-    prepare_wheels.py wheelhouse --wheel W --dest DIR --machine aarch64 --glibc 2.36 --python 3.11
-                                 [--requirement torch==2.13.0] [--exclude torch] [--pip-args "..."]
-        Put W and every wheel it needs on that target (CPU, glibc, CPython version) into DIR with
+    prepare_wheels.py wheelhouse --wheel W [--wheel W2 ...] --dest DIR --machine aarch64 --glibc 2.36
+                                 --python 3.11 [--requirement torch==2.13.0] [--exclude torch] [--pip-args "..."]
+        Put W (edge-node's wheel, and the wheels W2... of a user's packages) and every wheel they need
+        on that target (CPU, glibc, CPython version) into DIR with
         pip download --only-binary=:all:. pip judges environment markers by the Python running it,
         not the target's, so the wheels' requirements are then read again with the target's markers
         (tomli; python_version < "3.11" on a 3.10 target) and what is missing is downloaded too.
@@ -104,7 +106,7 @@ def build_wheel(source: Path, dest: Path) -> dict[str, object]:
         # The controller's own setuptools when it is new enough (seconds faster), else an isolated build.
         if subprocess.run([*cmd, "--no-build-isolation"], capture_output=True, env=env).returncode != 0:
             _run(cmd, env=env)
-        (built,) = out.glob("edge_node-*.whl")
+        (built,) = out.glob("*.whl")
         target = dest / built.name
         changed = not target.exists() or _sha256(target) != _sha256(built)
         if changed:
@@ -201,7 +203,7 @@ def missing_for_target(dest: Path, roots: list[str], environment: dict[str, str]
 
 
 def fill_wheelhouse(
-    wheel: Path,
+    wheels: list[Path],
     dest: Path,
     machine: str,
     glibc: str,
@@ -212,12 +214,13 @@ def fill_wheelhouse(
 ) -> dict[str, object]:
     dest.mkdir(parents=True, exist_ok=True)
     before = {p.name: p.stat().st_mtime_ns for p in dest.glob("*.whl")}
-    local = dest / wheel.name  # this build's bytes, even when a wheel of the same version is there
-    if not local.exists() or _sha256(local) != _sha256(wheel):
-        shutil.copy2(wheel, local)
+    local = [dest / wheel.name for wheel in wheels]  # these builds' bytes, even over a wheel of the same version
+    for wheel, copy in zip(wheels, local, strict=True):
+        if not copy.exists() or _sha256(copy) != _sha256(wheel):
+            shutil.copy2(wheel, copy)
     excluded = {canonical_name(name) for name in exclude or []}
     inputs = {
-        "wheel": _sha256(local), "machine": machine, "glibc": glibc, "python": python,
+        "wheel": [_sha256(copy) for copy in local], "machine": machine, "glibc": glibc, "python": python,
         "requirements": requirements, "exclude": sorted(excluded), "pip_args": pip_args,
     }  # fmt: skip
     stamp = dest.parent / f"{dest.name}.inputs.json"
@@ -243,7 +246,7 @@ def fill_wheelhouse(
 
 
 def _resolve(
-    local: Path,
+    local: list[Path],
     dest: Path,
     machine: str,
     glibc: str,
@@ -252,15 +255,15 @@ def _resolve(
     pip_args: str,
     excluded: set[str],
 ) -> None:
-    """pip download what ``local`` and ``requirements`` need on the target into ``dest`` (offline first)."""
+    """pip download what the ``local`` wheels and ``requirements`` need on the target into ``dest`` (offline first)."""
     version = python.replace(".", "")
     target = ["--only-binary=:all:", "--python-version", python, "--implementation", "cp", "--abi", f"cp{version}"]
     for tag in _platforms(machine, glibc):
         target += ["--platform", tag]
-    if excluded:  # the package's own requirements less the excluded ones (pip download cannot skip one)
-        wanted = [r for r in _requires_dist(local) if canonical_name(Requirement(r).name) not in excluded]
+    if excluded:  # the packages' own requirements less the excluded ones (pip download cannot skip one)
+        wanted = [r for w in local for r in _requires_dist(w) if canonical_name(Requirement(r).name) not in excluded]
     else:
-        wanted = [str(local)]
+        wanted = [str(w) for w in local]
     wanted += [r for r in requirements if canonical_name(Requirement(r).name) not in excluded]
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "-d", str(dest)]
     offline = [*cmd, *target, "--no-index", "--find-links", str(dest)]
@@ -269,7 +272,7 @@ def _resolve(
         _run([*online, *wanted])
     environment = target_environment(machine, python)
     for _ in range(10):  # each pass adds what the target's markers ask for beyond the controller's
-        missing = missing_for_target(dest, [str(local), *requirements], environment, excluded)
+        missing = missing_for_target(dest, [*map(str, local), *requirements], environment, excluded)
         if not missing:
             return
         if subprocess.run([*offline, *missing], capture_output=True).returncode != 0:
@@ -298,11 +301,11 @@ def _archive(dest: Path, names: list[str], manifest: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p_wheel = sub.add_parser("wheel", help="build the package's wheel from a checkout")
+    p_wheel = sub.add_parser("wheel", help="build a project's wheel from its source folder")
     p_wheel.add_argument("--source", type=Path, required=True)
     p_wheel.add_argument("--dest", type=Path, required=True)
     p_house = sub.add_parser("wheelhouse", help="download every wheel a target needs")
-    p_house.add_argument("--wheel", type=Path, required=True)
+    p_house.add_argument("--wheel", type=Path, action="append", required=True, help="a wheel to install (repeatable)")
     p_house.add_argument("--dest", type=Path, required=True)
     p_house.add_argument("--machine", required=True, help="the target's CPU, as uname -m says (x86_64, aarch64)")
     p_house.add_argument("--glibc", required=True, help="the target's glibc version, e.g. 2.36")
@@ -316,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         requirements = [r for r in args.requirement if r]
         result = fill_wheelhouse(
-            args.wheel.resolve(),
+            [wheel.resolve() for wheel in args.wheel],
             args.dest.resolve(),
             args.machine,
             args.glibc,

@@ -1,0 +1,105 @@
+"""Model and data factories for the plug-in tests, named as ``tests.plugin_factories:NAME``.
+
+Good ones (``tiny_mlp``, ``blobs``) and each way a user's factory can break the contract of
+docs/PLUGINS.md, so that the refusals are tested against real factories found by their path.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import torch
+from torch import nn
+
+FEATURES = 12  # blobs(): samples of shape (FEATURES,)
+CLASSES = 3
+
+
+class TinyMLP(nn.Module):
+    def __init__(self, in_features: int, num_classes: int, width: int = 16) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, width)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.norm(self.fc1(torch.flatten(x, 1)))))
+
+
+def tiny_mlp(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
+    return TinyMLP(math.prod(input_shape), num_classes)
+
+
+def wide_mlp(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
+    """Same layer names as ``tiny_mlp``, other shapes: a different architecture id."""
+    return TinyMLP(math.prod(input_shape), num_classes, width=24)
+
+
+def batchnorm_mlp(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 16), nn.BatchNorm1d(16), nn.ReLU(),
+                         nn.Linear(16, num_classes))  # fmt: skip
+
+
+def double_mlp(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
+    return TinyMLP(math.prod(input_shape), num_classes).double()
+
+
+def raises(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
+    raise RuntimeError("the factory's own bug")
+
+
+def not_a_module(num_classes: int, input_shape: tuple[int, ...]) -> object:
+    return {"fc": "weights"}
+
+
+def wrong_output(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
+    return TinyMLP(math.prod(input_shape), num_classes + 1)
+
+
+def unseeded(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
+    """Initial weights from Python's RNG, which edge-node does not seed: builds differ."""
+    model = TinyMLP(math.prod(input_shape), num_classes)
+    with torch.no_grad():
+        model.head.bias.fill_(random.random())
+    return model
+
+
+NOT_CALLABLE = 42
+
+
+def blobs() -> tuple[list[tuple[torch.Tensor, int]], list[tuple[torch.Tensor, int]]]:
+    """Three Gaussian blobs in 12 dimensions: 240 training and 60 test rows, learnable in a few steps."""
+    rng = np.random.default_rng(7)
+    centres = rng.normal(0.0, 3.0, (CLASSES, FEATURES))
+
+    def split(n: int) -> list[tuple[torch.Tensor, int]]:
+        labels = rng.integers(0, CLASSES, n)
+        rows = centres[labels] + rng.normal(0.0, 1.0, (n, FEATURES))
+        return [(torch.tensor(r, dtype=torch.float32), int(c)) for r, c in zip(rows, labels, strict=True)]
+
+    return split(240), split(60)
+
+
+def rgb_images() -> tuple[list[tuple[np.ndarray, int]], list[tuple[np.ndarray, int]]]:
+    """uint8 (3, 32, 32) samples: images, which get the CIFAR augmentation."""
+    rng = np.random.default_rng(1)
+    pairs = [(rng.integers(0, 256, (3, 32, 32), dtype=np.uint8), i % 2) for i in range(20)]
+    return pairs[:16], pairs[16:]
+
+
+def ragged() -> tuple[list[tuple[torch.Tensor, int]], list[tuple[torch.Tensor, int]]]:
+    return [(torch.zeros(4), 0), (torch.zeros(5), 1)], [(torch.zeros(4), 0)]
+
+
+def text_labels() -> tuple[list[tuple[torch.Tensor, str]], list[tuple[torch.Tensor, str]]]:
+    return [(torch.zeros(4), "cat"), (torch.zeros(4), "dog")], [(torch.zeros(4), "cat")]
+
+
+def one_split() -> list[tuple[torch.Tensor, int]]:
+    return [(torch.zeros(4), 0)]
+
+
+def data_raises() -> None:
+    raise OSError("sensor log not found")
