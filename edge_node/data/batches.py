@@ -2,7 +2,7 @@
 
 An :class:`ImagePool` holds a decoded data set's uint8 images and labels on a device, once; a
 :class:`ClientData` is a client's slice of it (training and test indices). Training batches are
-shuffled and augmented (ALGORITHM.md: random 32x32 crop of the zero-padded image, horizontal flip, then
+shuffled and augmented (docs/ALGORITHM.md: random 32x32 crop of the zero-padded image, horizontal flip, then
 per-channel normalisation) from the caller's generator, an epoch's order and offsets crossing to the
 device in one copy; evaluation batches are normalised only, in index order.
 """

@@ -15,7 +15,7 @@ the upper median of its own and its accepted snapshots' rounds (``catch_up``), s
 refused as stale for ever while one peer claiming round 10^15 moves nobody (it would need as many
 models agreeing as there are others). A diverged round is never published: the
 state stays at the last checkpoint, and three divergences in a row end the daemon (exit 5). With
-``lockstep`` the fleet runs the synchronous algorithm of ALGORITHM.md: a node starts round t once every
+``lockstep`` the fleet runs the synchronous algorithm of docs/ALGORITHM.md: a node starts round t once every
 node has published round t, and pulls exactly round t's snapshots of the simulation's seeded neighbours.
 
 Stopping (as uvicorn does): the first SIGTERM/SIGINT sets ``should_exit``, which every wait, pull,
