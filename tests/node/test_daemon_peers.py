@@ -61,7 +61,7 @@ def test_a_huge_round_and_3e38_values_move_nothing_next_to_honest_peers(tmp_path
     largest = max(float(v.abs().max()) for v in checkpoint["values"].values())
     assert largest < 100, largest  # the 3e38 model was never aggregated
     status = json.loads((node.state_dir / "status.json").read_text())
-    assert status["discovery_refusals"] == {"other_fleet": 1} and status["round"] == 3
+    assert status["discovery_refusals"] == {"other_fleet": 1} and status["rounds_done"] == 3
 
 
 def _certs(tmp_path: Path, names: list[str]) -> dict[str, list[str]]:
