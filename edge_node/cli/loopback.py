@@ -49,7 +49,7 @@ _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Training batch size [default: 32 on the demo set, else the daemon's 128].")  # fmt: skip
 @click.option("--lr", type=float, default=None, help="Initial learning rate [default: the daemon's, 0.1].")
-@click.option("--capacity", default="0.6", show_default=True, help="Every node's density tier, or auto.")
+@click.option("--capacity", default="0.6", show_default=True, help="Every node's density, any in (0, 1], or auto.")
 @click.option("--planned-rounds", type=click.IntRange(min=1), default=None,
               help="T of the prune schedule [default: --rounds].")  # fmt: skip
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads per node.")

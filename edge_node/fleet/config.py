@@ -51,7 +51,7 @@ class FleetConfig:
     epochs: int = 1
     batch_size: int | None = None  # None: DEMO_BATCH_SIZE on the demo set, else the daemon's (128)
     lr: float | None = None  # None: the daemon's
-    capacity: str = "0.6"  # every node's tier, or "auto" (each measures its own)
+    capacity: str = "0.6"  # every node's density in (0, 1], or "auto" (each measures its own and picks a tier)
     planned_rounds: int | None = None  # None: rounds (or the daemon's 500 when running until stopped)
     threads: int = 1  # torch threads per daemon: N daemons share the machine's cores
     pull_timeout_s: float = 60.0

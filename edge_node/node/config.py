@@ -87,7 +87,7 @@ class NodeConfig:
     staleness: int = _key(5, "Drop snapshots more than this many rounds behind this node's round.")
     lockstep: bool = _key(False, "The synchronous algorithm: wait for the fleet each round, seeded neighbours.")
     # Capacity (DisPFL setting ii).
-    capacity: str | float = _key("auto", "auto (measure) or a tier density: 0.2, 0.4, 0.6, 0.8, 1.0.")
+    capacity: str | float = _key("auto", "auto (measure; picks a tier 0.2 .. 1.0) or a fixed density in (0, 1].")
     # Training.
     epochs: int = _key(5, "Local epochs per round.")
     batch_size: int = _key(128, "Training batch size.")
@@ -190,7 +190,7 @@ class NodeConfig:
 
     @property
     def fixed_density(self) -> float | None:
-        """The density ``capacity`` names, or None for ``auto``."""
+        """The density ``capacity`` fixes, any in (0, 1] (setting (i) runs every node at 0.5), or None for ``auto``."""
         text = str(self.capacity).strip().lower()
         if text == "auto":
             return None
@@ -198,11 +198,12 @@ class NodeConfig:
             value = float(text)
         except ValueError:
             value = float("nan")
-        tier = next((d for d in TIER_DENSITIES if math.isclose(d, value)), None)
-        if tier is None:
-            choices = ", ".join(f"{d:g}" for d in TIER_DENSITIES)
-            raise ConfigError(f"capacity={self.capacity!r} must be auto or one of the tier densities {choices}")
-        return tier
+        if not 0 < value <= 1:
+            tiers = ", ".join(f"{d:g}" for d in TIER_DENSITIES)
+            raise ConfigError(
+                f"capacity={self.capacity!r} must be auto (measure; picks a tier: {tiers}) or a density in (0, 1]"
+            )
+        return value
 
     @property
     def tls_enabled(self) -> bool:
