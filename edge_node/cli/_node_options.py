@@ -15,6 +15,10 @@ from typing import Any
 
 import click
 
+# One flag name for one thing across commands: ``peers --interface`` and ``start --interface`` (the key stays
+# ``interfaces``, a list). The plural flag is kept as a deprecated alias for scripts written before.
+FLAG_NAMES = {"interfaces": ("--interface", "--interfaces")}
+DEPRECATED_ALIASES = {"interfaces": "--interfaces"}
 CONFIG_HELP = "TOML config file, keys as the flags with underscores [default: /etc/edge-node/config.toml if it exists]."
 
 
@@ -35,16 +39,19 @@ def node_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
     hints = typing.get_type_hints(NodeConfig)
     for field in reversed(dataclasses.fields(NodeConfig)):
-        flag = "--" + field.name.replace("_", "-")
+        flags = FLAG_NAMES.get(field.name, ("--" + field.name.replace("_", "-"),))
+        flag = flags[0]
         click_type, many = _click_type(hints[field.name])
         default = field.default if field.default is not dataclasses.MISSING else None
         text = key_help(field.name)
         if default not in (None, "", ()) and "[default" not in text:
             text += f" [default: {default}]"
+        if field.name in DEPRECATED_ALIASES:
+            text += f" Repeatable. ({DEPRECATED_ALIASES[field.name]}: deprecated alias.)"
         if click_type is bool:
             option = click.option(f"{flag}/--no-{flag[2:]}", field.name, default=None, help=text)
         else:
-            option = click.option(flag, field.name, type=click_type, default=None, multiple=many, help=text)
+            option = click.option(*flags, field.name, type=click_type, default=None, multiple=many, help=text)
         command = option(command)
     return click.option("--config", "config_file", type=click.Path(path_type=Path), default=None, help=CONFIG_HELP)(
         command
