@@ -112,6 +112,9 @@ class NodeConfig:
     energy_backend: str = _key("auto", "Energy meter: auto, nvml, rapl, jetson, rpi5 or estimate.")
     value_type: str = _key("float32", "How published values travel: float32, float16 or bfloat16.")
     export_onnx: bool = _key(True, "Keep the latest personalized model as model.onnx.")
+    metrics_listen: str = _key(
+        "", "HOST:PORT of the Prometheus metrics endpoint [default: off]; 127.0.0.1:9478 keeps it on the device."
+    )
 
     def __post_init__(self) -> None:
         if self.node_id and not is_valid_node_id(self.node_id):
@@ -139,6 +142,8 @@ class NodeConfig:
         if self.discovery in ("static", "both") and not self.peers:
             raise ConfigError(f"discovery={self.discovery!r} needs peers (--peers HOST:PORT,...)")
         _check_listen(self.listen)
+        if self.metrics_listen:
+            _check_listen(self.metrics_listen, "metrics_listen")
         _at_least("neighbours", self.neighbours, 1)
         _at_least("rounds", self.rounds, 0)
         _at_least("staleness", self.staleness, 0)
@@ -236,7 +241,7 @@ def _at_least(name: str, value: int, low: int) -> None:
         raise ConfigError(f"{name}={value} must be at least {low}")
 
 
-def _check_listen(address: str) -> None:
+def _check_listen(address: str, key: str = "listen") -> None:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"listen={address!r} must be HOST:PORT with PORT in 0..65535 (0 picks a free port)")
+        raise ConfigError(f"{key}={address!r} must be HOST:PORT with PORT in 0..65535 (0 picks a free port)")

@@ -78,6 +78,7 @@ from edge_node.node.config import NodeConfig
 from edge_node.node.export import ONNX_FILE, write_onnx
 from edge_node.node.local_data import LocalData, load_local_data
 from edge_node.node.memory import release_free_memory
+from edge_node.node.metrics import start_metrics
 from edge_node.node.notify import Watchdog, sd_notify, watchdog_interval_s
 from edge_node.node.parallel import Abandoned, run_parallel
 from edge_node.node.peers import PeerTracker
@@ -209,6 +210,8 @@ class Node:
         self.device = capacity.runtime_device(config)
         self.tls = self._load_tls()
         check_listen_free(config.listen)  # fail fast, before the data is loaded
+        self.metrics = start_metrics(config, self.status)  # binds metrics_listen now: a refused start writes nothing
+        self._closers.append(self.metrics.close)
         if config.lockstep and self._lockstep_fleet()[self.client_index][0] != self.node_id:
             raise ConfigError(
                 f"lockstep: peers entry {self.client_index} (this node's client index) is "
@@ -467,6 +470,7 @@ class Node:
         if ahead:
             record["ahead_not_followed"] = ahead  # far ahead of the median of the round's models: not followed
         append_line(self.rounds_log, json.dumps(record))
+        self.metrics.observe_round(record)
         self.beat()
         save_checkpoint(self.checkpoint_path, Checkpoint(self.identity, next_round, new_state))
         self.state, self.rounds_done = new_state, next_round
