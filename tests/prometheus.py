@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -67,14 +68,20 @@ class PrometheusServer:
             self.proc.wait(10)
         self.log.close()
 
-    def query(self, expression: str) -> list[dict]:
-        """The API's instant vector for ``expression`` (empty while Prometheus starts or has no sample)."""
+    def answer(self, expression: str) -> dict:
+        """The API's whole answer for ``expression`` (``status`` "error" with ``error`` for a bad expression)."""
         url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": expression})
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
-                body = json.loads(response.read())
-        except OSError:
-            return []
+                return dict(json.loads(response.read()))
+        except urllib.error.HTTPError as exc:  # 400 for a bad expression, with the JSON error body
+            return dict(json.loads(exc.read()))
+        except OSError as exc:
+            return {"status": "unreachable", "error": str(exc)}
+
+    def query(self, expression: str) -> list[dict]:
+        """The API's instant vector for ``expression`` (empty while Prometheus starts or has no sample)."""
+        body = self.answer(expression)
         return list(body.get("data", {}).get("result", [])) if body.get("status") == "success" else []
 
     def wait_for(self, expression: str, timeout_s: float) -> list[dict]:

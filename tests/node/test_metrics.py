@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import socket
 from pathlib import Path
@@ -21,6 +23,7 @@ STATUS: dict[str, Any] = {
     "bytes_in_total": 2_000_000, "bytes_out_total": 4_000_000, "server_refusals": {"busy": 3},
     "discovery_refusals": {"other_fleet": 1},
 }  # fmt: skip
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "edge-node-fleet.json"
 SOLO = ["--fleet", "test", "--num-clients", "6", "--client-index", "0", "--capacity", "0.4", "--discovery", "static",
         "--peers", "127.0.0.1:1"]  # fmt: skip
 
@@ -74,6 +77,20 @@ def test_no_series_grows_with_the_fleet(served):
     assert set(scrape(address)) == before
 
 
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+
+
+def test_the_grafana_dashboard_asks_only_for_series_a_node_exports(served):
+    metrics, address = served
+    metrics.observe_round(node_record("pi-1", 0, refusals={"stale": 1}))
+    metrics.observe_round(node_record("pi-1", 1, label="measured"))
+    exported = {re.sub(r"\{.*", "", name) for name in scrape(address)}
+    asked = {name for expression in dashboard_queries() for name in re.findall(r"edge_node_[a-z_]+", expression)}
+    assert asked and asked <= exported, asked - exported
+
+
 def test_bad_or_busy_metrics_listen_is_refused_before_anything_is_written(tmp_path: Path):
     bad = run_cli(["start", *QUICK, *SOLO, "--state-dir", str(tmp_path / "a"), "--metrics-listen", "9478"])
     assert bad.returncode == int(ExitCode.BAD_INPUT) and "metrics_listen='9478' must be HOST:PORT" in bad.stderr
@@ -101,5 +118,8 @@ def test_prometheus_scrapes_a_running_daemon(tmp_path: Path):
         assert prom.wait_for('edge_node_build_info{node_id="solo",fleet="test"}', timeout_s=30)
         assert prom.wait_for('edge_node_energy_estimated_joules_total{phase="train",source="estimate"} > 0', 30)
         assert not prom.query("edge_node_energy_joules_total")  # the estimate is never a measurement
+        for expression in dashboard_queries():  # the Grafana dashboard's PromQL parses and runs
+            answer = prom.answer(expression.replace("$job", ".*").replace("$fleet", ".*"))
+            assert answer["status"] == "success", (expression, answer)
         node.signal(signal.SIGTERM)
         assert node.wait(30) == 0, node.log()
