@@ -33,6 +33,8 @@ _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.
 @click.option("--lockstep", is_flag=True, help="The synchronous algorithm: the simulation's seeded neighbours, "
               "every node waits for the fleet each round.")  # fmt: skip
 @click.option("--tls", is_flag=True, help="Mutual TLS: a fleet CA and one certificate per node in OUTPUT/tls.")
+@click.option("--metrics", is_flag=True, help="Each node's Prometheus endpoint (metrics_listen) on a free port; the "
+              "list, as Prometheus file_sd targets, in OUTPUT/metrics-targets.json.")  # fmt: skip
 @click.option("--output", type=click.Path(path_type=Path), default=DEFAULT_OUTPUT, show_default=True,
               help="Fleet directory: a state dir and a log per node, the summary. Resumed if it holds a "
               "fleet.")  # fmt: skip

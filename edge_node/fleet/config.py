@@ -23,7 +23,7 @@ DEFAULT_SUBNET = "10.78.0"  # inside the fleet's own namespaces only, never on t
 CONFIG_FILE = "fleet-config.json"
 # Settings a re-run of the same output directory may change (the rest must match the saved fleet).
 RESUMABLE_CHANGES = frozenset({"rounds", "output", "progress", "pull_timeout_s", "round_budget_s", "daemon_args",
-                               "link", "data_dir"})  # fmt: skip
+                               "link", "data_dir", "metrics"})  # fmt: skip
 _SUBNET_RE = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})$")
 # The demo set's settings when none are given: enough SGD steps per round for a first run to show
 # learning (README "Demo settings"): batch 32 over a quarter of the demo set is ~47 steps per epoch.
@@ -41,6 +41,7 @@ class FleetConfig:
     link: str | None = None  # "rate=10mbit,delay=20ms,loss=1%" (needs netns)
     lockstep: bool = False  # the synchronous algorithm: seeded neighbours, wait for the fleet each round
     tls: bool = False  # mutual TLS with a fleet CA made in OUTPUT/tls
+    metrics: bool = False  # each node's Prometheus endpoint (metrics_listen), listed in OUTPUT/metrics-targets.json
     fleet: str = "loopback"
     seed: int = 0
     model: str = "cnn"
