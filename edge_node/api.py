@@ -49,6 +49,7 @@ def run_simulation(
     download: bool = False,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     on_start: Callable[[SimConfig, list[str]], None] | None = None,
+    on_client: Callable[[int, int, int], None] | None = None,
 ) -> Path:
     """Run (or resume) the simulation ``config`` describes; returns its run directory.
 
@@ -62,6 +63,8 @@ def run_simulation(
         download: fetch the CIFAR tarball when it is absent.
         on_round: called with each round's record once it is saved.
         on_start: called with the settings the run goes on with and notes on what a resume adapted.
+        on_client: called with (round index, clients done, clients) as a round's clients finish, when no
+            progress bars are drawn (a pipe or a service: a long round is not silent).
     """
     from edge_node.data import load_dataset
     from edge_node.energy.report import load_energy_log
@@ -73,7 +76,7 @@ def run_simulation(
 
     resolve_device(config.device)  # before the (possibly long) data decode
     data = load_dataset(config.dataset, config.data_dir, cache_dir=cache_dir, download=download)
-    run_dir = run(config, data, fresh=fresh, on_round=on_round, on_start=on_start)
+    run_dir = run(config, data, fresh=fresh, on_round=on_round, on_start=on_start, on_client=on_client)
     summary = summarize(read_records(run_dir), energy_summary(load_energy_log(run_dir)))
     atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
     return run_dir

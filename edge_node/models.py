@@ -7,7 +7,7 @@ convolution costs 4x the FLOPs. ``cnn`` takes 32x32 images only (its fc1 is size
 
 GroupNorm, never BatchNorm: DisPFL masks every parameter tensor and models must carry no buffers
 (running statistics cannot be averaged over personal masks). Parameter counts for 10 classes are
-pinned by ALGORITHM.md and by tests: cnn 797,962; resnet18 11,173,962; vgg11 9,231,114.
+pinned by docs/ALGORITHM.md and by tests: cnn 797,962; resnet18 11,173,962; vgg11 9,231,114.
 
 A user's model is a factory ``factory(num_classes, input_shape) -> nn.Module``, named as
 ``package.module:function`` or registered by an installed package under the entry-point group

@@ -136,7 +136,12 @@ def _plain(value: Any) -> Any:
 
 
 def to_toml(config: Any, *, header: str = "") -> str:
-    """A dataclass instance as TOML that :func:`build` reads back (``None`` fields are left out: TOML has no null)."""
+    """A dataclass instance as TOML that :func:`build` reads back.
+
+    TOML has no null: a ``None`` field is listed as a comment (``# data = (unset)``), so that a reader
+    sees every key there is and reading the text back leaves it unset.
+    """
     values = {f: _plain(getattr(config, f)) for f in field_names(type(config))}
+    unset = "".join(f"# {k} = (unset)\n" for k, v in values.items() if v is None)
     text = tomli_w.dumps({k: v for k, v in values.items() if v is not None})
-    return (header + "\n" if header else "") + text
+    return (header + "\n" if header else "") + unset + text

@@ -47,7 +47,7 @@ BatchSource = Callable[[int, torch.Generator], Iterable[Batch]]
 
 @dataclass(frozen=True)
 class DisPFLParams:
-    """The hyper-parameters of local training and the mask schedule (ALGORITHM.md "One round")."""
+    """The hyper-parameters of local training and the mask schedule (docs/ALGORITHM.md "One round")."""
 
     epochs: int = 5
     batch_size: int = 128
@@ -146,7 +146,7 @@ def aggregate_peers(state: ClientState, peers: Sequence[tuple[TensorDict, Tensor
     """Average ``state`` with its peers' published ``(weights, mask)`` pairs, of any densities.
 
     The result is supported on the client's ``next_mask``, which becomes the mask it trains with
-    (ALGORITHM.md step 2). With no peers the client keeps its own weights on that mask.
+    (docs/ALGORITHM.md step 2). With no peers the client keeps its own weights on that mask.
     """
     weights = aggregate(state.weights, state.train_mask, state.next_mask, [w for w, _ in peers], [m for _, m in peers])
     return ClientState(weights, state.next_mask, state.next_mask, state.density)
@@ -162,7 +162,7 @@ def train_local(
     seed: int,
     client: int,
 ) -> TrainResult:
-    """E epochs of masked SGD from ``state.weights`` on ``model`` (ALGORITHM.md step 3).
+    """E epochs of masked SGD from ``state.weights`` on ``model`` (docs/ALGORITHM.md step 3).
 
     On return ``model`` holds the trained weights (evaluate it before loading another client). For
     "gradient" regrowth, the dense gradient of one more batch of the same training stream is taken.
@@ -197,7 +197,7 @@ def update_mask(
     client: int,
     gradients: TensorDict | None = None,
 ) -> ClientState:
-    """Prune and regrow ``state.train_mask`` into the next round's ``next_mask`` (ALGORITHM.md step 4).
+    """Prune and regrow ``state.train_mask`` into the next round's ``next_mask`` (docs/ALGORITHM.md step 4).
 
     Per-tensor active counts never change; regrown positions stay 0 until the next aggregation.
     """

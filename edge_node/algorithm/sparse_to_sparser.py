@@ -1,5 +1,5 @@
 """Sparse-to-sparser: DA-DPFL's further pruning on top of DisPFL (Long et al., "Decentralized Personalized
-Federated Learning based on a Conditional 'Sparse-to-Sparser' Scheme", IEEE TNNLS 2025; ALGORITHM.md
+Federated Learning based on a Conditional 'Sparse-to-Sparser' Scheme", IEEE TNNLS 2025; docs/ALGORITHM.md
 "Optional: sparse-to-sparser").
 
 DisPFL keeps each client's density fixed; here masks shrink further, by the PQ index of each weight
@@ -16,7 +16,7 @@ tensor, until the model reaches a target density (0.2 for CIFAR), and never belo
   its neighbours, :func:`vote`). The prunes then fall in rounds ``1 + f_0 + f_1 + ... + f_k`` (k = 0, 1, ...),
   with ``f_0 = V`` and ``f_{k+1} = round(f_k / 1.3)`` (at least 1): the first in ``T_0 = V + 1``, the next
   ``round(V / 1.3)`` rounds later, and so on (``V = 9``: rounds 10, 17, 22, 26, 29, 31, 33, ...).
-  ALGORITHM.md's ``f_0 = T_0`` leaves ``T_0`` undefined; this is the DA-DPFL authors' code
+  docs/ALGORITHM.md's ``f_0 = T_0`` leaves ``T_0`` undefined; this is the DA-DPFL authors' code
   (``generate_pruning_freq`` in ``fedml_api/standalone/dadpfl/dadpfl_api*.py``, EricLoong/da-dpfl): its
   ``a`` is the vote round ``V``, the prune rounds it lists are ``cumsum([V, round(V/c), ...])``, and each
   listed round raises a flag that prunes in the *next* round's local training. Reading ``T_0`` as the

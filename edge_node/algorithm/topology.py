@@ -1,4 +1,4 @@
-"""Who a client pulls from in a round (ALGORITHM.md "Topology"): the rules the simulation and the daemon share.
+"""Who a client pulls from in a round (docs/ALGORITHM.md "Topology"): the rules the simulation and the daemon share.
 
 ``round_neighbours`` is the synchronous algorithm's seeded choice (the simulation, and a lock-step
 fleet, where every node computes the same lists); ``pick_peers`` is an asynchronous node's choice

@@ -15,6 +15,10 @@ from typing import Any
 
 import click
 
+# One flag name for one thing across commands: ``peers --interface`` and ``start --interface`` (the key stays
+# ``interfaces``, a list). The plural flag is kept as a deprecated alias for scripts written before.
+FLAG_NAMES = {"interfaces": ("--interface", "--interfaces")}
+DEPRECATED_ALIASES = {"interfaces": "--interfaces"}
 CONFIG_HELP = "TOML config file, keys as the flags with underscores [default: /etc/edge-node/config.toml if it exists]."
 
 
@@ -35,35 +39,87 @@ def node_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
     hints = typing.get_type_hints(NodeConfig)
     for field in reversed(dataclasses.fields(NodeConfig)):
-        flag = "--" + field.name.replace("_", "-")
+        flags = FLAG_NAMES.get(field.name, ("--" + field.name.replace("_", "-"),))
+        flag = flags[0]
         click_type, many = _click_type(hints[field.name])
         default = field.default if field.default is not dataclasses.MISSING else None
         text = key_help(field.name)
         if default not in (None, "", ()) and "[default" not in text:
             text += f" [default: {default}]"
+        if field.name in DEPRECATED_ALIASES:
+            text += f" Repeatable. ({DEPRECATED_ALIASES[field.name]}: deprecated alias.)"
         if click_type is bool:
             option = click.option(f"{flag}/--no-{flag[2:]}", field.name, default=None, help=text)
         else:
-            option = click.option(flag, field.name, type=click_type, default=None, multiple=many, help=text)
+            option = click.option(*flags, field.name, type=click_type, default=None, multiple=many, help=text)
         command = option(command)
     return click.option("--config", "config_file", type=click.Path(path_type=Path), default=None, help=CONFIG_HELP)(
         command
     )
 
 
-def load_node_config(config_file: Path | None, flags: dict[str, Any]) -> Any:
-    """The effective NodeConfig: defaults < ``config_file`` (or the default file when it exists) < given flags."""
-    from edge_node.node.config import DEFAULT_CONFIG_FILE, NodeConfig
-    from edge_node.tomlconf import build, merge, read_toml
-
+def _given(flags: dict[str, Any]) -> dict[str, Any]:
+    """The flags that were given, lists flattened (``--peers a,b --peers c``)."""
     given = {k: v for k, v in flags.items() if v is not None and v != ()}
     for key, value in list(given.items()):
-        if isinstance(value, tuple):  # --peers a,b --peers c
+        if isinstance(value, tuple):
             given[key] = [item for part in value for item in part.replace(",", " ").split() if item]
-    path = config_file if config_file is not None else (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None)
+    return given
+
+
+def _config_file(config_file: Path | None) -> Path | None:
+    """``config_file``, else the default file when it exists."""
+    from edge_node.node.config import DEFAULT_CONFIG_FILE
+
+    return config_file if config_file is not None else (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None)
+
+
+def load_node_config(config_file: Path | None, flags: dict[str, Any]) -> Any:
+    """The effective NodeConfig: defaults < ``config_file`` (or the default file when it exists) < given flags."""
+    from edge_node.node.config import NodeConfig
+    from edge_node.tomlconf import build, merge, read_toml
+
+    path = _config_file(config_file)
     file_values = read_toml(path) if path is not None else {}
     source = f"{path} or the flags" if path is not None else "the flags"
-    return build(NodeConfig, merge(file_values, given), source)
+    return build(NodeConfig, merge(file_values, _given(flags)), source)
 
 
-__all__ = ["load_node_config", "node_options"]
+def state_dir_of(state_dir: Path | None, config_file: Path | None) -> Path:
+    """The node's state dir: ``state_dir``, else the config file's (or the default file's), else the default."""
+    from edge_node.node.config import DEFAULT_STATE_DIR
+    from edge_node.tomlconf import read_toml
+
+    if state_dir is not None:
+        return state_dir
+    path = _config_file(config_file)
+    value = read_toml(path).get("state_dir") if path is not None else None
+    return Path(value).expanduser() if isinstance(value, str) and value else DEFAULT_STATE_DIR
+
+
+def load_saved_node_config(config_file: Path | None, flags: dict[str, Any]) -> Any:
+    """The config of the node whose state dir this is: the node's saved config and checkpoint identity < an
+    explicit ``config_file`` < given flags (the default config file only locates the state dir).
+
+    Raises:
+        CheckpointError: the state dir holds no checkpoint, or an unreadable one.
+    """
+    from edge_node.errors import CheckpointError
+    from edge_node.node.config import NodeConfig
+    from edge_node.node.state import CHECKPOINT_FILE, NODE_CONFIG_FILE, checkpoint_identity
+    from edge_node.tomlconf import build, read_toml
+
+    state_dir = state_dir_of(flags.get("state_dir"), config_file)
+    identity = checkpoint_identity(state_dir / CHECKPOINT_FILE)
+    if identity is None:
+        raise CheckpointError(f"no checkpoint in {state_dir}: the node has not completed a round there yet")
+    saved_file = state_dir / NODE_CONFIG_FILE
+    saved = read_toml(saved_file) if saved_file.is_file() else {}  # absent in state dirs of releases before it
+    identified = {"node_id": identity.node_id, "fleet": identity.fleet, "seed": identity.seed,
+                  "model": identity.arch_id.split("/")[0], "state_dir": str(state_dir)}  # fmt: skip
+    file_values = read_toml(config_file) if config_file is not None else {}
+    source = f"{saved_file}, {config_file} or the flags" if config_file else f"{saved_file} or the flags"
+    return build(NodeConfig, {**saved, **identified, **file_values, **_given(flags)}, source)
+
+
+__all__ = ["load_node_config", "load_saved_node_config", "node_options", "state_dir_of"]

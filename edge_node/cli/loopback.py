@@ -38,6 +38,8 @@ _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.
 @click.option("--lockstep", is_flag=True, help="The synchronous algorithm: the simulation's seeded neighbours, "
               "every node waits for the fleet each round.")  # fmt: skip
 @click.option("--tls", is_flag=True, help="Mutual TLS: a fleet CA and one certificate per node in OUTPUT/tls.")
+@click.option("--metrics", is_flag=True, help="Each node's Prometheus endpoint (metrics_listen) on a free port; the "
+              "list, as Prometheus file_sd targets, in OUTPUT/metrics-targets.json.")  # fmt: skip
 @click.option("--output", type=click.Path(path_type=Path), default=DEFAULT_OUTPUT, show_default=True,
               help="Fleet directory: a state dir and a log per node, the summary. Resumed if it holds a "
               "fleet.")  # fmt: skip
@@ -60,7 +62,7 @@ _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Training batch size [default: 32 on the demo set, else the daemon's 128].")  # fmt: skip
 @click.option("--lr", type=float, default=None, help="Initial learning rate [default: the daemon's, 0.1].")
-@click.option("--capacity", default="0.6", show_default=True, help="Every node's density tier, or auto.")
+@click.option("--capacity", default="0.6", show_default=True, help="Every node's density, any in (0, 1], or auto.")
 @click.option("--planned-rounds", type=click.IntRange(min=1), default=None,
               help="T of the prune schedule [default: --rounds].")  # fmt: skip
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads per node.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from edge_node.tomlconf import build, merge, read_toml, to_toml
 _LOGGER = logging.getLogger(__name__)
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
 MAX_JSON_CONFIG_BYTES = 1 << 20
+PIPE_PROGRESS_S = 15.0  # without bars, a line this often within a round
 
 
 def _default(name: str) -> str:
@@ -229,7 +231,7 @@ def simulate(
     lines = not progress_bars_shown(config) and not _LOGGER.isEnabledFor(logging.INFO)
     run_dir = run_simulation(
         config, fresh=fresh, cache_dir=cache_dir, download=download, on_round=_round_line(config) if lines else None,
-        on_start=started,
+        on_start=started, on_client=_client_lines(config) if lines else None,
     )  # fmt: skip
     records = read_records(run_dir)
     summary = json.loads((run_dir / SUMMARY_FILE).read_text())
@@ -238,6 +240,25 @@ def simulate(
     click.echo(f"\nrun directory: {run_dir.resolve()}")
     for path in plots:
         click.echo(f"plot: {path.resolve()}")
+
+
+def _client_lines(config: SimConfig, every_s: float = PIPE_PROGRESS_S) -> Any:
+    """Within a long round, without bars: a line every ``every_s`` seconds (a pipe or a journal is not silent)."""
+    from edge_node.node.status import round_label
+
+    started = {"round": -1, "at": 0.0, "said": 0.0}
+
+    def line(t: int, done: int, total: int) -> None:
+        now = time.monotonic()
+        if t != started["round"]:
+            started.update({"round": t, "at": now, "said": now})
+        if now - started["said"] >= every_s and done < total:
+            started["said"] = now
+            click.echo(
+                f"{round_label(t, config.rounds)}: {done} of {total} clients, {now - started['at']:.0f} s", err=True
+            )
+
+    return line
 
 
 def _round_line(config: SimConfig) -> Any:

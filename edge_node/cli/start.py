@@ -19,25 +19,46 @@ from edge_node.cli._node_options import load_node_config, node_options
 _LOGGER = logging.getLogger(__name__)
 
 
-def configure_daemon_logging(level: int) -> None:
-    """Lines to stderr at ``level`` (or lower if -v asked); no own timestamps under journald (``JOURNAL_STREAM``)."""
+LOG_FORMATS = ("text", "json")
+JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s"  # renamed below to time, level, logger, message
+
+
+def _formatter(log_format: str) -> logging.Formatter:
+    """Text lines (no own timestamps under journald, ``JOURNAL_STREAM``), or one JSON object per line."""
+    if log_format == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        return JsonFormatter(
+            JSON_FIELDS, rename_fields={"asctime": "time", "levelname": "level", "name": "logger"}, timestamp=False
+        )
+    if os.environ.get("JOURNAL_STREAM"):
+        return logging.Formatter("%(levelname)s %(name)s: %(message)s")
+    return logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def configure_daemon_logging(level: int, log_format: str = "text") -> None:
+    """Lines to stderr at ``level`` (or lower if -v asked), as text or JSON (``--log-format``, for log shippers)."""
     root = logging.getLogger()
     if root.level > level or root.level == logging.NOTSET:
         root.setLevel(level)
-    fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("JOURNAL_STREAM") else (
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )  # fmt: skip
     handlers = root.handlers or [logging.StreamHandler(sys.stderr)]
     for handler in handlers:
-        handler.setFormatter(logging.Formatter(fmt))
+        handler.setFormatter(_formatter(log_format))
     if not root.handlers:
         root.addHandler(handlers[0])
 
 
 @app.command(context_settings={"max_content_width": 120})
 @click.option("--print-config", is_flag=True, help="Print the effective config (TOML) and exit.")
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    help="Log lines as text, or one JSON object per line (time, level, logger, message) for log shippers.",
+)
 @node_options
-def start(print_config: bool, config_file: Path | None, **flags: Any) -> None:
+def start(print_config: bool, log_format: str, config_file: Path | None, **flags: Any) -> None:
     """Run this device's DisPFL node: discover peers, pull their models, train, publish, log.
 
     Every setting is a key of the TOML config file (--config) and a flag; flags win. Logs go to stderr
@@ -60,7 +81,7 @@ def start(print_config: bool, config_file: Path | None, **flags: Any) -> None:
     from edge_node.api import run_node
     from edge_node.node.daemon import Node, Stopped
 
-    configure_daemon_logging(logging.WARNING)  # start-up failures are one line (exit 2, 3 or 4)
+    configure_daemon_logging(logging.WARNING, log_format)  # start-up failures are one line (exit 2, 3 or 4)
 
     def install_signals(node: Node) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -77,7 +98,7 @@ def start(print_config: bool, config_file: Path | None, **flags: Any) -> None:
             signal.signal(sig, on_signal)
 
     def serving(node: Node) -> None:
-        configure_daemon_logging(logging.INFO)  # serving: one line per round from here
+        configure_daemon_logging(logging.INFO, log_format)  # serving: one line per round from here
         _LOGGER.info("%s", node.describe())
 
     try:

@@ -9,23 +9,9 @@ from typing import Any
 import click
 
 from edge_node.cli._app import app
+from edge_node.cli._node_options import state_dir_of
 from edge_node.exit_codes import ExitCode
-
-DEFAULT_STATE_DIR = Path("/var/lib/edge-node")  # = node.config.DEFAULT_STATE_DIR (kept import-free: fast help)
-
-
-def _state_dir(state_dir: Path | None, config_file: Path | None) -> Path:
-    if state_dir is not None:
-        return state_dir
-    from edge_node.node.config import DEFAULT_CONFIG_FILE
-    from edge_node.tomlconf import read_toml
-
-    path = config_file or (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None)
-    if path is not None:
-        value = read_toml(path).get("state_dir")
-        if isinstance(value, str) and value:
-            return Path(value).expanduser()
-    return DEFAULT_STATE_DIR
+from edge_node.node.status import rounds_done_text
 
 
 def format_status(status: dict[str, Any]) -> str:
@@ -34,13 +20,14 @@ def format_status(status: dict[str, Any]) -> str:
         head = f"NOT RUNNING: last status from {status['file']}, written {status['file_age_s']:.0f} s ago"
     else:
         head = f"running (pid {status.get('pid')}), {'healthy' if status.get('healthy') else 'NOT healthy'}"
-    acc = status.get("accuracy_after")
+    acc = status.get("acc_after")
+    done, phase = status.get("rounds_done"), status.get("phase")
     peers = status.get("peers") or []
     rows = [
         ("status", head),
         ("node", f"{status.get('node_id')} of fleet {status.get('fleet')}, port {status.get('port')}"),
         ("model", f"{status.get('model')}, tier {status.get('tier')} (density {status.get('density')})"),
-        ("round", f"{status.get('round')} done, phase {status.get('phase')}"),
+        ("rounds", f"{'-' if done is None else rounds_done_text(done, status.get('rounds_planned'))}, phase {phase}"),
         ("accuracy", "-" if acc is None else f"{100 * acc:.1f}% after local training (last round)"),
         ("peers known", ", ".join(status.get("peers_known") or []) or "none"),
         ("bytes in", f"{status.get('bytes_in_total', 0) / 1e6:.2f} MB this run"),
@@ -48,13 +35,19 @@ def format_status(status: dict[str, Any]) -> str:
         ("capacity", _capacity(status.get("capacity"))),
         ("refused", _refusals(status)),
     ]
-    rows += [
-        (f"  {p['node_id']}", f"{p['last_result']} round {p['last_round']}"
-         + (f", backoff {p['backoff_s']} s" if p.get("backoff_s") else ""))
-        for p in peers
-    ]  # fmt: skip
+    rows += [(f"  {p['node_id']}", _peer(p)) for p in peers]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _peer(peer: dict[str, Any]) -> str:
+    """A peer's last result, the round of the last snapshot it gave (never a "round None"), its backoff."""
+    text = str(peer.get("last_result") or "not asked yet")
+    if peer.get("last_round") is not None:
+        text += f", its snapshot: {rounds_done_text(int(peer['last_round']))}"
+    if peer.get("backoff_s"):
+        text += f", backoff {peer['backoff_s']} s"
+    return text
 
 
 def _capacity(decision: Any) -> str:
@@ -85,7 +78,7 @@ def status(state_dir: Path | None, config_file: Path | None, as_json: bool) -> N
     """
     from edge_node.node.status import query, read_status_file
 
-    where = _state_dir(state_dir, config_file)
+    where = state_dir_of(state_dir, config_file)
     found = query(where)
     if found is None:
         found = read_status_file(where)

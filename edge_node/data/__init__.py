@@ -6,7 +6,7 @@ cached, or of any labelled samples a data factory ``package.module:function`` re
 (:mod:`edge_node.data.factory`); ``partition_reference`` (the DisPFL reference code's procedure, the
 default) or ``partition_dir`` /
 ``partition_path`` (the balanced variants) and ``client_test_indices`` split it among clients as
-ALGORITHM.md specifies (``partition_clients`` all clients, ``client_slice`` one of them);
+docs/ALGORITHM.md specifies (``partition_clients`` all clients, ``client_slice`` one of them);
 ``ClientData`` is one client's slice on a device with its training and evaluation batches;
 ``augment_batch`` / ``normalize_batch`` turn uint8 batches into normalised float32 on their device.
 The torch-based names are imported on first use, so that decoding workers and array-only users do

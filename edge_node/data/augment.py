@@ -1,5 +1,5 @@
 """Batch augmentation on the device that holds the batch: random crop with zero padding and horizontal
-flip (the CIFAR recipe of ALGORITHM.md), then per-channel normalisation.
+flip (the CIFAR recipe of docs/ALGORITHM.md), then per-channel normalisation.
 
 Everything is one gather over a padded copy of the batch, with per-sample offsets drawn from the
 caller's ``torch.Generator``; there is no Python loop over samples, so a GPU batch never leaves the GPU.

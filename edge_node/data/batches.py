@@ -2,7 +2,7 @@
 
 An :class:`ImagePool` holds a decoded data set's samples and labels on a device, once; a
 :class:`ClientData` is a client's slice of it (training and test indices). Training batches are
-shuffled from the caller's generator; images (uint8) are also augmented (ALGORITHM.md: random 32x32 crop
+shuffled from the caller's generator; images (uint8) are also augmented (docs/ALGORITHM.md: random 32x32 crop
 of the zero-padded image, horizontal flip, then per-channel normalisation), an epoch's order and offsets
 crossing to the device in one copy; evaluation batches are normalised only, in index order. Other samples
 (a data factory's float32 features) are batched as they are: no augmentation, no normalisation.

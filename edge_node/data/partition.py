@@ -1,4 +1,4 @@
-"""Non-IID client partitions of a labelled training set, and per-client test sets (ALGORITHM.md, "Data
+"""Non-IID client partitions of a labelled training set, and per-client test sets (docs/ALGORITHM.md, "Data
 partitions"). All randomness comes from the ``numpy.random.Generator`` passed in.
 
 Two families, named in the partition spec (``--partition``), and recorded in every run:
@@ -27,7 +27,7 @@ things and then draws a class from the prior again:
 * ``dir``: nothing is reset (the reset line is commented out in the code's CIFAR-100 loader and absent
   in the CIFAR-10 one): an exhausted class stays exhausted and the client draws again, so no sample is
   given twice and, once popular classes run out, late clients get classes their prior rarely picks.
-  ALGORITHM.md describes the reset for ``dir`` too; ``dir-reuse`` is that reading.
+  docs/ALGORITHM.md describes the reset for ``dir`` too; ``dir-reuse`` is that reading.
 
 Where a client's prior has no mass left on any available class (only possible without reuse, for
 priors with exact zeros), it draws uniformly among the available classes instead of looping forever.
@@ -393,7 +393,7 @@ def partition_clients(
     seed: int,
     samples_per_client: int | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Training and test index arrays of every client of a benchmark partition (ALGORITHM.md "Data partitions").
+    """Training and test index arrays of every client of a benchmark partition (docs/ALGORITHM.md "Data partitions").
 
     A function of (labels, partition, number of clients, seed) alone: a device computes it and keeps
     its own client's slice, and gets the slice the simulation gives that client. ``partition`` is a spec

@@ -200,7 +200,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     table = [header]
     for row in summary["rows"]:
         cells = [
-            str(row["round"]),
+            str(row["round"] + 1),  # people count rounds from 1; the record keeps the 0-based index
             row["label"],
             str(row["source"]),
             _fmt(row["total_j"]),
@@ -247,7 +247,7 @@ def plot_energy(summary: dict[str, Any], out_png: Path) -> Path:
     rows = summary["rows"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     try:
-        xs = [r["round"] for r in rows]
+        xs = [r["round"] + 1 for r in rows]
         bottom = [0.0] * len(rows)
         hatches = ["//" if r["label"] == "estimated" else "" for r in rows]
         for phase in PHASES:
@@ -256,7 +256,7 @@ def plot_energy(summary: dict[str, Any], out_png: Path) -> Path:
             for bar, hatch in zip(bars, hatches, strict=True):
                 bar.set_hatch(hatch)
             bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-        modelled = [(r["round"], r["modelled_j"]) for r in rows if r["modelled_j"] is not None]
+        modelled = [(r["round"] + 1, r["modelled_j"]) for r in rows if r["modelled_j"] is not None]
         if modelled:
             ax.plot(*zip(*modelled, strict=True), "k.--", label="modelled (not measured)")
         if summary["estimated"]:

@@ -26,7 +26,7 @@ DEFAULT_SUBNET = "10.78.0"  # inside the fleet's own namespaces only, never on t
 CONFIG_FILE = "fleet-config.json"
 # Settings a re-run of the same output directory may change (the rest must match the saved fleet).
 RESUMABLE_CHANGES = frozenset({"rounds", "output", "progress", "pull_timeout_s", "round_budget_s", "daemon_args",
-                               "link", "data_dir"})  # fmt: skip
+                               "link", "data_dir", "metrics"})  # fmt: skip
 _SUBNET_RE = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})$")
 # The demo set's settings when none are given: enough SGD steps per round for a first run to show
 # learning (README "Demo settings"): batch 32 over a quarter of the demo set is ~47 steps per epoch.
@@ -45,6 +45,7 @@ class FleetConfig:
     devices: str | None = None  # "pi4:2,pi5:1" or "cpu=0.25,mem=1g,rate=20mbit" (edge_node.fleet.devices)
     lockstep: bool = False  # the synchronous algorithm: seeded neighbours, wait for the fleet each round
     tls: bool = False  # mutual TLS with a fleet CA made in OUTPUT/tls
+    metrics: bool = False  # each node's Prometheus endpoint (metrics_listen), listed in OUTPUT/metrics-targets.json
     fleet: str = "loopback"
     seed: int = 0
     model: str = "cnn"
@@ -55,7 +56,7 @@ class FleetConfig:
     epochs: int = 1
     batch_size: int | None = None  # None: DEMO_BATCH_SIZE on the demo set, else the daemon's (128)
     lr: float | None = None  # None: the daemon's
-    capacity: str = "0.6"  # every node's tier, or "auto" (each measures its own)
+    capacity: str = "0.6"  # every node's density in (0, 1], or "auto" (each measures its own and picks a tier)
     planned_rounds: int | None = None  # None: rounds (or the daemon's 500 when running until stopped)
     threads: int = 1  # torch threads per daemon: N daemons share the machine's cores
     pull_timeout_s: float = 60.0

@@ -49,7 +49,9 @@ _LOGGER = logging.getLogger(__name__)
 RUN_FILE = "fleet-run.json"
 TLS_DIR = "tls"
 # What a --fresh start removes besides the node state directories (the summary's files are added by it).
-FLEET_FILES = (CONFIG_FILE, RUN_FILE)
+METRICS_TARGETS = "metrics-targets.json"  # Prometheus file_sd: the nodes' metrics endpoints (--metrics)
+METRICS_PORT = 9478  # each node's metrics port inside its namespace (--netns --metrics)
+FLEET_FILES = (CONFIG_FILE, RUN_FILE, METRICS_TARGETS)
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ class Fleet:
         self.hierarchy: _cgroups.Hierarchy | None = None  # where the groups are, when any node is limited
         self.daemons: list[DaemonProcess] = []
         self.endpoints: list[tuple[str, int]] = []  # (host, port) of each node
+        self.metrics_endpoints: list[str] = []  # HOST:PORT of each node's metrics (--metrics)
         self.started_unix: float | None = None
         self.stopped_unix: float | None = None
         self.resumed = False
@@ -176,6 +179,12 @@ class Fleet:
                                       memory_bytes=p.memory_bytes, weight=(p.cpu or fastest) / fastest))
             for i, p in enumerate(self.profiles)
         ]  # fmt: skip
+        if config.metrics:
+            hosts = [host for host, _ in self.endpoints]
+            ports = [METRICS_PORT] * config.nodes if self.net is not None else free_ports(config.nodes)
+            self.metrics_endpoints = [f"{h}:{p}" for h, p in zip(hosts, ports, strict=True)]
+            targets = [{"targets": self.metrics_endpoints, "labels": {"fleet": config.fleet}}]
+            atomic_write_text(self.output / METRICS_TARGETS, json.dumps(targets, indent=1) + "\n")
         self.daemons = [self.make_daemon(i) for i in range(config.nodes)]
         self._write_run_file()
 
@@ -297,6 +306,8 @@ class Fleet:
             )
         else:
             settings["insecure"] = True
+        if self.metrics_endpoints and host is None:
+            settings["metrics_listen"] = self.metrics_endpoints[i]
         settings.update(overrides or {})
         return [*settings_to_flags(settings), *config.daemon_args]
 

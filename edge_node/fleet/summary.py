@@ -183,35 +183,76 @@ def device_table(nodes: list[dict[str, Any]]) -> list[str]:
             f"{cap.get('tier') or '-'} | {cap.get('decided_by') or 'not recorded'} |"
         )
     return lines
+def plot_panels(axes: list[Any], per_node: dict[str, list[dict[str, Any]]], rounds: list[dict[str, Any]]) -> None:
+    """Fill ``axes`` in this order: accuracy per node and the mean against rounds; cumulative MB received
+    (solid) and sent (dashed) per node; accuracy against wall time since the first record; joules per round
+    per node, with the meter's label (an estimate is named as one)."""
+    panels = [_accuracy_panel, _bytes_panel, _time_panel, _energy_panel]
+    from matplotlib.ticker import MaxNLocator
+
+    for ax, panel in zip(axes, panels, strict=False):
+        for index, (node_id, records) in enumerate(per_node.items()):
+            done = [r for r in records if not r.get("diverged")]
+            if done:
+                panel(ax, node_id, done, f"C{index % 10}")
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if panel is _energy_panel:
+            ax.set_ylim(bottom=0)
+        if per_node:
+            ax.legend(fontsize=7, ncol=2)
+    if axes and rounds and len(per_node) > 1:
+        first = axes[0]
+        first.plot([r["round"] + 1 for r in rounds], [100 * r["acc_after_mean"] for r in rounds], color="black",
+                   lw=2.5, label="fleet mean")  # fmt: skip
+        first.legend(fontsize=7, ncol=2)
+
+
+def _accuracy_panel(ax: Any, node_id: str, done: list[dict[str, Any]], color: str) -> None:
+    ax.plot([r["round"] + 1 for r in done], [100 * r["acc_after"] for r in done], alpha=0.6, lw=1, marker=".",
+            color=color, label=node_id)  # fmt: skip
+    ax.set(xlabel="round", ylabel="test accuracy after local training (%)", title="accuracy per node")
+
+
+def _bytes_panel(ax: Any, node_id: str, done: list[dict[str, Any]], color: str) -> None:
+    xs = [r["round"] + 1 for r in done]
+    ax.plot(xs, _cumulative([r.get("bytes_in", 0) / 1e6 for r in done]), color=color, marker=".", label=f"{node_id} in")
+    ax.plot(xs, _cumulative([r.get("bytes_out", 0) / 1e6 for r in done]), color=color, ls="--", label=f"{node_id} out")
+    ax.set(xlabel="round", ylabel="MB (encoded), cumulative", title="bytes received (solid) and sent (dashed)")
+
+
+def _time_panel(ax: Any, node_id: str, done: list[dict[str, Any]], color: str) -> None:
+    start = done[0]["time_unix"] - sum(float(v) for v in (done[0].get("seconds") or {}).values())
+    ax.plot([(r["time_unix"] - start) / 60 for r in done], [100 * r["acc_after"] for r in done], marker=".",
+            color=color, label=node_id)  # fmt: skip
+    ax.set(xlabel="minutes since the node's first recorded round began", ylabel="accuracy (%)",
+           title="accuracy over wall time")  # fmt: skip
+
+
+def _energy_panel(ax: Any, node_id: str, done: list[dict[str, Any]], color: str) -> None:
+    labels = "+".join(sorted({str(r.get("energy_label")) for r in done if r.get("energy_label")})) or "no label"
+    ax.plot([r["round"] + 1 for r in done], [float(r.get("energy_total_j", 0.0)) for r in done], marker=".",
+            color=color, label=f"{node_id} ({labels})")  # fmt: skip
+    ax.set(xlabel="round", ylabel="J per round", title="energy per round (label: how it was obtained)")
+
+
+def _cumulative(values: list[float]) -> list[float]:
+    out, total = [], 0.0
+    for value in values:
+        total += value
+        out.append(total)
+    return out
 
 
 def plot_summary(summary: dict[str, Any], per_node: dict[str, list[dict[str, Any]]], path: Path) -> Path:
-    """Accuracy per node and the fleet mean against rounds (left), bytes received per node (right)."""
+    """Accuracy per node and the fleet mean against rounds (left), cumulative bytes in and out per node (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_acc, ax_bytes) = plt.subplots(1, 2, figsize=(11, 4))
-    for node_id, records in per_node.items():
-        done = [r for r in records if not r.get("diverged")]
-        if done:
-            ax_acc.plot([r["round"] + 1 for r in done], [100 * r["acc_after"] for r in done], alpha=0.5, lw=1,
-                        marker=".", label=node_id)  # fmt: skip
-            ax_bytes.plot([r["round"] + 1 for r in done], [r.get("bytes_in", 0) / 1e6 for r in done], alpha=0.7,
-                          marker=".", label=node_id)  # fmt: skip
-    rounds = summary["rounds"]
-    if rounds:
-        ax_acc.plot([r["round"] + 1 for r in rounds], [100 * r["acc_after_mean"] for r in rounds], color="black",
-                    lw=2.5, label="fleet mean")  # fmt: skip
-    ax_acc.set(xlabel="round", ylabel="test accuracy after local training (%)", title="accuracy per node")
-    ax_bytes.set(xlabel="round", ylabel="MB received (encoded)", title="bytes received per node")
-    ax_bytes.ticklabel_format(axis="y", useOffset=False, style="plain")
-    top = max((r.get("bytes_in", 0) / 1e6 for rs in per_node.values() for r in rs), default=0.0)
-    ax_bytes.set_ylim(0, top * 1.15 or 1.0)
-    ax_acc.legend(fontsize=7, ncol=2)
-    ax_acc.grid(alpha=0.3)
-    ax_bytes.grid(alpha=0.3)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    plot_panels(list(axes), per_node, summary["rounds"])
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from edge_node.exit_codes import ExitCode
 from edge_node.fleet.config import FleetConfig
 from edge_node.fleet.daemons import DaemonProcess, exit_description
-from edge_node.fleet.fleet import Event, Fleet
+from edge_node.fleet.fleet import METRICS_TARGETS, Event, Fleet
 from edge_node.fleet.progress import NodeView
 from edge_node.fleet.summary import summarize, write_summary
 
@@ -116,6 +116,8 @@ def run_fleet(config: FleetConfig, display: Display, stop: threading.Event, *, f
         for daemon in fleet.own_daemons():
             views[daemon.node_id].state = "running"
             display.event(f"{daemon.node_id}: started, pid {daemon.pid}, log {daemon.log_path}")
+        if fleet.metrics_endpoints:
+            display.event(f"metrics: {', '.join(fleet.metrics_endpoints)} (Prometheus targets in {METRICS_TARGETS})")
         outcome: tuple[int, str, str | None] | None = None
         announced = 0
         last_status = 0.0

@@ -98,7 +98,7 @@ class NodeConfig:
     staleness: int = _key(5, "Drop snapshots more than this many rounds behind this node's round.")
     lockstep: bool = _key(False, "The synchronous algorithm: wait for the fleet each round, seeded neighbours.")
     # Capacity (DisPFL setting ii).
-    capacity: str | float = _key("auto", "auto (measure) or a tier density: 0.2, 0.4, 0.6, 0.8, 1.0.")
+    capacity: str | float = _key("auto", "auto (measure; picks a tier 0.2 .. 1.0) or a fixed density in (0, 1].")
     # Training.
     epochs: int = _key(5, "Local epochs per round.")
     batch_size: int = _key(128, "Training batch size.")
@@ -123,6 +123,9 @@ class NodeConfig:
     energy_backend: str = _key("auto", "Energy meter: auto, nvml, rapl, jetson, rpi5 or estimate.")
     value_type: str = _key("float32", "How published values travel: float32, float16 or bfloat16.")
     export_onnx: bool = _key(True, "Keep the latest personalized model as model.onnx.")
+    metrics_listen: str = _key(
+        "", "HOST:PORT of the Prometheus metrics endpoint [default: off]; 127.0.0.1:9478 keeps it on the device."
+    )
 
     def __post_init__(self) -> None:
         if self.node_id and not is_valid_node_id(self.node_id):
@@ -155,6 +158,8 @@ class NodeConfig:
             raise ConfigError(f"discovery={self.discovery!r} needs peers (--peers HOST:PORT,...)")
         _check_listen(self.listen)
         self.server_limits()  # ConfigError quoting a bad server_* value
+        if self.metrics_listen:
+            _check_listen(self.metrics_listen, "metrics_listen")
         _at_least("neighbours", self.neighbours, 1)
         _at_least("rounds", self.rounds, 0)
         _at_least("staleness", self.staleness, 0)
@@ -210,7 +215,7 @@ class NodeConfig:
 
     @property
     def fixed_density(self) -> float | None:
-        """The density ``capacity`` names, or None for ``auto``."""
+        """The density ``capacity`` fixes, any in (0, 1] (setting (i) runs every node at 0.5), or None for ``auto``."""
         text = str(self.capacity).strip().lower()
         if text == "auto":
             return None
@@ -218,11 +223,12 @@ class NodeConfig:
             value = float(text)
         except ValueError:
             value = float("nan")
-        tier = next((d for d in TIER_DENSITIES if math.isclose(d, value)), None)
-        if tier is None:
-            choices = ", ".join(f"{d:g}" for d in TIER_DENSITIES)
-            raise ConfigError(f"capacity={self.capacity!r} must be auto or one of the tier densities {choices}")
-        return tier
+        if not 0 < value <= 1:
+            tiers = ", ".join(f"{d:g}" for d in TIER_DENSITIES)
+            raise ConfigError(
+                f"capacity={self.capacity!r} must be auto (measure; picks a tier: {tiers}) or a density in (0, 1]"
+            )
+        return value
 
     @property
     def tls_enabled(self) -> bool:
@@ -266,7 +272,7 @@ def _at_least(name: str, value: int, low: int) -> None:
         raise ConfigError(f"{name}={value} must be at least {low}")
 
 
-def _check_listen(address: str) -> None:
+def _check_listen(address: str, key: str = "listen") -> None:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"listen={address!r} must be HOST:PORT with PORT in 0..65535 (0 picks a free port)")
+        raise ConfigError(f"{key}={address!r} must be HOST:PORT with PORT in 0..65535 (0 picks a free port)")

@@ -15,7 +15,7 @@ the upper median of its own and its accepted snapshots' rounds (``catch_up``), s
 refused as stale for ever while one peer claiming round 10^15 moves nobody (it would need as many
 models agreeing as there are others). A diverged round is never published: the
 state stays at the last checkpoint, and three divergences in a row end the daemon (exit 5). With
-``lockstep`` the fleet runs the synchronous algorithm of ALGORITHM.md: a node starts round t once every
+``lockstep`` the fleet runs the synchronous algorithm of docs/ALGORITHM.md: a node starts round t once every
 node has published round t, and pulls exactly round t's snapshots of the simulation's seeded neighbours.
 
 Stopping (as uvicorn does): the first SIGTERM/SIGINT sets ``should_exit``, which every wait, pull,
@@ -43,7 +43,7 @@ import time
 import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -78,11 +78,20 @@ from edge_node.node.config import NodeConfig
 from edge_node.node.export import ONNX_FILE, write_onnx
 from edge_node.node.local_data import LocalData, load_local_data
 from edge_node.node.memory import release_free_memory
+from edge_node.node.metrics import start_metrics
 from edge_node.node.notify import Watchdog, sd_notify, watchdog_interval_s
 from edge_node.node.parallel import Abandoned, run_parallel
 from edge_node.node.peers import PeerTracker
-from edge_node.node.state import CHECKPOINT_FILE, Checkpoint, Identity, StateDirLock, load_checkpoint, save_checkpoint
-from edge_node.node.status import StatusServer, write_status_file
+from edge_node.node.state import (
+    CHECKPOINT_FILE,
+    Checkpoint,
+    Identity,
+    StateDirLock,
+    load_checkpoint,
+    save_checkpoint,
+    save_node_config,
+)
+from edge_node.node.status import StatusServer, round_label, rounds_done_text, write_status_file
 from edge_node.seeding import Stream, numpy_generator
 from edge_node.storage import append_line, truncate_jsonl
 from edge_node.wire import DecodedModel, ModelSpec, ValueType
@@ -202,6 +211,8 @@ class Node:
         self.tls = self._load_tls()
         check_listen_free(config.listen)  # fail fast, before the data is loaded
         check_fd_limit(config.server_limits())  # raises the soft fd limit; ConfigError if it cannot fit
+        self.metrics = start_metrics(config, self.status)  # binds metrics_listen now: a refused start writes nothing
+        self._closers.append(self.metrics.close)
         if config.lockstep and self._lockstep_fleet()[self.client_index][0] != self.node_id:
             raise ConfigError(
                 f"lockstep: peers entry {self.client_index} (this node's client index) is "
@@ -241,6 +252,7 @@ class Node:
         # Every check passed: from here on the node writes (state dir, lock, logs) and serves.
         self._lock.acquire()
         self._closers.append(self._lock.release)
+        save_node_config(config.state_dir, replace(config, node_id=self.node_id))  # for export, report
         rounds_log = config.state_dir / ROUNDS_LOG
         energy_log = config.state_dir / ENERGY_LOG
         truncate_jsonl(rounds_log, self.rounds_done)  # rounds the checkpoint does not hold are run again
@@ -261,7 +273,7 @@ class Node:
             self._closers.append(watchdog.stop)
         self._check_stop()
         self.phase = "idle"
-        sd_notify(f"READY=1\nSTATUS=serving on port {self.port}, {self.rounds_done} rounds done")
+        sd_notify(f"READY=1\nSTATUS=serving on port {self.port}, {rounds_done_text(self.rounds_done)}")
         _LOGGER.info("%s", self.describe())
 
     def describe(self) -> str:
@@ -270,19 +282,19 @@ class Node:
             f"node {self.node_id} of fleet {self.config.fleet}: {self.spec.arch_id}, tier {self.tier} "
             f"({self.capacity.decided_by}), serving on port {self.port} "
             f"({'mutual TLS' if self.tls else 'INSECURE plaintext'}), {self.local.description}, "
-            f"{self.rounds_done} rounds done" + (f", resumed from {self.checkpoint_path}" if self.resumed else "")
+            f"{rounds_done_text(self.rounds_done)}" + (f", resumed from {self.checkpoint_path}" if self.resumed else "")
         )
 
     def main_loop(self) -> None:
         while not self.should_exit.is_set():
             if self.config.rounds and self.rounds_done >= self.config.rounds:
-                _LOGGER.info("%d rounds done, stopping", self.rounds_done)
+                _LOGGER.info("%s, stopping", rounds_done_text(self.rounds_done))
                 break
             try:
                 self.run_round(self.rounds_done)
             except Stopped:
-                _LOGGER.info("stopping: round %d abandoned, the checkpoint holds round %d", self.rounds_done,
-                             self.rounds_done - 1)  # fmt: skip
+                _LOGGER.info("stopping: %s abandoned, the checkpoint holds %s", round_label(self.rounds_done),
+                             rounds_done_text(self.rounds_done))  # fmt: skip
                 break
 
     def shutdown(self) -> None:
@@ -455,12 +467,14 @@ class Node:
         }
         if next_round > t + 1:
             record["caught_up_from"], record["caught_up_to"] = t + 1, next_round
-            _LOGGER.info("round %d: peers are ahead; continuing at round %d instead of %d", t, next_round, t + 1)
+            _LOGGER.info("%s: peers are ahead; continuing at %s instead of %s", round_label(t), round_label(next_round),
+                         round_label(t + 1))  # fmt: skip
         horizon = next_round + self.config.staleness  # a lead of a round or two is ordinary asynchrony
         ahead = {k: m.header.round for k, m in sorted(received.items()) if m.header.round > horizon}
         if ahead:
             record["ahead_not_followed"] = ahead  # far ahead of the median of the round's models: not followed
         append_line(self.rounds_log, json.dumps(record))
+        self.metrics.observe_round(record)
         self.beat()
         save_checkpoint(self.checkpoint_path, Checkpoint(self.identity, next_round, new_state))
         self.state, self.rounds_done = new_state, next_round
@@ -483,9 +497,9 @@ class Node:
         self.beat()
         refused_text = f", refused {_count_kinds(refused)}" if refused else ""
         _LOGGER.info(
-            "round %d: %d/%d peers answered%s, accuracy %.1f%% -> %.1f%%, in %.2f MB, out %.2f MB, %.1f s, %.3g J (%s)",
-            t, len(received), len(chosen), refused_text, 100 * acc_before, 100 * acc_after, bytes_in / 1e6,
-            bytes_out / 1e6, energy["duration_s"], energy["total_j"], energy["label"],
+            "%s: %d/%d peers answered%s, accuracy %.1f%% -> %.1f%%, in %.2f MB, out %.2f MB, %.1f s, %.3g J (%s)",
+            round_label(t, self.config.rounds), len(received), len(chosen), refused_text, 100 * acc_before,
+            100 * acc_after, bytes_in / 1e6, bytes_out / 1e6, energy["duration_s"], energy["total_j"], energy["label"],
         )  # fmt: skip
         if not chosen and not self.config.lockstep:
             self.should_exit.wait(IDLE_WITHOUT_PEERS_S)  # nobody found yet: trained locally, keep looking
@@ -533,8 +547,8 @@ class Node:
             }),
         )  # fmt: skip
         _LOGGER.error(
-            "%s; rolled back to the checkpoint of round %d, nothing published (%d of %d in a row)",
-            exc, t - 1, totals.diverged_in_a_row, MAX_DIVERGED_IN_A_ROW,
+            "%s; rolled back to the checkpoint (%s), nothing published (%d of %d in a row)",
+            exc, rounds_done_text(t), totals.diverged_in_a_row, MAX_DIVERGED_IN_A_ROW,
         )  # fmt: skip
         if totals.diverged_in_a_row >= MAX_DIVERGED_IN_A_ROW:
             raise TrainingDiverged(
@@ -730,13 +744,14 @@ class Node:
             "tier": getattr(self, "tier", None),
             "density": getattr(self, "density", None),
             "capacity": self.capacity.to_json() if hasattr(self, "capacity") else None,
-            "round": self.rounds_done,
+            "rounds_done": self.rounds_done,
+            "rounds_planned": self.config.rounds or None,
             "phase": self.phase,
             "heartbeat_age_s": round(age, 1),
             "peers_known": known,
             "peers": self.tracker.to_json(),
-            "accuracy_before": totals.acc_before,
-            "accuracy_after": totals.acc_after,
+            "acc_before": totals.acc_before,
+            "acc_after": totals.acc_after,
             "bytes_in_total": totals.bytes_in,
             "bytes_out_total": self.server_state.served()[1] if hasattr(self, "server_state") else 0,
             "server_refusals": self.server_state.refusals() if hasattr(self, "server_state") else {},

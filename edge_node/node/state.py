@@ -1,5 +1,8 @@
 """The daemon's state directory: its checkpoint, written atomically after every round, and its lock.
 
+The node's effective config is kept beside it (``node-config.toml``, written at start), so that
+``edge-node export`` and ``edge-node report`` need nothing but the state directory.
+
 A checkpoint holds the node's identity (node, fleet, architecture, fleet seed, client index), the
 number of completed rounds, its density, its weights (packed on the training mask) and both masks.
 Nothing else is needed to resume exactly: every random stream is derived from (fleet seed, client
@@ -20,10 +23,12 @@ import torch
 from edge_node.algorithm.dispfl import ClientState
 from edge_node.checkpoint_io import load_payload, pack_weights, save_payload, unpack_weights
 from edge_node.errors import CheckpointError, ConfigError, StorageError
-from edge_node.storage import describe_failure
+from edge_node.storage import atomic_write_text, describe_failure
+from edge_node.tomlconf import to_toml
 
 CHECKPOINT_FILE = "checkpoint.pt"
 LOCK_FILE = "lock"
+NODE_CONFIG_FILE = "node-config.toml"
 FORMAT = "edge-node/node-checkpoint/1"
 
 
@@ -91,6 +96,28 @@ def load_checkpoint(path: Path, expected: Identity, device: torch.device) -> Che
             " the checkpoint away to start over"
         )
     return Checkpoint(found, rounds_done, state)
+
+
+def checkpoint_identity(path: Path) -> Identity | None:
+    """The identity a checkpoint was written by (None when there is none), for tools that only have the state dir.
+
+    Raises:
+        CheckpointError: unreadable or not a node checkpoint.
+    """
+    if not path.exists():
+        return None
+    payload: dict[str, Any] = load_payload(path, what="node checkpoint")
+    if payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an edge-node node checkpoint ({FORMAT})")
+    try:
+        return Identity(**payload["identity"])
+    except (KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path} is damaged ({type(exc).__name__}: {exc})") from exc
+
+
+def save_node_config(state_dir: Path, config: Any) -> None:
+    """The node's effective config as ``STATE_DIR/node-config.toml`` (StorageError when it cannot be written)."""
+    atomic_write_text(state_dir / NODE_CONFIG_FILE, to_toml(config, header="# the config this node last started with"))
 
 
 class StateDirLock:

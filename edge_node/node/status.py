@@ -4,6 +4,9 @@ The daemon answers on a Unix socket in its state directory (``status.sock``, mod
 connects and reads one JSON document. It also writes ``status.json`` atomically after every round, so
 that a stopped or crashed node still shows its last state; a reader of that file is told it is not live
 (``"source": "file"`` and its age).
+
+Round numbers for people count from 1 (docs/ALGORITHM.md, "Terms"): records keep the 0-based index in
+``"round"``, and every line a person reads says ``round N`` (= index N-1) or ``N rounds done``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,18 @@ MAX_STATUS_BYTES = 1 << 20
 _ACCEPT_POLL_S = 0.2
 _SEND_TIMEOUT_S = 2.0
 _UNIX_PATH_MAX = 107  # sun_path is 108 bytes with the terminating NUL
+
+
+def round_label(index: int, total: int | None = None) -> str:
+    """``round 3`` or ``round 3/8`` for the round with 0-based ``index`` 2 (``total``: rounds asked for, 0: none)."""
+    return f"round {index + 1}" + (f"/{total}" if total else "")
+
+
+def rounds_done_text(count: int, planned: int | None = None) -> str:
+    """``1 round done``, ``3 rounds done``, ``3 of 5 rounds done`` (``planned``: rounds asked for, 0: none)."""
+    if planned:
+        return f"{count} of {planned} round{'' if planned == 1 else 's'} done"
+    return f"{count} round{'' if count == 1 else 's'} done"
 
 
 class StatusServer:

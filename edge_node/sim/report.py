@@ -30,7 +30,10 @@ def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
     """The per-round records of a run directory (``rounds.jsonl``)."""
     path = run_dir / ROUNDS_LOG
     if not path.is_file():
-        raise CheckpointError(f"{path} not found: not a simulation run directory or a node's state directory")
+        raise CheckpointError(
+            f"{path} not found: not a run directory (a simulation's output, a node's state dir or a loopback"
+            " fleet's output)"
+        )
     records = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():

@@ -166,6 +166,7 @@ def run_simulation(
     fresh: bool = False,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     on_start: Callable[[SimConfig, list[str]], None] | None = None,
+    on_client: Callable[[int, int, int], None] | None = None,
 ) -> Path:
     """Run (or resume) a simulation into ``config.output``; returns the output directory.
 
@@ -176,7 +177,7 @@ def run_simulation(
     (:meth:`SimConfig.resumed_as`). ``on_start`` gets the settings the run goes on with and notes on what a
     resume adapted (logged as warnings otherwise) once everything checked out; ``on_round`` gets each
     round's record once it is saved. Progress bars are drawn only when ``config.progress`` is set and stderr
-    is a terminal.
+    is a terminal; otherwise ``on_client(round index, clients done, clients)`` follows a round's clients.
     """
     device = resolve_device(config.device)
     model = build_checked_model(config.model, dataset.num_classes, dataset.input_shape, config.seed)
@@ -231,6 +232,7 @@ def run_simulation(
         dense=dense_nnz(model),
         spec=ModelSpec.from_tensors(arch_name(config.model), dataset.num_classes, init_weights),
         accountant=accountant,
+        on_client=on_client,
     )
     state = sim.initial_state() if saved is None else sim.restore(saved)
     if saved is not None:
@@ -344,6 +346,7 @@ class _Sim:
     dense: dict[str, int]
     spec: ModelSpec
     accountant: EnergyAccountant
+    on_client: Callable[[int, int, int], None] | None = None  # progress without bars (a pipe)
     densities: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -629,8 +632,13 @@ class _Sim:
 
     def _client_bar(self, t: int, n: int, items: Sequence[int] | None = None) -> Iterator[int]:
         show = progress_bars_shown(self.config)
-        yield from tqdm(items if items is not None else range(n), desc=f"round {t}", leave=False, disable=not show,
-                        unit="client")  # fmt: skip
+        chosen = items if items is not None else range(n)
+        if not show and self.on_client is not None:
+            for done, i in enumerate(chosen):
+                yield i
+                self.on_client(t, done + 1, len(chosen))
+            return
+        yield from tqdm(chosen, desc=f"round {t + 1}", leave=False, disable=not show, unit="client")
 
     def _record(self, t: int, state: RunState, r: _Round) -> dict[str, Any]:
         config, params = self.config, self.params

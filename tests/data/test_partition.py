@@ -1,4 +1,4 @@
-"""Partition statistics (ALGORITHM.md, "Data partitions"): the reference procedure (default) and the balanced
+"""Partition statistics (docs/ALGORITHM.md, "Data partitions"): the reference procedure (default) and the balanced
 variants of dir and path, per-client test sets, the spec parser."""
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def test_bad_arguments_raise_config_error() -> None:
 def _literal_dir_counts(
     labels: np.ndarray, clients: int, quota: int, alpha: float, rng: np.random.Generator
 ) -> np.ndarray:
-    """ALGORITHM.md's `dir` word for word: per client a Dir(alpha) prior; turn by turn (a shuffled list of
+    """docs/ALGORITHM.md's `dir` word for word: per client a Dir(alpha) prior; turn by turn (a shuffled list of
     the quota slots) a class is drawn from the client's prior and drawn again while it is exhausted."""
     num_classes = int(labels.max()) + 1
     cdf = np.cumsum(rng.dirichlet(np.full(num_classes, alpha), size=clients), axis=1)

@@ -82,7 +82,6 @@ BAD_INVENTORIES = {
     "capacity-zero": (["edge_node_capacity=0"], "node2: edge_node_capacity=0 must be auto or a density in (0, 1]"),
     "capacity-above-one": (["edge_node_capacity=1.5"], "node2: edge_node_capacity=1.5 must be auto"),
     "capacity-word": (["edge_node_capacity=fast"], 'node2: edge_node_capacity="fast" must be auto'),
-    "capacity-not-a-tier": (["edge_node_capacity=0.5"], "node2: edge_node_capacity=0.5 must be auto"),
     "no-fleet-id": (["edge_node_fleet=''"], 'node2: edge_node_fleet="" must be a fleet id'),
     "tls-cert-without-key": (
         ["edge_node_tls=True", "edge_node_tls_cert_file=/etc/ssl/node.pem"],

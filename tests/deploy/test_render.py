@@ -283,3 +283,17 @@ def test_bad_value_fails_the_checks_naming_host_and_variable(case: str, tmp_path
     assert run.returncode != 0, run.stdout[-3000:]
     assert message in run.stdout, run.stdout[-3000:]
     assert not out.exists(), "files were rendered despite a failed check"
+
+
+def test_the_role_turns_on_metrics_and_json_logs(tmp_path: Path) -> None:
+    """edge_node_metrics_listen writes metrics_listen (which the daemon reads back); edge_node_log_format reaches
+    the unit's command line; neither is set by default."""
+    inventory = _inventory(tmp_path, {"pi-kitchen": {"edge_node_metrics_listen": "127.0.0.1:9478",
+                                                     "edge_node_log_format": "json"}})  # fmt: skip
+    result = _render(inventory, tmp_path / "out")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    kitchen, kitchen_unit, _ = _rendered(tmp_path / "out", "pi-kitchen")
+    garage, garage_unit, _ = _rendered(tmp_path / "out", "pi-garage")
+    assert kitchen["metrics_listen"] == "127.0.0.1:9478" and "metrics_listen" not in garage
+    assert _daemon_reads(tmp_path / "out" / "pi-kitchen" / "config.toml")["metrics_listen"] == "127.0.0.1:9478"
+    assert "config.toml --log-format json\n" in kitchen_unit and "config.toml --log-format text\n" in garage_unit

@@ -58,9 +58,9 @@ def test_table_shows_rounds_phases_power_and_source(measured_run: Path, capsys) 
     header = next(line for line in lines if line.startswith("round"))
     for column in ("total J", "train J", "aggregate J", "communicate J", "idle J", "mean W", "modelled J"):
         assert column in header
-    rows = [line.split() for line in lines if line.split()[:1] in (["0"], ["1"], ["2"])]
-    assert len(rows) == 3
-    assert rows[0][:8] == ["0", "measured", "fake-counter", "13.0", "10.0", "0.0", "2.0", "1.0"]
+    rows = [line.split() for line in lines if line.split()[:1] in (["1"], ["2"], ["3"])]
+    assert len(rows) == 3  # rounds 1..3 for people (the records' 0-based 0..2)
+    assert rows[0][:8] == ["1", "measured", "fake-counter", "13.0", "10.0", "0.0", "2.0", "1.0"]
     assert rows[0][9] == "3.25"  # mean power: 13 J / 4 s
     assert "total MEASURED (fake-counter): 39.0 J over 3 round(s), 12.0 s, mean 3.25 W" in out
     assert "MODELLED (not measured)" in out

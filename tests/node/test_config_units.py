@@ -33,7 +33,9 @@ def test_node_id_from_hostname_follows_the_one_rule():
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"capacity": "0.5"}, "capacity='0.5' must be auto or one of the tier densities"),
+        ({"capacity": "0"}, "capacity='0' must be auto (measure; picks a tier: 0.2, 0.4, 0.6, 0.8, 1) or a density"),
+        ({"capacity": "1.5"}, "capacity='1.5' must be auto"),
+        ({"capacity": "fast"}, "capacity='fast' must be auto"),
         ({"model": "lenet"}, "model='lenet' must be one of cnn, resnet18, vgg11"),
         ({"discovery": "static"}, "discovery='static' needs peers"),
         ({"tls_ca": "ca.pem"}, "TLS needs all three"),
@@ -48,6 +50,16 @@ def test_node_id_from_hostname_follows_the_one_rule():
 def test_bad_values_are_named(values, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         build(NodeConfig, {"fleet": "f", **values}, "test")
+
+
+def test_capacity_takes_any_density_as_a_fixed_override():
+    """Setting (i) of the paper, every node at 0.5, runs on a fleet: any density in (0, 1]; its tier is the
+    largest tier density not above it (what TXT and Hello advertise)."""
+    for text, density in (("0.5", 0.5), ("1", 1.0), ("0.05", 0.05), (0.6, 0.6)):
+        assert build(NodeConfig, {"fleet": "f", "capacity": text}, "test").fixed_density == density
+    assert NodeConfig(capacity="auto").fixed_density is None
+    decision = capacity.configured(0.5)
+    assert (decision.density, decision.tier, decision.decided_by) == (0.5, "0.4", "--capacity 0.5")
 
 
 def test_runnable_needs_fleet_and_tls_or_insecure():

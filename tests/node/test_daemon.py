@@ -19,6 +19,7 @@ from edge_node.exit_codes import ExitCode
 from edge_node.models import build_model
 from edge_node.net import PeerServer, create_server
 from edge_node.node.daemon import check_listen_free
+from edge_node.node.status import rounds_done_text
 from edge_node.wire import ModelSpec
 from tests.daemons import QUICK, NodeProcesses, free_ports, read_records, run_cli
 
@@ -84,7 +85,7 @@ def test_sigkill_mid_round_then_resume_from_checkpoint(tmp_path):
         for proc in procs[1:]:
             assert proc.wait(rounds * ROUND_TIMEOUT_S) == 0, proc.log()
     log = restarted.log(200)
-    assert f"{len(kept)} rounds done, resumed from {victim.state_dir / 'checkpoint.pt'}" in log
+    assert f"{rounds_done_text(len(kept))}, resumed from {victim.state_dir / 'checkpoint.pt'}" in log
     records = restarted.records
     assert [r["round"] for r in records] == list(range(rounds))  # each round once: nothing lost, nothing doubled
     assert records[: len(kept)] == kept  # the rounds before the kill are untouched
@@ -141,8 +142,9 @@ def test_export_onnx_agrees_with_torch(tmp_path):
         assert node.wait(ROUND_TIMEOUT_S) == 0, node.log()
     assert (node.state_dir / "model.onnx").stat().st_size > 0  # kept by the daemon for local applications
     out = tmp_path / "exported.onnx"
-    result = run_cli(["export", "--onnx", str(out), "--node-id", "solo", "--state-dir", str(node.state_dir), *args])
+    result = run_cli(["export", "--onnx", str(out), "--state-dir", str(node.state_dir)])  # identity from the checkpoint
     assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].endswith("solo's model after round 1"), result.stdout
     line = result.stdout.splitlines()[-1]
     diff = float(line.split("max |logit difference| ")[1].split(",")[0])
     agreement = float(line.split("top-1 agreement ")[1].rstrip("%"))
@@ -152,6 +154,9 @@ def test_export_onnx_agrees_with_torch(tmp_path):
     session = onnxruntime.InferenceSession(str(node.state_dir / "model.onnx"), providers=["CPUExecutionProvider"])
     logits = session.run(None, {"images": torch.zeros(3, 3, 32, 32).numpy()})[0]
     assert logits.shape == (3, 10)
+    clash = run_cli(["export", "--onnx", str(tmp_path / "x.onnx"), "--state-dir", str(node.state_dir), "--fleet", "b"])
+    assert clash.returncode == int(ExitCode.BAD_INPUT) and "fleet 'test' (this node: 'b')" in clash.stderr
+    assert not (tmp_path / "x.onnx").exists()
 
 
 def test_sigterm_stops_within_5s_with_status_and_notify(tmp_path):
@@ -182,7 +187,7 @@ def test_sigterm_stops_within_5s_with_status_and_notify(tmp_path):
             assert live.returncode == 0, live.stderr
             status = json.loads(live.stdout)
             assert status["source"] == "live" and status["healthy"] and status["node_id"] == "solo"
-            assert status["round"] >= 1 and status["tier"] == "0.4"
+            assert status["rounds_done"] >= 1 and status["tier"] == "0.4" and 0 <= status["acc_after"] <= 1
             time.sleep(0.5)  # inside the next round's training
             started = time.monotonic()
             node.signal(signal.SIGTERM)
@@ -195,7 +200,7 @@ def test_sigterm_stops_within_5s_with_status_and_notify(tmp_path):
     assert stopped_s < 5.0, node.log()
     assert any(m.startswith("READY=1") for m in messages) and "WATCHDOG=1" in messages and "STOPPING=1" in messages
     lines = [line for line in node.log(200).splitlines() if line.strip()]
-    assert any(line.startswith("INFO edge_node.node.daemon: round 0: ") for line in lines), lines
+    assert any(line.startswith("INFO edge_node.node.daemon: round 1: ") for line in lines), lines
     stamped = [line for line in lines if re.match(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d", line)]
     assert not stamped, stamped  # journald stamps lines itself (JOURNAL_STREAM is set)
     gone = run_cli(["status", "--state-dir", str(node.state_dir), "--json"])

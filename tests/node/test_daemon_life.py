@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from edge_node.exit_codes import ExitCode
+from edge_node.node.status import rounds_done_text
 from tests.daemons import EDGE_NODE, QUICK, NodeProcesses, free_ports, read_records
 
 ROUND_TIMEOUT_S = 180
@@ -102,7 +103,7 @@ def test_a_full_disk_is_one_line_exit_4_and_a_restart_resumes(require_root, tmp_
             filler.unlink()
             resumed = nodes.restart(node)
             assert resumed.wait(3 * ROUND_TIMEOUT_S) == 0, resumed.log()
-        assert f"{kept} rounds done, resumed from {state / 'checkpoint.pt'}" in resumed.log(200)
+        assert f"{rounds_done_text(kept)}, resumed from {state / 'checkpoint.pt'}" in resumed.log(200)
         assert [r["round"] for r in resumed.records] == [0, 1, 2]
         assert resumed.records[:kept] == records[:kept]
     finally:

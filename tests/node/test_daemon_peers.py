@@ -61,7 +61,7 @@ def test_a_huge_round_and_3e38_values_move_nothing_next_to_honest_peers(tmp_path
     largest = max(float(v.abs().max()) for v in checkpoint["values"].values())
     assert largest < 100, largest  # the 3e38 model was never aggregated
     status = json.loads((node.state_dir / "status.json").read_text())
-    assert status["discovery_refusals"] == {"other_fleet": 1} and status["round"] == 3
+    assert status["discovery_refusals"] == {"other_fleet": 1} and status["rounds_done"] == 3
 
 
 def _certs(tmp_path: Path, names: list[str]) -> dict[str, list[str]]:
@@ -161,7 +161,7 @@ def test_a_peer_whose_certificate_is_not_its_advertised_fp_is_refused(require_ro
             for proc in advertisers:
                 assert proc.wait_for(lambda lines: any('"started"' in x for x in lines), 120), proc.stderr_lines[-20:]
             args = [*TLS_QUICK, *tls["n0"], "--fleet", FLEET, "--num-clients", "6", "--client-index", "0",
-                    "--capacity", "0.6", "--discovery", "mdns", "--interfaces", "127.0.0.1", "--listen",
+                    "--capacity", "0.6", "--discovery", "mdns", "--interface", "127.0.0.1", "--listen",
                     "127.0.0.1:0", "--neighbours", "2", "--rounds", "3"]  # fmt: skip
             with NodeProcesses() as nodes:
                 node = nodes.start("n0", tmp_path / "n0", args, prefix=["ip", "netns", "exec", ns])
