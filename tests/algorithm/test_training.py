@@ -43,6 +43,39 @@ def test_gradient_norm_clipping_bounds_a_step():
     assert 0 < float(step) <= 1.0 + 1e-4
 
 
+def _reference_steps(model, masks, batches, lr, weight_decay, clip_norm):
+    """The DisPFL authors' local step (my_model_trainer.py, train): torch's SGD with weight decay and no
+    momentum, the gradient norm clipped over every parameter, then the weights multiplied by the mask."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0, weight_decay=weight_decay)
+    model.train()
+    for x, y in batches:
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        optimizer.step()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.mul_(masks[name])
+
+
+@pytest.mark.parametrize("input_scale", [1.0, 50.0])  # 50: every step is clipped
+def test_masked_sgd_takes_the_reference_codes_steps(input_scale):
+    model = build_model("cnn", seed=3)
+    masks = init_masks(read_weights(model), 0.5, torch.Generator().manual_seed(3))
+    start = {n: w * masks[n] for n, w in read_weights(model).items()}  # a model arrives on its mask
+    batches = [(x * input_scale, y) for x, y in _toy_batches(n_batches=4, seed=3)]
+    reference = build_model("cnn", seed=3)
+    load_weights(reference, start)
+    _reference_steps(reference, masks, batches, lr=0.1, weight_decay=5e-4, clip_norm=10.0)
+    load_weights(model, start)
+    train_masked(model, masks, batches, SGDConfig(lr=0.1, weight_decay=5e-4, clip_norm=10.0))
+    ours, theirs = read_weights(model), read_weights(reference)
+    moved = max(float((theirs[n] - start[n]).abs().max()) for n in start)
+    assert moved > 1e-3  # the steps did something
+    for name in ours:
+        assert torch.allclose(ours[name], theirs[name], rtol=0, atol=1e-6 * max(moved, 1.0)), name
+
+
 def test_load_weights_copies_in_place():
     model = build_model("cnn", seed=0)
     ptr = model.fc1.weight.data_ptr()
