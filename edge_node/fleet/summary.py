@@ -183,6 +183,8 @@ def device_table(nodes: list[dict[str, Any]]) -> list[str]:
             f"{cap.get('tier') or '-'} | {cap.get('decided_by') or 'not recorded'} |"
         )
     return lines
+
+
 def plot_panels(axes: list[Any], per_node: dict[str, list[dict[str, Any]]], rounds: list[dict[str, Any]]) -> None:
     """Fill ``axes`` in this order: accuracy per node and the mean against rounds; cumulative MB received
     (solid) and sent (dashed) per node; accuracy against wall time since the first record; joules per round
