@@ -91,6 +91,14 @@ class _LazyGroup(click.Group):
         return items + click.Command.shell_complete(self, ctx, incomplete)
 
 
+def complete_model(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    """Completion of ``--model``: built-in models and installed plug-ins' names (a factory path is free text)."""
+    from edge_node.models import ENTRY_POINT_GROUP, MODEL_NAMES
+    from edge_node.plugins import entry_point_names
+
+    return [name for name in (*MODEL_NAMES, *entry_point_names(ENTRY_POINT_GROUP)) if name.startswith(incomplete)]
+
+
 def set_verbosity(verbose: int) -> None:
     """Log level from a count of ``-v``: warnings only, -v info, -vv debug (on the root logger, stderr)."""
     level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG

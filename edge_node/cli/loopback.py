@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from edge_node.cli._app import app, fail, verbose_option
+from edge_node.cli._app import app, complete_model, fail, verbose_option
 from edge_node.exit_codes import ExitCode
 from edge_node.fleet.config import DEFAULT_OUTPUT, FleetConfig
 
@@ -48,6 +48,7 @@ _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.
 @click.option("--seed", type=int, default=0, show_default=True, help="Fleet seed (initial weights, partition, masks).")
 @click.option(
     "--model",
+    shell_complete=complete_model,
     default="cnn",
     show_default=True,
     help=f"{', '.join(_MODELS)}, an installed plug-in's name or a factory package.module:function.",

@@ -15,7 +15,7 @@ from edge_node.algorithm.masks import MASK_METHODS
 from edge_node.algorithm.prune_regrow import REGROW_RULES
 from edge_node.algorithm.topology import TOPOLOGIES
 from edge_node.api import read_records, run_simulation
-from edge_node.cli._app import app, verbose_option
+from edge_node.cli._app import app, complete_model, verbose_option
 from edge_node.data import DATASET_NAMES, PARTITION_NAMES
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError
@@ -103,6 +103,7 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
 @click.option("--download", is_flag=True, help="Download CIFAR python batches (checksummed) when absent.")
 @click.option(
     "--model",
+    shell_complete=complete_model,
     help=f"Model: {', '.join(MODEL_NAMES)}, an installed plug-in's name or a factory package.module:function "
     f"[default: {_default('model')}].",
 )
