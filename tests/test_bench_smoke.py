@@ -159,3 +159,17 @@ def test_screen_margin_bench_tiny_run(tmp_path: Path):
     (row,) = json.loads(out.read_text())["rounds"]
     assert 1.0 <= row["rms_margin"] < 10 and 1.0 <= row["amax_margin"] < 10 and row["spread"] >= 1.0
     assert "largest honest margin over 1 rounds" in proc.stdout
+
+
+def test_reference_round_bench_tiny_run(tmp_path: Path):
+    out = tmp_path / "ref.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "reference_round.py"), "--dataset", "demo", "--clients", "3", "--neighbours",
+         "1", "--samples-per-client", "40", "--epochs", "1", "--batch-size", "16", "--rounds", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rounds = json.loads(out.read_text())["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1]
+    assert all(0.0 <= r["acc_before_mean"] <= 1.0 and 0.0 <= r["acc_after_mean"] <= 1.0 for r in rounds)
+    assert "round 1: before" in proc.stdout
