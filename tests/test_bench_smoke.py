@@ -183,3 +183,17 @@ def test_hetero_fleet_bench_runs_an_arm_and_the_slowest_tier_after_it(tmp_path: 
     slowest = min(result["auto"]["tiers"].values(), key=float)
     assert set(result["slowest"]["tiers"].values()) == {slowest}  # every node at the auto arm's slowest tier
     assert (out / "hetero.md").read_text().count("| auto | 0 |") == 1 and (out / "hetero.png").exists()
+
+
+def test_reference_round_bench_tiny_run(tmp_path: Path):
+    out = tmp_path / "ref.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "reference_round.py"), "--dataset", "demo", "--clients", "3", "--neighbours",
+         "1", "--samples-per-client", "40", "--epochs", "1", "--batch-size", "16", "--rounds", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rounds = json.loads(out.read_text())["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1]
+    assert all(0.0 <= r["acc_before_mean"] <= 1.0 and 0.0 <= r["acc_after_mean"] <= 1.0 for r in rounds)
+    assert "round 1: before" in proc.stdout
