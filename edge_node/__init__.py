@@ -1,13 +1,65 @@
 """edge-node: decentralized personalized federated learning (DisPFL) on fleets of edge devices.
 
+The public API (docs/API.md), importable from here; names are loaded on first use, so that
+``import edge_node`` stays light (no torch, grpc or zeroconf until a name needs them):
+
+- :func:`run_simulation` (:class:`SimConfig`) runs N clients in one process; :func:`run_node`
+  (:class:`NodeConfig`, :class:`Node`) runs one device's daemon; :func:`read_records` reads the per-round
+  records either writes.
+- :func:`build_checked_model` / :func:`load_dataset` build a model (built-in or a user's factory) and load a
+  data set (built-in or a user's factory) the way the commands do.
+
 Layers, lowest first (a module imports only from its own layer or below; docs/ARCHITECTURE.md): foundations
-(``errors``, ``protocol``, ``seeding``, ``storage``), ``algorithm`` (pure tensor math, one client's round),
-``models``/``data``, ``energy``, ``wire`` (protobuf codec), ``net`` (gRPC, discovery), ``node`` (daemon),
-``sim``/``fleet``, ``cli``.
+(``errors``, ``protocol``, ``seeding``, ``storage``, ``plugins``), ``algorithm`` (pure tensor math, one
+client's round), ``models``/``data``, ``energy``, ``wire`` (protobuf codec), ``net`` (gRPC, discovery),
+``node`` (daemon), ``sim``/``fleet``, ``cli``/``api``.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from edge_node.errors import EdgeNodeError
 
+if TYPE_CHECKING:
+    from edge_node.api import read_records, run_node, run_simulation
+    from edge_node.data import Dataset, load_dataset
+    from edge_node.models import build_checked_model
+    from edge_node.node.config import NodeConfig
+    from edge_node.node.daemon import Node
+    from edge_node.sim.config import SimConfig
+
 __version__ = "0.1.0"
 
-__all__ = ["EdgeNodeError", "__version__"]
+_LAZY = {
+    "Dataset": "edge_node.data",
+    "Node": "edge_node.node.daemon",
+    "NodeConfig": "edge_node.node.config",
+    "SimConfig": "edge_node.sim.config",
+    "build_checked_model": "edge_node.models",
+    "load_dataset": "edge_node.data",
+    "read_records": "edge_node.api",
+    "run_node": "edge_node.api",
+    "run_simulation": "edge_node.api",
+}
+
+__all__ = [
+    "Dataset",
+    "EdgeNodeError",
+    "Node",
+    "NodeConfig",
+    "SimConfig",
+    "__version__",
+    "build_checked_model",
+    "load_dataset",
+    "read_records",
+    "run_node",
+    "run_simulation",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

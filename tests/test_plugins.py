@@ -133,3 +133,20 @@ def test_loopback_refuses_a_bad_model_before_the_fleet_directory_exists(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
     assert not out.exists()
+
+
+def test_a_plugin_model_exports_to_onnx_with_its_own_input_shape(tmp_path: Path):
+    """The daemon's model.onnx and `edge-node export` for a model on feature rows: input (batch, 12)."""
+    from edge_node.data import load_dataset
+    from edge_node.data.batches import ClientData, ImagePool
+    from edge_node.node.export import check_onnx, write_onnx
+
+    data = load_dataset(f"{P}:blobs")
+    model = build_checked_model(f"{P}:tiny_mlp", data.num_classes, data.input_shape)
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    weights["fc1.weight"][:, ::2] = 0.0  # masked positions travel as zeros
+    path = tmp_path / "model.onnx"
+    assert write_onnx(path, model, weights, data.input_shape) > 0
+    client = ClientData.from_indices(ImagePool.from_dataset(data), [0], list(range(60)))
+    check = check_onnx(path, model, weights, client.eval_batches(16))
+    assert check.samples == 60 and check.max_abs_diff < 1e-4 and check.argmax_agreement == 1.0

@@ -117,7 +117,9 @@ def test_setting_ii_with_gradient_regrowth(tmp_path: Path, capsys):
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--model", "resnet50"], "'resnet50' is not one of 'cnn', 'resnet18', 'vgg11'"),
+        (["--model", "resnet50"], "model='resnet50' must be one of cnn, resnet18, vgg11"),
+        (["--model", "no_such_package.nets:mlp"], "model factory 'no_such_package.nets:mlp': no module"),
+        (["--dataset", "no_such_package.rows:load"], "data factory 'no_such_package.rows:load': no module"),
         (["--method", "fedprox"], "'fedprox' is not one of"),
         (["--energy-backend", "foo"], "'foo' is not one of"),
         (["--density", "1.5"], "density=1.5"),
@@ -139,10 +141,10 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, capsys,
 def test_cuda_without_a_gpu_is_refused_before_any_data_is_decoded(tmp_path: Path, capsys, monkeypatch):
     import torch
 
-    import edge_node.cli.simulate as simulate_cli
+    import edge_node.data
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(simulate_cli, "load_dataset", lambda *a, **k: pytest.fail("data decoded before the check"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # edge_node.api.run_simulation loads the data:
+    monkeypatch.setattr(edge_node.data, "load_dataset", lambda *a, **k: pytest.fail("data decoded before the check"))
     out = tmp_path / "never"
     assert run_cli([*SMALL, "--rounds", "1", "--device", "cuda", "--output", str(out)]) == 2
     err = capsys.readouterr().err.strip()
@@ -309,9 +311,10 @@ def test_defaults_fit_a_first_run_and_the_output_pattern_is_the_helps(capsys):
     assert run_cli(["simulate", "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())
     assert "runs/{dataset}-{model}-{method}-{partition}-seed{seed}" in "".join(help_text.split())
-    for listed in ("[cnn|resnet18|vgg11]", "[random|ring|full]", "[gradient|random]", "[cpu|cuda]",
+    for listed in ("[random|ring|full]", "[gradient|random]", "[cpu|cuda]",
                    "[dispfl|dispfl-s2s|local|dpsgd|dpsgd-ft|fedavg|fedavg-ft]", "[auto|nvml|rapl|jetson|rpi5|estimate]",
-                   "[cifar10|cifar100|tiny-imagenet|demo]"):  # fmt: skip
+                   "Model: cnn, resnet18, vgg11, an installed plug-in's name or a factory package.module:function",
+                   "Data set: cifar10, cifar100, tiny-imagenet, demo"):  # fmt: skip
         assert listed in help_text, listed
 
 
