@@ -1,15 +1,20 @@
 """One DisPFL client's round (Dai et al., "DisPFL", ICML 2022, Alg. 1), shared by the simulation and the daemon.
 
-A client's state is its weights and two masks; a round is, in order::
+A client's state is its weights and two masks; a round (:func:`client_round`) is, in order::
 
-    state = aggregate_peers(state, peers)                 # intersection-weighted gossip average
+    accepted = screen(state, offers)                      # the receive-path screen (robust.py)
+    state = aggregate_peers(state, accepted)              # intersection-weighted gossip average
+    acc_before = evaluate(model)                          # the aggregated personal model
     trained = train_local(state, model, batches, t, ...)  # E epochs of masked SGD, divergence checked
+    acc_after = evaluate(model)                           # the trained model (or what ``keep`` kept of it)
     state = update_mask(trained.state, t, ...)            # prune + regrow for the next round
     weights, mask = published(state)                      # what neighbours pull in the next round
 
-The simulation calls these for 100 clients in one process (aggregating all of them from the models
-as they were at the round's start, then training each); a device's daemon calls them for its one
-client with the snapshots it pulled. Randomness comes only from the streams of
+:func:`client_round` is that round, written once: the simulation calls it for each of its clients
+(every client's offers are the models as they were at the round's start), a device's daemon for its
+one client with the snapshots it pulled. What differs between the two (where batches come from, how
+accuracy is measured, energy phases, heartbeat and stop checks, what a screen refusal does to a
+peer's standing) reaches the round as :class:`RoundHooks` callbacks. Randomness comes only from the streams of
 :class:`edge_node.seeding.Stream`, keyed by (fleet seed, client index, round): the same client in
 the simulation and on a device draws the same masks, shuffles, augmentation and regrowth.
 """
@@ -17,8 +22,10 @@ the simulation and on a device draws the same masks, shuffles, augmentation and 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,6 +33,7 @@ from torch import nn
 from edge_node.algorithm.aggregation import aggregate
 from edge_node.algorithm.masks import MASK_METHODS, check_density, init_masks, mask_density
 from edge_node.algorithm.prune_regrow import REGROW_RULES, update_masks
+from edge_node.algorithm.robust import screen_peer_models
 from edge_node.algorithm.schedules import learning_rate, prune_rate
 from edge_node.algorithm.training import (
     Batch,
@@ -43,6 +51,8 @@ from edge_node.seeding import Stream, torch_generator
 TensorDict = Mapping[str, torch.Tensor]
 # (epochs, generator) -> shuffled, augmented mini-batches of the client's local training data.
 BatchSource = Callable[[int, torch.Generator], Iterable[Batch]]
+# (peer id, weights, mask): a peer's published model as it reached this client.
+Offer = tuple[str, TensorDict, TensorDict]
 
 
 @dataclass(frozen=True)
@@ -59,7 +69,10 @@ class DisPFLParams:
     prune_alpha: float = 0.5  # initial prune fraction
     regrow: str = "random"  # "gradient" (the paper, RigL) or "random" (the reference code's scripts)
     mask_init: str = "erk"
-    micro_batch: int = 0  # slices of a batch through the model at once (memory); 0: the whole batch
+    # Slices of a batch through the model at once; 0: the whole batch. 16 keeps a cnn daemon of batch 128
+    # under 400 MB (docs/RESULTS.md) for about 9 % more time per step; the simulation uses the same value so
+    # that a lock-step fleet and ``edge-node simulate`` take the same float steps with no extra flag.
+    micro_batch: int = 16
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "planned_rounds"):
@@ -81,6 +94,12 @@ class DisPFLParams:
             raise ConfigError(f"regrow={self.regrow!r} must be one of {', '.join(REGROW_RULES)}")
         if self.mask_init not in MASK_METHODS:
             raise ConfigError(f"mask_init={self.mask_init!r} must be one of {', '.join(MASK_METHODS)}")
+
+    @classmethod
+    def of(cls, settings: object, **overrides: Any) -> DisPFLParams:
+        """The parameters a config holds under the same names (both configs' one way to build them)."""
+        values = {f.name: getattr(settings, f.name) for f in fields(cls)}
+        return cls(**{**values, **overrides})
 
     def sgd(self, round_index: int) -> SGDConfig:
         """The SGD step settings of round ``round_index`` (decayed learning rate)."""
@@ -215,3 +234,104 @@ def update_mask(
 def published(state: ClientState) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """What neighbours receive: the trained weights and the mask they were trained with (step 5)."""
     return state.weights, state.train_mask
+
+
+@contextmanager
+def _no_phase(_name: str) -> Iterator[None]:
+    yield
+
+
+@dataclass(frozen=True)
+class RoundHooks:
+    """What the caller of :func:`client_round` plugs in: the round's only contact with I/O and clocks.
+
+    Attributes:
+        batches: the client's training batches (a daemon's beat the heartbeat and check for a stop).
+        evaluate: accuracy of ``model`` as loaded, on the client's test data.
+        phase: a context manager around the round's "aggregate" and "train" steps (energy accounting;
+            a daemon's also marks a section a stop signal may interrupt).
+        screened: told ``(accepted ids, {refused id: reason})`` right after the screen, before anything
+            is aggregated (a daemon records its peers' standing here).
+        keep: what the client keeps of its trained model (sparse-to-sparser's further prune); it is
+            evaluated, mask-updated and published instead of the trained state.
+    """
+
+    batches: BatchSource
+    evaluate: Callable[[nn.Module], float]
+    phase: Callable[[str], AbstractContextManager[None]] = _no_phase
+    screened: Callable[[list[str], dict[str, str]], None] | None = None
+    keep: Callable[[ClientState], ClientState] | None = None
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """Accuracy before local training, the training, and accuracy of what the client kept after it."""
+
+    trained: TrainResult
+    kept: ClientState
+    acc_before: float
+    acc_after: float
+
+
+@dataclass(frozen=True)
+class ClientRound:
+    """One client's round: ``state`` is the next state (publish it), with what happened on the way."""
+
+    state: ClientState
+    trained: TrainResult
+    acc_before: float
+    acc_after: float
+    accepted: list[str]
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def evaluate_and_train(
+    state: ClientState, model: nn.Module, round_index: int, params: DisPFLParams, *, seed: int, client: int,
+    hooks: RoundHooks,
+) -> Evaluated:  # fmt: skip
+    """Evaluate ``state``, train it locally, evaluate what the client keeps (the dense baselines' round too).
+
+    Raises:
+        TrainingDiverged: from :func:`train_local`; nothing of the round should be kept.
+    """
+    load_weights(model, state.weights)
+    before = hooks.evaluate(model)
+    trained = train_local(state, model, hooks.batches, round_index, params, seed=seed, client=client)
+    kept = trained.state
+    if hooks.keep is not None:
+        kept = hooks.keep(trained.state)
+        if kept is not trained.state:
+            load_weights(model, kept.weights)
+    return Evaluated(trained, kept, before, hooks.evaluate(model))
+
+
+def client_round(
+    state: ClientState, offers: Sequence[Offer], model: nn.Module, round_index: int, params: DisPFLParams, *,
+    seed: int, client: int, hooks: RoundHooks, screen: bool = True,
+) -> ClientRound:  # fmt: skip
+    """DisPFL's client round (the module docstring): screen, aggregate, evaluate, train, evaluate, update the mask.
+
+    Args:
+        state: the client's state at the round's start; ``offers`` are screened against what it published.
+        offers: the peers' published models, ids distinct.
+        screen: screen the offers first (a device always does; the simulation's ``--no-screen`` skips it).
+
+    Raises:
+        TrainingDiverged: local training diverged; ``state`` is unchanged and nothing should be published.
+    """
+    with hooks.phase("aggregate"):
+        accepted, refused = [peer for peer, _, _ in offers], {}
+        if screen and offers:
+            own_weights, own_mask = published(state)
+            result = screen_peer_models(own_weights, own_mask, offers)
+            accepted, refused = list(result.accepted), dict(result.refused)
+        if hooks.screened is not None:
+            hooks.screened(accepted, refused)
+        models = {peer: (weights, mask) for peer, weights, mask in offers}
+        aggregated = aggregate_peers(state, [models[peer] for peer in accepted])
+    with hooks.phase("train"):
+        done = evaluate_and_train(aggregated, model, round_index, params, seed=seed, client=client, hooks=hooks)
+        new_state = update_mask(
+            done.kept, round_index, params, seed=seed, client=client, gradients=done.trained.gradients
+        )
+    return ClientRound(new_state, done.trained, done.acc_before, done.acc_after, accepted, refused)

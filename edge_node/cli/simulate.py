@@ -125,7 +125,7 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     "--micro-batch",
     type=int,
     help="Send a batch through the model in slices of this many samples, summing their gradients (a device's "
-    "memory; edge-node start's default is 16); 0: the whole batch [default: 0].",
+    f"memory; the same default as edge-node start); 0: the whole batch [default: {_default('micro_batch')}].",
 )
 @click.option("--lr", type=float, help=f"Initial learning rate, x0.998 per round [default: {_default('lr')}].")
 @click.option("--density", type=float, help="DisPFL model density in (0, 1] [default: 0.5; the dense baselines use 1].")

@@ -31,6 +31,7 @@ DEFAULT_PORT = 7878
 DISCOVERY_MODES = ("mdns", "static", "both")
 DEVICES = ("cpu", "cuda")
 VALUE_TYPES = ("float32", "float16", "bfloat16")
+_DISPFL = DisPFLParams()  # the one default of each hyper-parameter of the client round (the simulation's too)
 
 
 def node_id_from_hostname(hostname: str | None = None) -> str:
@@ -92,7 +93,7 @@ class NodeConfig:
     # Rounds.
     neighbours: int = _key(3, "Peers pulled per round.")
     rounds: int = _key(0, "Stop after this many completed rounds (0: run until stopped).")
-    planned_rounds: int = _key(500, "T of the prune schedule.")
+    planned_rounds: int = _key(_DISPFL.planned_rounds, "T of the prune schedule.")
     round_budget_s: float = _key(600.0, "Target seconds per round (capacity rule, lockstep wait).")
     pull_timeout_s: float = _key(60.0, "Longest wait for a round's pulls; the round goes on with what arrived.")
     staleness: int = _key(5, "Drop snapshots more than this many rounds behind this node's round.")
@@ -100,18 +101,19 @@ class NodeConfig:
     # Capacity (DisPFL setting ii).
     capacity: str | float = _key("auto", "auto (measure; picks a tier 0.2 .. 1.0) or a fixed density in (0, 1].")
     # Training.
-    epochs: int = _key(5, "Local epochs per round.")
-    batch_size: int = _key(128, "Training batch size.")
+    epochs: int = _key(_DISPFL.epochs, "Local epochs per round.")
+    batch_size: int = _key(_DISPFL.batch_size, "Training batch size.")
     micro_batch: int = _key(
-        16, "Samples through the model at once; a larger batch's gradient is summed over slices (memory). 0: all."
+        _DISPFL.micro_batch,
+        "Samples through the model at once; a larger batch's gradient is summed over slices (memory). 0: all.",
     )
-    lr: float = _key(0.1, "Initial learning rate (times --lr-decay per round).")
-    lr_decay: float = _key(0.998, "Learning-rate decay per round.")
-    weight_decay: float = _key(5e-4, "Weight decay.")
-    clip_norm: float = _key(10.0, "Gradient-norm clipping.")
-    prune_alpha: float = _key(0.5, "Initial prune fraction of the cosine schedule.")
-    regrow: str = _key("random", "Regrowth: random (reference code) or gradient (paper).")
-    mask_init: str = _key("erk", "Initial mask: erk or uniform.")
+    lr: float = _key(_DISPFL.lr, "Initial learning rate (times --lr-decay per round).")
+    lr_decay: float = _key(_DISPFL.lr_decay, "Learning-rate decay per round.")
+    weight_decay: float = _key(_DISPFL.weight_decay, "Weight decay.")
+    clip_norm: float = _key(_DISPFL.clip_norm, "Gradient-norm clipping.")
+    prune_alpha: float = _key(_DISPFL.prune_alpha, "Initial prune fraction of the cosine schedule.")
+    regrow: str = _key(_DISPFL.regrow, "Regrowth: random (reference code) or gradient (paper).")
+    mask_init: str = _key(_DISPFL.mask_init, "Initial mask: erk or uniform.")
     device: str = _key("cpu", "cpu or cuda.")
     threads: int | None = _key(None, "Torch intra-op threads [default: torch's].")
     # Security.
@@ -241,19 +243,7 @@ class NodeConfig:
 
     def dispfl_params(self) -> DisPFLParams:
         """The shared client round's hyper-parameters."""
-        return DisPFLParams(
-            epochs=self.epochs,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            lr_decay=self.lr_decay,
-            weight_decay=self.weight_decay,
-            clip_norm=self.clip_norm,
-            planned_rounds=self.planned_rounds,
-            prune_alpha=self.prune_alpha,
-            regrow=self.regrow,
-            mask_init=self.mask_init,
-            micro_batch=self.micro_batch,
-        )
+        return DisPFLParams.of(self)
 
 
 def _server_limits(config: NodeConfig) -> ServerLimits:

@@ -2,11 +2,13 @@
 
 Each round (no global barrier: every node keeps its own round counter)::
 
-    communicate  pick up to k live peers at random (skipping peers in backoff), pull their latest
-                 snapshots in parallel with deadlines, drop stale (more than ``staleness`` rounds
-                 behind) or refused ones (see ``edge_node.algorithm.robust``)
-    aggregate    aggregate_peers(state, snapshots)                      (edge_node.algorithm.dispfl)
-    train        accuracy before, train_local, accuracy after, update_mask
+    communicate  pick up to k live peers at random (skipping peers in backoff, ``node/peers.py``), pull
+                 their latest snapshots in parallel with deadlines, drop stale ones (more than
+                 ``staleness`` rounds behind)
+    the round    DisPFL's client round, the one the simulation runs (``algorithm.dispfl.client_round``):
+                 screen the snapshots (``edge_node.algorithm.robust``), aggregate, accuracy before,
+                 train, accuracy after, update the mask; heartbeat, stop checks and energy phases
+                 reach it as callbacks
     then         append the round's record to rounds.jsonl, checkpoint atomically, publish the
                  snapshot (served to peers, advertised over mDNS), write status.json and model.onnx
 
@@ -15,8 +17,9 @@ the upper median of its own and its accepted snapshots' rounds (``catch_up``), s
 refused as stale for ever while one peer claiming round 10^15 moves nobody (it would need as many
 models agreeing as there are others). A diverged round is never published: the
 state stays at the last checkpoint, and three divergences in a row end the daemon (exit 5). With
-``lockstep`` the fleet runs the synchronous algorithm of docs/ALGORITHM.md: a node starts round t once every
-node has published round t, and pulls exactly round t's snapshots of the simulation's seeded neighbours.
+``lockstep`` the fleet runs the synchronous algorithm of docs/ALGORITHM.md (``node/lockstep.py``): a node starts
+round t once every node has published round t, and pulls exactly round t's snapshots of the simulation's
+seeded neighbours.
 
 Stopping (as uvicorn does): the first SIGTERM/SIGINT sets ``should_exit``, which every wait, pull,
 Hello, training and evaluation batch and probe step checks; inside compute-only sections (data loading,
@@ -46,42 +49,29 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from edge_node import __version__
-from edge_node.algorithm import count_correct, load_weights, read_weights, screen_peer_models, tier_name
-from edge_node.algorithm.dispfl import (
-    DisPFLParams,
-    aggregate_peers,
-    published,
-    start,
-    train_local,
-    update_mask,
-)
-from edge_node.algorithm.topology import pick_peers, round_neighbours
+from edge_node.algorithm import count_correct, read_weights, tier_name
+from edge_node.algorithm.dispfl import ClientRound, DisPFLParams, RoundHooks, client_round, published, start
 from edge_node.algorithm.training import Batch
 from edge_node.energy import EnergyAccountant, open_meter
-from edge_node.errors import ConfigError, ListenError, PeerUnreachable, TlsError, TrainingDiverged
+from edge_node.errors import ConfigError, ListenError, TlsError, TrainingDiverged
 from edge_node.models import arch_name, build_checked_model
-from edge_node.net import PeerAddress, PeerServer, TlsConfig, create_server, hello, pull_models
-from edge_node.net.discovery import (
-    Discovery,
-    MdnsDiscovery,
-    PeerInfo,
-    StaticDiscovery,
-    parse_peers,
-    resolve_interfaces,
-)
+from edge_node.net import PeerAddress, PeerServer, TlsConfig, create_server, pull_models
+from edge_node.net.discovery import Discovery, MdnsDiscovery, StaticDiscovery, resolve_interfaces
 from edge_node.net.server import ModelSnapshot, check_fd_limit
 from edge_node.node import capacity
 from edge_node.node.config import NodeConfig
 from edge_node.node.export import ONNX_FILE, write_onnx
 from edge_node.node.local_data import LocalData, load_local_data
+from edge_node.node.lockstep import Lockstep
 from edge_node.node.memory import release_free_memory
 from edge_node.node.metrics import start_metrics
 from edge_node.node.notify import Watchdog, sd_notify, watchdog_interval_s
-from edge_node.node.parallel import Abandoned, run_parallel
-from edge_node.node.peers import PeerTracker
+from edge_node.node.parallel import Stopped
+from edge_node.node.peers import Caller, PeerFinder, PeerTracker
 from edge_node.node.state import (
     CHECKPOINT_FILE,
     Checkpoint,
@@ -102,16 +92,9 @@ ROUNDS_LOG = "rounds.jsonl"
 ENERGY_LOG = "energy.jsonl"
 MAX_DIVERGED_IN_A_ROW = 3
 SERVER_GRACE_S = 1.0  # in-flight transfers get this long at shutdown
-HELLO_TIMEOUT_S = 2.0
-LOCKSTEP_POLL_S = 0.2
 IDLE_WITHOUT_PEERS_S = 1.0  # a node that found nobody pauses this long before its next (local) round
 
-
-HELLO_WORKERS = 8  # Hellos in flight at once (static peers not identified yet, the lock-step barrier)
-
-
-class Stopped(Exception):
-    """The daemon was told to stop: raised inside start-up or a round, which is then dropped."""
+__all__ = ["Node", "Stopped", "catch_up", "check_listen_free", "client_index_of"]
 
 
 def client_index_of(node_id: str) -> int:
@@ -213,11 +196,14 @@ class Node:
         check_fd_limit(config.server_limits())  # raises the soft fd limit; ConfigError if it cannot fit
         self.metrics = start_metrics(config, self.status)  # binds metrics_listen now: a refused start writes nothing
         self._closers.append(self.metrics.close)
-        if config.lockstep and self._lockstep_fleet()[self.client_index][0] != self.node_id:
-            raise ConfigError(
-                f"lockstep: peers entry {self.client_index} (this node's client index) is "
-                f"{self._lockstep_fleet()[self.client_index][0]!r}, not this node {self.node_id!r}"
-            )
+        self.caller = Caller(self.node_id, config.fleet, self.tls, config.insecure)
+        self.lockstep = None
+        if config.lockstep:  # ConfigError when the peers list does not name this node at its client index
+            self.lockstep = Lockstep(
+                self.caller, list(config.peers), client_index=self.client_index, seed=config.seed,
+                neighbours=config.neighbours, round_budget_s=config.round_budget_s, stop=self.should_exit,
+                beat=self.beat,
+            )  # fmt: skip
         if config.discovery in ("mdns", "both"):
             resolve_interfaces(list(config.interfaces) or None)  # ConfigError naming a bad interface, now
         self.status_server = StatusServer(config.state_dir, self.status)  # checks the socket path's length
@@ -263,6 +249,7 @@ class Node:
         self._closers.insert(0, self.accountant.close)
         self._start_server()
         self.discoveries = self._start_discovery()
+        self.peers = PeerFinder(self.caller, self.discoveries, self.tracker, self.should_exit)
         self.status_server.start()
         self._closers.append(self.status_server.stop)
         interval = watchdog_interval_s()
@@ -393,47 +380,38 @@ class Node:
     def run_round(self, t: int) -> None:
         """Run round ``t`` (= rounds done); on success the node has published snapshot ``t + 1``."""
         self.beat()
-        acct = self.accountant
         self.phase = "communicate"
-        with acct.phase("communicate"):
-            if self.config.lockstep:
-                self._wait_for_fleet(t)
-                chosen = self._lockstep_neighbours(t)
+        with self.accountant.phase("communicate"):
+            if self.lockstep is not None:
+                self.lockstep.wait_for(t)
+                chosen = self.lockstep.neighbours(t)
             else:
-                chosen = self._pick_peers(t)
-            received, refused, bytes_in = self._pull(chosen, t)
+                chosen = self.peers.pick(self.config.neighbours, self._peer_rng(t))
+            fresh, refused, bytes_in = self._pull(chosen, t)
         self.beat()
         self._check_stop()
-        snapshots = [(m.weights, m.masks) for m in received.values()]
-        diverged: TrainingDiverged | None = None
-        self.phase = "aggregate"
-        with acct.phase("aggregate"), self.interruptible():
-            aggregated = aggregate_peers(self.state, snapshots)
-        self.beat()
-        self.phase = "train"
-        with acct.phase("train"), self.interruptible():
-            data = self.local.data
-            load_weights(self.model, aggregated.weights)
-            acc_before = self._accuracy()
-            try:
-                trained = train_local(
-                    aggregated, self.model, self._tick_train, t, self.params, seed=self.config.seed,
-                    client=self.client_index,
-                )  # fmt: skip
-            except TrainingDiverged as exc:
-                diverged = exc
-            else:
-                acc_after = self._accuracy()
-                new_state = update_mask(
-                    trained.state, t, self.params, seed=self.config.seed, client=self.client_index,
-                    gradients=trained.gradients,
-                )  # fmt: skip
-        if diverged is not None:
+        received: dict[str, DecodedModel] = {}
+
+        def screened(accepted: list[str], screen_refused: dict[str, str]) -> None:
+            received.update((k, fresh[k]) for k in accepted)
+            refused.update((k, ("screened", reason)) for k, reason in screen_refused.items())
+            self.peers.record({k: m.header.round for k, m in received.items()}, refused)
+
+        hooks = RoundHooks(self._tick_train, lambda _model: self._accuracy(), self._round_phase, screened)
+        offers = [(k, m.weights, m.masks) for k, m in fresh.items()]
+        try:
+            done: ClientRound = client_round(
+                self.state, offers, self.model, t, self.params, seed=self.config.seed, client=self.client_index,
+                hooks=hooks,
+            )  # fmt: skip
+        except TrainingDiverged as diverged:
             self._diverged(t, diverged, chosen, received, refused)  # writes: outside the interruptible section
             return
+        new_state, trained, acc_before, acc_after = done.state, done.trained, done.acc_before, done.acc_after
+        data = self.local.data
         self.beat()
         self._check_stop()
-        energy = acct.close_round(t)
+        energy = self.accountant.close_round(t)
         served_streams, served_bytes = self.server_state.served()
         bytes_out = served_bytes - self._totals.bytes_out
         next_round = catch_up(t, [m.header.round for m in received.values()], lockstep=self.config.lockstep)
@@ -508,6 +486,19 @@ class Node:
         if self.should_exit.is_set():
             raise Stopped
 
+    @contextmanager
+    def _round_phase(self, name: str) -> Iterator[None]:
+        """A step of the client round: shown in status, charged to its energy phase, stoppable at once."""
+        self.phase = name
+        self.beat()
+        with self.accountant.phase(name), self.interruptible():
+            yield
+        self.beat()
+
+    def _peer_rng(self, t: int) -> np.random.Generator:
+        """Round ``t``'s draw of peers (seeded per client and round)."""
+        return numpy_generator(self.config.seed, Stream.PEERS, self.client_index, t)
+
     def _tick_train(self, epochs: int, generator: torch.Generator) -> Iterator[Batch]:
         """Training batches that beat the heartbeat and stop the round when the daemon is told to."""
         return self._tick(self.local.data.train_batches(epochs, generator, self.params.batch_size))
@@ -567,127 +558,18 @@ class Node:
             discovery.update(round=self.rounds_done)
 
     # -- peers --------------------------------------------------------------------------------------
-    def _live_peers(self) -> dict[str, PeerInfo]:
-        """Peers every discovery lists now (not this node), by node id; static placeholders get a Hello.
-
-        The Hellos go out in parallel (at most ``HELLO_WORKERS`` at once, each bounded by
-        ``HELLO_TIMEOUT_S``) and a stop ends the wait at once.
-        """
-        placeholders = [
-            (discovery, peer)
-            for discovery in self.discoveries
-            if isinstance(discovery, StaticDiscovery)
-            for peer in discovery.peers()
-            if peer.node_id == peer.endpoint
-        ]
-        identified: dict[tuple[int, str], PeerInfo] = {}
-        if placeholders:
-            try:
-                answers = run_parallel(
-                    lambda item: self._hello_static(*item), placeholders, workers=HELLO_WORKERS,
-                    stop=self.should_exit, name="hello",
-                )  # fmt: skip
-            except Abandoned:
-                raise Stopped from None
-            identified = {
-                (id(d), p.endpoint): answer for (d, p), answer in zip(placeholders, answers, strict=True) if answer
-            }  # fmt: skip
-        peers: dict[str, PeerInfo] = {}
-        for discovery in self.discoveries:
-            for peer in discovery.peers():
-                if isinstance(discovery, StaticDiscovery) and peer.node_id == peer.endpoint:
-                    found = identified.get((id(discovery), peer.endpoint))
-                    if found is None:
-                        continue  # not identified yet
-                    peer = found
-                if peer.node_id != self.node_id and peer.addresses:
-                    peers.setdefault(peer.node_id, peer)
-        self.tracker.forget_except(set(peers))
-        return peers
-
-    def _hello_static(self, discovery: StaticDiscovery, placeholder: PeerInfo) -> PeerInfo | None:
-        """Learn a static peer's identity from its Hello (None when it does not answer)."""
-        host, port = placeholder.addresses[0], placeholder.port
-        address = PeerAddress(node_id=placeholder.node_id, host=host, port=port)
-        try:
-            reply = hello(
-                address, node_id=self.node_id, fleet_id=self.config.fleet, timeout_s=HELLO_TIMEOUT_S, tls=self.tls,
-                insecure=self.config.insecure,
-            )  # fmt: skip
-        except PeerUnreachable as exc:
-            _LOGGER.debug("static peer %s: %s", placeholder.endpoint, exc)
-            return None
-        peer = PeerInfo(
-            node_id=reply.node_id, addresses=[host], port=port, fleet=reply.fleet_id, arch=reply.arch_id,
-            tier=reply.tier or "unknown", density=reply.density if 0 < reply.density <= 1 else 1.0,
-            round=reply.round, protocol_version=reply.protocol_version, fingerprint=None, last_seen=time.monotonic(),
-        )  # fmt: skip
-        return peer if discovery.record_hello(host, port, peer) else None
-
-    def _pick_peers(self, t: int) -> list[PeerAddress]:
-        live = self._live_peers()
-        eligible = self.tracker.eligible(sorted(live))
-        rng = numpy_generator(self.config.seed, Stream.PEERS, self.client_index, t)
-        chosen = pick_peers(eligible, self.config.neighbours, rng)
-        return [_address(live[node_id], tls=self.tls is not None) for node_id in chosen]
-
-    def _lockstep_fleet(self) -> list[tuple[str, str, int]]:
-        """The fleet in client-index order: (node id, host, port) of each ``peers`` entry (checked by the config)."""
-        return [(p.node_id or "", p.host, p.port) for p in parse_peers(list(self.config.peers))]
-
-    def _lockstep_neighbours(self, t: int) -> list[PeerAddress]:
-        fleet = self._lockstep_fleet()
-        k = min(self.config.neighbours, len(fleet) - 1)
-        lists = round_neighbours("random", len(fleet), k, self.config.seed, t)
-        return [PeerAddress(node_id=fleet[j][0], host=fleet[j][1], port=fleet[j][2]) for j in lists[self.client_index]]
-
-    def _wait_for_fleet(self, t: int) -> None:
-        """Lockstep barrier: wait until every other node has published snapshot ``t`` (bounded, stoppable)."""
-        deadline = time.monotonic() + self.config.round_budget_s
-        waiting = {node_id: (host, port) for node_id, host, port in self._lockstep_fleet() if node_id != self.node_id}
-
-        def published_t(node_id: str) -> bool:
-            host, port = waiting[node_id]
-            try:
-                reply = hello(
-                    PeerAddress(node_id=node_id, host=host, port=port), node_id=self.node_id,
-                    fleet_id=self.config.fleet, timeout_s=HELLO_TIMEOUT_S, tls=self.tls, insecure=self.config.insecure,
-                )  # fmt: skip
-            except PeerUnreachable:
-                return False
-            return reply.has_model and reply.round >= t
-
-        while waiting:
-            names = sorted(waiting)
-            try:
-                ready = run_parallel(published_t, names, workers=HELLO_WORKERS, stop=self.should_exit, name="barrier")
-            except Abandoned:
-                raise Stopped from None
-            for node_id, ok in zip(names, ready, strict=True):
-                if ok:
-                    del waiting[node_id]
-            if not waiting:
-                return
-            self._check_stop()
-            self.beat()
-            if time.monotonic() > deadline:
-                _LOGGER.warning("lockstep: %s not at round %d after %.0f s; going on", sorted(waiting), t,
-                                self.config.round_budget_s)  # fmt: skip
-                return
-            self.should_exit.wait(LOCKSTEP_POLL_S)
-
     def _pull(
         self, chosen: list[PeerAddress], t: int
     ) -> tuple[dict[str, DecodedModel], dict[str, tuple[str, str]], int]:
-        """Pull ``chosen`` in parallel and screen what arrived.
+        """Pull ``chosen`` in parallel; the round's screen comes after, in the client round.
 
-        Returns the snapshots kept, ``(kind, detail)`` for every peer refused (a failed pull, a stale
-        snapshot, or one the screen refused), and the bytes received (refused streams included).
+        Returns the snapshots that arrived and are fresh, ``(kind, detail)`` for every peer refused (a
+        failed pull or a stale snapshot), and the bytes received (refused streams included).
         """
         if not chosen:
             return {}, {}, 0
         self.beat()
-        lockstep = self.config.lockstep
+        lockstep = self.lockstep is not None
         result = pull_models(
             chosen, self.spec, self.config.fleet, node_id=self.node_id, round=t if lockstep else None,
             deadline_s=self.config.round_budget_s if lockstep else self.config.pull_timeout_s,
@@ -704,23 +586,7 @@ class Node:
                 refused[node_id] = ("stale", f"snapshot of round {model.header.round} is {behind} rounds behind")
             else:
                 fresh[node_id] = model
-        weights, mask = published(self.state)
-        screen = screen_peer_models(weights, mask, [(k, m.weights, m.masks) for k, m in fresh.items()])
-        for node_id, reason in screen.refused.items():
-            refused[node_id] = ("screened", reason)
-        received = {k: fresh[k] for k in screen.accepted}
-        for node_id, model in received.items():
-            self.tracker.success(node_id, model.header.round)
-        for node_id, (kind, detail) in refused.items():
-            if kind not in ("stale", "cancelled"):
-                self.tracker.failure(node_id, kind, detail)
-        for discovery in self.discoveries:  # proven peers are never evicted from a bounded table for newcomers
-            for node_id in received:
-                discovery.record_pull(node_id, True)
-            for node_id, (kind, _) in refused.items():
-                if kind != "cancelled":
-                    discovery.record_pull(node_id, kind == "stale")
-        return received, refused, bytes_in
+        return fresh, refused, bytes_in
 
     # -- status -------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -799,12 +665,6 @@ def check_listen_free(listen: str) -> None:
             probe.bind((host, int(port)))
     except OSError as exc:
         raise ListenError(f"cannot listen on {listen!r}: {exc.strerror or exc}") from None
-
-
-def _address(peer: PeerInfo, *, tls: bool) -> PeerAddress:
-    """Where to pull ``peer``; with TLS its certificate must be the one it advertised (mDNS ``fp``), if any."""
-    fingerprint = peer.fingerprint if tls else None
-    return PeerAddress(node_id=peer.node_id, host=peer.addresses[0], port=peer.port, expected_fingerprint=fingerprint)
 
 
 def _refused_json(refused: dict[str, tuple[str, str]]) -> dict[str, dict[str, str]]:

@@ -20,6 +20,10 @@ R = TypeVar("R")
 POLL_S = 0.05
 
 
+class Stopped(Exception):
+    """The daemon was told to stop: raised inside start-up or a round, which is then dropped."""
+
+
 class Abandoned(Exception):
     """``stop`` was set before every call finished; the results so far are in ``results``."""
 

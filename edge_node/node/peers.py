@@ -1,4 +1,10 @@
-"""What a node remembers of each peer: the last pull's result, and a jittered backoff after failures.
+"""A node's peers: who they are, whom a round pulls, and what the node remembers of each.
+
+:class:`PeerFinder` lists the live peers of every discovery (identifying static ``host:port`` entries by
+a Hello), picks a round's peers among those not in backoff, and records what each round's pulls and
+screen made of them, in the one :class:`PeerTracker` and in discovery's tables.
+
+What a node remembers of each peer: the last pull's result, and a jittered backoff after failures.
 
 A peer that failed is skipped until ``retry_after``: ``base * 2**(failures - 1)`` seconds (at most ``max``),
 times a random factor in [0.5, 1.5) so that a fleet does not retry a recovered peer all at once. One
@@ -7,6 +13,7 @@ success clears it. The table is bounded: peers discovery no longer lists are for
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
@@ -14,9 +21,19 @@ from typing import Any
 
 import numpy as np
 
+from edge_node.algorithm.topology import pick_peers
+from edge_node.errors import PeerUnreachable
+from edge_node.net import PeerAddress, PeerHello, TlsConfig, hello
+from edge_node.net.discovery import Discovery, PeerInfo, StaticDiscovery
+from edge_node.node.parallel import Abandoned, Stopped, run_parallel
+
+_LOGGER = logging.getLogger(__name__)
+
 BASE_BACKOFF_S = 2.0
 MAX_BACKOFF_S = 120.0
 MAX_TRACKED = 256
+HELLO_TIMEOUT_S = 2.0
+HELLO_WORKERS = 8  # Hellos in flight at once (static peers not identified yet, the lock-step barrier)
 
 
 @dataclass(frozen=True)
@@ -101,3 +118,113 @@ class PeerTracker:
                 key=lambda r: (r.last_ok is None, r.failures),
             )
             del self._records[victim.node_id]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """This node as the peers it calls see it: what every Hello it sends carries."""
+
+    node_id: str
+    fleet: str
+    tls: TlsConfig | None
+    insecure: bool
+
+    def hello(self, address: PeerAddress) -> PeerHello:
+        """The peer's validated Hello within ``HELLO_TIMEOUT_S``; PeerUnreachable otherwise."""
+        return hello(address, node_id=self.node_id, fleet_id=self.fleet, timeout_s=HELLO_TIMEOUT_S, tls=self.tls,
+                     insecure=self.insecure)  # fmt: skip
+
+
+class PeerFinder:
+    """The live peers of a node's discoveries, the round's pick among them, and their standing after it."""
+
+    def __init__(
+        self, caller: Caller, discoveries: list[Discovery], tracker: PeerTracker, stop: threading.Event
+    ) -> None:
+        self.caller = caller
+        self.discoveries = discoveries
+        self.tracker = tracker
+        self.stop = stop
+
+    def live(self) -> dict[str, PeerInfo]:
+        """Peers every discovery lists now (not this node), by node id; static placeholders get a Hello.
+
+        The Hellos go out in parallel (at most ``HELLO_WORKERS`` at once, each bounded by
+        ``HELLO_TIMEOUT_S``) and a stop ends the wait at once (:class:`Stopped`).
+        """
+        placeholders = [
+            (discovery, peer)
+            for discovery in self.discoveries
+            if isinstance(discovery, StaticDiscovery)
+            for peer in discovery.peers()
+            if peer.node_id == peer.endpoint
+        ]
+        identified: dict[tuple[int, str], PeerInfo] = {}
+        if placeholders:
+            try:
+                answers = run_parallel(
+                    lambda item: self._hello_static(*item), placeholders, workers=HELLO_WORKERS, stop=self.stop,
+                    name="hello",
+                )  # fmt: skip
+            except Abandoned:
+                raise Stopped from None
+            identified = {
+                (id(d), p.endpoint): answer for (d, p), answer in zip(placeholders, answers, strict=True) if answer
+            }  # fmt: skip
+        peers: dict[str, PeerInfo] = {}
+        for discovery in self.discoveries:
+            for peer in discovery.peers():
+                if isinstance(discovery, StaticDiscovery) and peer.node_id == peer.endpoint:
+                    found = identified.get((id(discovery), peer.endpoint))
+                    if found is None:
+                        continue  # not identified yet
+                    peer = found
+                if peer.node_id != self.caller.node_id and peer.addresses:
+                    peers.setdefault(peer.node_id, peer)
+        self.tracker.forget_except(set(peers))
+        return peers
+
+    def _hello_static(self, discovery: StaticDiscovery, placeholder: PeerInfo) -> PeerInfo | None:
+        """Learn a static peer's identity from its Hello (None when it does not answer)."""
+        host, port = placeholder.addresses[0], placeholder.port
+        try:
+            reply = self.caller.hello(PeerAddress(node_id=placeholder.node_id, host=host, port=port))
+        except PeerUnreachable as exc:
+            _LOGGER.debug("static peer %s: %s", placeholder.endpoint, exc)
+            return None
+        peer = PeerInfo(
+            node_id=reply.node_id, addresses=[host], port=port, fleet=reply.fleet_id, arch=reply.arch_id,
+            tier=reply.tier or "unknown", density=reply.density if 0 < reply.density <= 1 else 1.0,
+            round=reply.round, protocol_version=reply.protocol_version, fingerprint=None, last_seen=time.monotonic(),
+        )  # fmt: skip
+        return peer if discovery.record_hello(host, port, peer) else None
+
+    def pick(self, k: int, rng: np.random.Generator) -> list[PeerAddress]:
+        """Up to ``k`` live peers not in backoff, drawn with ``rng``, as addresses to pull."""
+        live = self.live()
+        chosen = pick_peers(self.tracker.eligible(sorted(live)), k, rng)
+        return [_address(live[node_id], tls=self.caller.tls is not None) for node_id in chosen]
+
+    def record(self, accepted: dict[str, int], refused: dict[str, tuple[str, str]]) -> None:
+        """What a round made of its peers: ``accepted`` (id -> snapshot round) and ``(kind, detail)`` refusals.
+
+        A stale or cancelled pull is no fault of the peer (no backoff); proven peers are never evicted
+        from discovery's bounded tables for newcomers.
+        """
+        for node_id, round_index in accepted.items():
+            self.tracker.success(node_id, round_index)
+        for node_id, (kind, detail) in refused.items():
+            if kind not in ("stale", "cancelled"):
+                self.tracker.failure(node_id, kind, detail)
+        for discovery in self.discoveries:
+            for node_id in accepted:
+                discovery.record_pull(node_id, True)
+            for node_id, (kind, _) in refused.items():
+                if kind != "cancelled":
+                    discovery.record_pull(node_id, kind == "stale")
+
+
+def _address(peer: PeerInfo, *, tls: bool) -> PeerAddress:
+    """Where to pull ``peer``; with TLS its certificate must be the one it advertised (mDNS ``fp``), if any."""
+    fingerprint = peer.fingerprint if tls else None
+    return PeerAddress(node_id=peer.node_id, host=peer.addresses[0], port=peer.port, expected_fingerprint=fingerprint)

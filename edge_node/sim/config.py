@@ -10,18 +10,16 @@ from typing import Any
 from edge_node.algorithm.dispfl import DisPFLParams
 from edge_node.algorithm.masks import MASK_METHODS, check_density
 from edge_node.algorithm.prune_regrow import REGROW_RULES
-from edge_node.algorithm.sparse_to_sparser import S2SParams
 from edge_node.algorithm.topology import TOPOLOGIES, check_topology
 from edge_node.data import PartitionSpec, check_dataset_name, parse_partition_spec
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
 from edge_node.models import check_model_name
+from edge_node.sim.methods import METHOD_SETTINGS, REGISTRY, Method, get_method, users_of
 
-# The learning methods of the paper's table: DisPFL (+ DA-DPFL's sparse-to-sparser) and its baselines.
-METHODS = ("dispfl", "dispfl-s2s", "local", "dpsgd", "dpsgd-ft", "fedavg", "fedavg-ft")
-SPARSE_METHODS = frozenset({"dispfl", "dispfl-s2s"})  # the rest train dense models, as in the paper
-DECENTRALISED_METHODS = frozenset({"dispfl", "dispfl-s2s", "dpsgd", "dpsgd-ft"})  # pull from neighbours
-CENTRALISED_METHODS = frozenset({"fedavg", "fedavg-ft"})  # a server samples clients
+# The learning methods (edge_node.sim.methods' registry): DisPFL (+ DA-DPFL's sparse-to-sparser) and its baselines.
+METHODS = tuple(REGISTRY)
+_DISPFL = DisPFLParams()  # the one default of each hyper-parameter of the client round
 SETTINGS = ("i", "ii")
 DEVICES = ("cpu", "cuda")
 # Settings that may change when a run is resumed (the rest must match the checkpoint).
@@ -34,6 +32,9 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "fedavg_clients": 10, "target_density": 0.2, "s2s_stable_threshold": 0.02, "screen": False,
     "micro_batch": 0,
 }  # fmt: skip
+# A resume keeps the saved value of these when the command leaves them at their default (a note says so):
+# they change how a step is computed (memory), not what it computes, and their default changed.
+KEPT_ON_RESUME = ("micro_batch",)
 # Keys config.json holds beyond the fields (derived, written for readers; ignored when the file is read back).
 DERIVED_KEYS = frozenset({"partition_variant"})
 # The run directory when --output is not given (one pattern, for the help text and the code).
@@ -54,25 +55,28 @@ class SimConfig:
     topology: str = "random"
     max_in_degree: int | None = None  # cap on pulls a node serves per round (paper: 10); None = uncapped
     rounds: int = 5  # paper: 500
-    planned_rounds: int | None = None  # T of the cosine prune schedule; None = rounds
-    epochs: int = 5
-    batch_size: int = 128
-    micro_batch: int = 0  # slices of a batch through the model at once (a device's memory); 0: the whole batch
-    lr: float = 0.1
-    lr_decay: float = 0.998  # per round
-    weight_decay: float = 5e-4
-    clip_norm: float = 10.0
-    density: float = 0.5  # DisPFL methods; the dense baselines train at 1.0 whatever is given
+    # T of the cosine prune schedule; None = rounds. Unlike a daemon (DisPFLParams' 500: it runs until
+    # stopped), a simulation knows its last round, where the paper's schedule ends.
+    planned_rounds: int | None = None
+    # The client round's hyper-parameters: DisPFLParams' defaults (planned_rounds above: None = rounds).
+    epochs: int = _DISPFL.epochs
+    batch_size: int = _DISPFL.batch_size
+    micro_batch: int = _DISPFL.micro_batch  # slices of a batch through the model at once; 0: the whole batch
+    lr: float = _DISPFL.lr
+    lr_decay: float = _DISPFL.lr_decay  # per round
+    weight_decay: float = _DISPFL.weight_decay
+    clip_norm: float = _DISPFL.clip_norm
+    density: float = 0.5  # sparse methods; the dense ones train at 1.0 whatever is given
     setting: str = "i"  # "ii": heterogeneous tiers 0.2..1.0, client i gets tier i mod 5
-    mask_init: str = "erk"
-    regrow: str = "random"
-    prune_alpha: float = 0.5
+    mask_init: str = _DISPFL.mask_init
+    regrow: str = _DISPFL.regrow
+    prune_alpha: float = _DISPFL.prune_alpha
     partition: str = "dir:0.3"  # see edge_node.data.partition: dir|dir-reuse|dir-balanced:ALPHA, path|path-balanced:K
     samples_per_client: int | None = None  # quota; None = training set size // clients (paper: 500)
     fedavg_clients: int = 10  # clients a FedAvg server trains per round (paper: 10)
     target_density: float = 0.2  # dispfl-s2s: prune further down to this density, never below (paper: 0.2)
     s2s_stable_threshold: float = 0.02  # dispfl-s2s: a client votes "stable" when s_t <= this (paper: 0.02)
-    screen: bool = True  # DisPFL methods: screen peers' models before aggregating, as a device does (robust.py)
+    screen: bool = True  # DisPFL's methods: screen peers' models before aggregating, as a device does (robust.py)
     seed: int = 0
     device: str = "cpu"
     output: Path | None = None  # None: OUTPUT_PATTERN, filled in on construction
@@ -86,7 +90,7 @@ class SimConfig:
             if value not in choices:
                 raise ConfigError(f"{name.replace('_', ' ')} {value!r} must be one of {', '.join(choices)}")
 
-        choice("method", METHODS)
+        self.method_spec  # noqa: B018 -- checks `method` against the registry (as it is now: tests add to it)
         try:
             check_dataset_name(self.dataset)
             check_model_name(self.model)
@@ -104,15 +108,14 @@ class SimConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
         if self.planned_rounds is not None and self.planned_rounds < 1:
             raise ConfigError(f"planned_rounds={self.planned_rounds} must be at least 1")
-        if self.method not in SPARSE_METHODS:
+        method = self.method_spec
+        if not method.sparse:
             if self.setting == "ii":
-                raise ConfigError(f"setting ii (tiers of densities) is a DisPFL setting; method {self.method} is dense")
+                raise ConfigError(f"setting ii (tiers of densities) is a sparse setting; method {self.method} is dense")
             object.__setattr__(self, "density", 1.0)  # the paper's baselines are dense
         self.dispfl_params()  # the round's own checks: epochs, batch size, lr, decay, clipping, regrow, mask init
-        self.s2s_params()
-        if self.method == "dispfl-s2s" and self.setting == "i" and self.target_density > self.density:
-            raise ConfigError(f"target_density={self.target_density} must not exceed density={self.density}")
-        if self.method in DECENTRALISED_METHODS:
+        method.check(self)
+        if "topology" in method.uses:
             check_topology(self.topology, self.clients, self.neighbours, self.max_in_degree)
         spec = parse_partition_spec(self.partition)
         object.__setattr__(self, "partition", spec.name)  # canonical: "DIR:0.30" and "dir:0.3" are one run
@@ -125,6 +128,11 @@ class SimConfig:
             object.__setattr__(self, "output", default_output(self))
         else:
             object.__setattr__(self, "output", Path(self.output))
+
+    @property
+    def method_spec(self) -> Method:
+        """The registered method this run uses."""
+        return get_method(self.method)
 
     @property
     def run_dir(self) -> Path:
@@ -143,50 +151,20 @@ class SimConfig:
 
     def dispfl_params(self) -> DisPFLParams:
         """The shared client round's hyper-parameters."""
-        return DisPFLParams(
-            epochs=self.epochs,
-            batch_size=self.batch_size,
-            micro_batch=self.micro_batch,
-            lr=self.lr,
-            lr_decay=self.lr_decay,
-            weight_decay=self.weight_decay,
-            clip_norm=self.clip_norm,
-            planned_rounds=self.schedule_rounds,
-            prune_alpha=self.prune_alpha,
-            regrow=self.regrow,
-            mask_init=self.mask_init,
-        )
-
-    def s2s_params(self) -> S2SParams:
-        """DA-DPFL's further-pruning settings (used by ``dispfl-s2s``)."""
-        return S2SParams(target_density=self.target_density, stable_threshold=self.s2s_stable_threshold)
+        return DisPFLParams.of(self, planned_rounds=self.schedule_rounds)
 
     def ignored(self, given: set[str]) -> list[str]:
         """Warnings for settings in ``given`` (field names the user set) that this run does not use."""
         out = []
-        method, topo = self.method, self.topology
-        if "neighbours" in given:
-            if method in ("local", "fedavg", "fedavg-ft"):
-                out.append(f"neighbours is ignored by method {method} (it pulls from no neighbours)")
-            elif topo != "random":
+        method, topo = self.method_spec, self.topology
+        for name in sorted(given & METHOD_SETTINGS - method.uses):
+            out.append(f"{name} is ignored by method {method.name} (used by {', '.join(users_of(name))})")
+        if "topology" in method.uses and topo != "random":
+            if "neighbours" in given:
                 pulls = "its 2 ring neighbours" if topo == "ring" else "every other client"
                 out.append(f"neighbours is ignored with topology {topo} (each client pulls from {pulls})")
-        if "max_in_degree" in given and (topo != "random" or method not in DECENTRALISED_METHODS):
-            out.append("max_in_degree applies to the random topology of decentralised methods only; ignored")
-        if "topology" in given and method not in DECENTRALISED_METHODS:
-            out.append(f"topology is ignored by method {method}")
-        if method not in SPARSE_METHODS:
-            for name in ("density", "regrow", "mask_init", "prune_alpha", "planned_rounds"):
-                if name in given:
-                    out.append(f"{name} is ignored by method {method} (a dense baseline: density 1, no mask updates)")
-        if "fedavg_clients" in given and method not in CENTRALISED_METHODS:
-            out.append(f"fedavg_clients is ignored by method {method}")
-        if "screen" in given and method not in SPARSE_METHODS:
-            out.append(f"screen is ignored by method {method} (the receive-path screen is DisPFL's, as on a device)")
-        if method != "dispfl-s2s":
-            for name in ("target_density", "s2s_stable_threshold"):
-                if name in given:
-                    out.append(f"{name} is ignored by method {method} (dispfl-s2s only)")
+            if "max_in_degree" in given:
+                out.append("max_in_degree applies to the random topology only; ignored")
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -224,9 +202,15 @@ class SimConfig:
             )
         if "screen" not in saved and self.screen != then["screen"]:
             changes["screen"] = then["screen"]
-            if self.method in SPARSE_METHODS:
+            if "screen" in self.method_spec.uses:
                 notes.append("this run was saved before the receive-path screen existed and ran without it; "
                              "resumed without it (--no-screen)")  # fmt: skip
+        for name in KEPT_ON_RESUME:
+            default = next(f.default for f in dataclasses.fields(self) if f.name == name)
+            if getattr(self, name) == default != then[name]:
+                changes[name] = then[name]
+                notes.append(f"this run was saved with {name} {then[name]!r} (the default is {default!r} now); "
+                             f"resumed with it (pass --{name.replace('_', '-')} {then[name]!r} to say so)")  # fmt: skip
         if not changes:
             return self, notes
         return dataclasses.replace(self, **changes), notes

@@ -24,6 +24,7 @@ from typing import Any
 
 from edge_node.data.partition import parse_partition_spec
 from edge_node.errors import CheckpointError
+from edge_node.sim.methods import REGISTRY
 from edge_node.sim.report import CONVENTIONS, headline_accuracy, read_rounds
 from edge_node.storage import atomic_write_text
 
@@ -39,11 +40,7 @@ RUN_COLUMNS = (
 )  # fmt: skip
 DEFAULT_TARGET_FRACTION = 0.8  # rounds-to-target default: this share of a partition's best final accuracy
 NOT_REACHED = "not reached"
-METHOD_ORDER = ("local", "dpsgd", "dpsgd-ft", "fedavg", "fedavg-ft", "dispfl", "dispfl-s2s")  # the paper's rows
-METHOD_LABELS = {
-    "local": "Local", "dpsgd": "D-PSGD", "dpsgd-ft": "D-PSGD-FT", "fedavg": "FedAvg", "fedavg-ft": "FedAvg-FT",
-    "dispfl": "DisPFL", "dispfl-s2s": "DisPFL + sparse-to-sparser",
-}  # fmt: skip
+METHOD_ORDER = tuple(REGISTRY)  # the table's rows: the registry's order (the paper's); unknown methods last
 
 
 @dataclass(frozen=True)
@@ -60,9 +57,12 @@ class Run:
 
     @property
     def label(self) -> str:
-        """The table row: the method, and what sets DisPFL variants apart (setting ii, density)."""
-        label = METHOD_LABELS.get(self.method, self.method)
-        if self.method in ("dispfl", "dispfl-s2s"):
+        """The table row: the method, and what sets a sparse method's runs apart (setting ii, density)."""
+        method = REGISTRY.get(self.method)
+        if method is None:  # a run of a method this version does not have
+            return self.method
+        label = method.label
+        if method.sparse:
             if self.config.get("setting") == "ii":
                 return f"{label} (setting ii)"
             return f"{label} (d={self.config.get('density', 0.5):g})"

@@ -1,6 +1,7 @@
 """One client's round (edge_node.algorithm.dispfl): the steps the simulation and the daemon share."""
 
 import math
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -9,7 +10,9 @@ from edge_node.algorithm import read_weights
 from edge_node.algorithm.dispfl import (
     ClientState,
     DisPFLParams,
+    RoundHooks,
     aggregate_peers,
+    client_round,
     published,
     start,
     train_local,
@@ -124,3 +127,66 @@ def test_state_is_a_plain_record(init):
     assert isinstance(state, ClientState) and state.density == 0.5
     weights, mask = published(state)
     assert weights is state.weights and mask is state.train_mask
+
+
+def _hooks(log, **more):
+    """Hooks that record the order in which the round calls them."""
+
+    @contextmanager
+    def phase(name):
+        log.append(f"enter {name}")
+        yield
+        log.append(f"exit {name}")
+
+    def evaluate(model):
+        log.append("evaluate")
+        return 0.5
+
+    def batches(epochs, generator):
+        log.append("batches")
+        return _batches(epochs, generator)
+
+    return RoundHooks(batches, evaluate, phase, **more)
+
+
+def test_client_round_is_the_steps_in_their_order(init):
+    """The one round both drivers call: screen, aggregate, evaluate, train, evaluate, update the mask; the
+    result equals the steps composed by hand, bitwise, and the hooks are called in that order."""
+    params = DisPFLParams(epochs=1, batch_size=32, lr=0.05, planned_rounds=10, regrow="gradient")
+    me, peer = start(init, 0.5, seed=0, client=0), start(init, 0.3, seed=0, client=1)
+    log: list[str] = []
+    hooks = _hooks(log, screened=lambda accepted, refused: log.append(f"screened {accepted} {refused}"))
+    done = client_round(me, [("p", *published(peer))], build_model("cnn", seed=3), 2, params, seed=0, client=0,
+                        hooks=hooks)  # fmt: skip
+    assert log[:3] == ["enter aggregate", "screened ['p'] {}", "exit aggregate"]
+    assert log[3:5] == ["enter train", "evaluate"] and log[-2:] == ["evaluate", "exit train"]
+    assert done.accepted == ["p"] and done.refused == {} and done.acc_before == done.acc_after == 0.5
+    aggregated = aggregate_peers(me, [published(peer)])
+    trained = train_local(aggregated, build_model("cnn", seed=3), _batches, 2, params, seed=0, client=0)
+    by_hand = update_mask(trained.state, 2, params, seed=0, client=0, gradients=trained.gradients)
+    for k in init:
+        assert torch.equal(done.state.weights[k], by_hand.weights[k])
+        assert torch.equal(done.state.train_mask[k], by_hand.train_mask[k])
+        assert torch.equal(done.state.next_mask[k], by_hand.next_mask[k])
+
+
+def test_client_round_screens_out_a_hostile_model_and_keeps_what_the_hook_keeps(init):
+    params = DisPFLParams(epochs=1, batch_size=32, lr=0.05, planned_rounds=10)
+    me, peer = start(init, 0.5, seed=0, client=0), start(init, 0.5, seed=0, client=1)
+    weights, mask = published(peer)
+    hostile = {k: w * 1e6 for k, w in weights.items()}
+    offers = [("good", weights, mask), ("bad", hostile, mask)]
+    zeroed = []
+
+    def keep(trained: ClientState) -> ClientState:
+        zeroed.append(True)
+        return ClientState({k: torch.zeros_like(w) for k, w in trained.weights.items()}, trained.train_mask,
+                           trained.next_mask, trained.density)  # fmt: skip
+
+    done = client_round(me, offers, build_model("cnn", seed=3), 0, params, seed=0, client=0,
+                        hooks=_hooks([], keep=keep))  # fmt: skip
+    assert done.accepted == ["good"] and set(done.refused) == {"bad"}
+    assert zeroed == [True] and not any(bool(w.any()) for w in done.state.weights.values())  # kept, then published
+    unscreened = client_round(me, offers, build_model("cnn", seed=3), 0, params, seed=0, client=0,
+                              hooks=_hooks([]), screen=False)  # fmt: skip
+    assert unscreened.accepted == ["good", "bad"] and unscreened.refused == {}

@@ -17,9 +17,9 @@ from edge_node.algorithm.sparse_to_sparser import prune_state
 from edge_node.data import load_dataset
 from edge_node.data.batches import ClientData, ImagePool
 from edge_node.models import build_model
-from edge_node.sim import runner
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from edge_node.sim.config import METHODS, SimConfig
+from edge_node.sim.methods import s2s
 from edge_node.sim.runner import RECORD_KEYS, accuracy, partition, run_simulation
 
 TINY = dict(
@@ -131,7 +131,7 @@ def test_sparse_to_sparser_reports_the_pruned_model_the_client_keeps(demo, tmp_p
         return ClientState({k: torch.zeros_like(w) for k, w in pruned.weights.items()}, pruned.train_mask,
                            pruned.next_mask, pruned.density)  # fmt: skip
 
-    monkeypatch.setattr(runner, "prune_state", prune_and_zero)
+    monkeypatch.setattr(s2s, "prune_state", prune_and_zero)
     config = SimConfig(
         method="dispfl-s2s", output=tmp_path / "s2s", density=0.5, target_density=0.2, s2s_stable_threshold=1e9,
         **{**TINY, "rounds": 3},

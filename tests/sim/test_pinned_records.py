@@ -1,11 +1,15 @@
 """Two tiny runs' records, pinned: a change to the shared client round cannot move the simulation silently.
 
-``data/pinned_records.json`` was written by the simulation as it was before the client round moved into
+``data/pinned_records.json`` was first written by the simulation as it was before the client round moved into
 ``edge_node.algorithm.dispfl`` (commit c13fca1), with the settings below; the moved round reproduced it
-exactly. The runs name the partition they were made with, ``dir-balanced:0.3`` (the default ``dir`` became
-the reference code's procedure later). Counts (bytes, FLOPs, densities) must match exactly; accuracies and
-losses up to float noise of another CPU (a change to the algorithm moves them far more). If you change the
-algorithm on purpose, regenerate the file and say why in the commit.
+exactly, and so did ``client_round`` (the round the daemon calls too) at ``micro_batch=0`` (accuracies equal,
+losses within 3e-7 relative). Since ``micro_batch`` has one default for the daemon and the simulation, 16, the
+file holds the records at that default (the slices' float rounding moved setting ii's second-round loss by
+1.5e-4 relative, through gradient regrowth). The runs name the partition they were made with,
+``dir-balanced:0.3`` (the default ``dir`` became the reference code's procedure later). Counts (bytes, FLOPs,
+densities) must match exactly; accuracies and losses up to float noise of another CPU (a change to the
+algorithm moves them far more). If you change the algorithm on purpose, regenerate the file and say why in the
+commit.
 """
 
 import json

@@ -254,8 +254,9 @@ def _as_saved_before_partition_variants(run: Path) -> None:
 def test_a_run_saved_before_partition_variants_resumes_as_the_balanced_one(tmp_path: Path, capsys):
     balanced = [*SMALL, "--partition", "dir-balanced:0.3", "--planned-rounds", "2"]
     straight, old = tmp_path / "straight", tmp_path / "old"
-    assert run_cli([*balanced, "--no-screen", "--rounds", "2", "--output", str(straight)]) == 0
-    assert run_cli([*balanced, "--no-screen", "--rounds", "1", "--output", str(old)]) == 0
+    then = [*balanced, "--no-screen", "--micro-batch", "0"]  # such runs sent whole batches
+    assert run_cli([*then, "--rounds", "2", "--output", str(straight)]) == 0
+    assert run_cli([*then, "--rounds", "1", "--output", str(old)]) == 0
     _as_saved_before_partition_variants(old)
     renamed = tmp_path / "renamed"
     shutil.copytree(old, renamed)
@@ -266,11 +267,12 @@ def test_a_run_saved_before_partition_variants_resumes_as_the_balanced_one(tmp_p
     err = capsys.readouterr().err
     assert "its dir:0.3 was the balanced procedure, resumed as --partition dir-balanced:0.3" in err, err
     assert "ran without it; resumed without it (--no-screen)" in err, err
+    assert "saved with micro_batch 0 (the default is 16 now); resumed with it" in err, err
     assert "(dir-balanced:0.3, balanced partition)" in err
     assert strip_timing(rounds(old)) == strip_timing(rounds(straight))
     written = json.loads((old / "config.json").read_text())
     assert written["partition"] == "dir-balanced:0.3" and written["partition_variant"] == "balanced"
-    assert written["screen"] is False
+    assert written["screen"] is False and written["micro_batch"] == 0
     # Today's name for it resumes too, without a note on the partition
     assert run_cli([*balanced, "--rounds", "2", "--output", str(renamed)]) == 0
     assert "balanced procedure" not in capsys.readouterr().err

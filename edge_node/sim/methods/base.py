@@ -1,0 +1,283 @@
+"""The method seam of the simulation: what a learning method declares, and what every method's round may use.
+
+A method is one instance of a :class:`Method` subclass in one module, listed once in
+:mod:`edge_node.sim.methods` (the registry). The runner, its config and the report read only what the
+method declares here (its density rule, the settings it uses, its headline accuracy and what
+``acc_before``/``acc_after`` mean, its initial state, its round) and never test a method's name.
+
+:class:`SimContext` is what stays fixed over a run and is shared by every method: the one model buffer
+each client's weights are loaded into in turn, the clients' data, the byte and FLOP accounting of the
+records, energy phases and progress bars.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm import tqdm
+
+from edge_node.algorithm import count_correct, nnz_per_tensor, round_training_flops
+from edge_node.algorithm.dense import dense_state
+from edge_node.algorithm.dispfl import ClientState, DisPFLParams, Evaluated, RoundHooks, evaluate_and_train
+from edge_node.algorithm.heterogeneous import client_densities
+from edge_node.algorithm.topology import round_neighbours
+from edge_node.data.batches import Batch, ClientData
+from edge_node.energy import EnergyAccountant
+from edge_node.errors import TrainingDiverged
+from edge_node.wire import ModelSpec, ValueType, encoded_model_size
+
+if TYPE_CHECKING:
+    from edge_node.sim.config import SimConfig
+
+SIM_FLEET_ID = "sim"  # header fields the byte count uses: node ids are client-<i>, a server "server"
+SERVER_ID = "server"
+PAPER_BYTES_PER_VALUE = 4  # the paper's Comm (MB): fp32 values of the received models, 1 MB = 1e6 B
+# Settings only some methods use (a method lists those it uses in ``Method.uses``; the others warn).
+NEIGHBOURHOOD = frozenset({"neighbours", "topology", "max_in_degree"})  # pulls from seeded neighbours
+MASKS = frozenset({"density", "regrow", "mask_init", "prune_alpha", "planned_rounds"})  # trains sparse masks
+
+
+@dataclass
+class RunState:
+    """The state carried from round to round: the method's client models (a server's global model as the
+    one entry for a centralised method), and its own bookkeeping, checkpointed with them."""
+
+    clients: list[ClientState]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RoundResult:
+    """What a method's round produced, per client, before the runner makes it a record.
+
+    ``fields`` holds the values of method-specific record keys (the runner's ``RECORD_KEYS``; null
+    for every method that does not set them).
+    """
+
+    acc_before: list[float]
+    acc_after: list[float] | None
+    losses: list[float]
+    flops: list[float]  # per trained client
+    received: list[int]  # bytes per client
+    sent: list[int]
+    paper_mb: list[float]  # per client
+    server: tuple[int, int, float] | None = None  # (received, sent, paper MB) of a server
+    screen_refused: dict[str, dict[str, str]] | None = None  # client -> peer -> reason (screening methods)
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A learning method of the simulation: its declarations, and its round over all clients.
+
+    Attributes:
+        name: the ``--method`` value and the records' ``method``.
+        label: the row of the report's table.
+        acc_before_is, acc_after_is: what the records' ``acc_before``/``acc_after`` measure (None: not
+            measured; the round returns ``acc_after=None``).
+        headline: "before" or "after": which of the two is the headline accuracy (``acc_mean``).
+        sparse: trains masked models at ``density`` (or setting ii's tiers) and updates the masks;
+            otherwise dense at density 1 (``setting`` ii is refused).
+        uses: the settings of :data:`NEIGHBOURHOOD`, :data:`MASKS` and other methods' own settings that
+            this method reads; giving another one warns that it is ignored.
+        shardable: its round touches client ``i``'s state only through round-start models, so the clients
+            may be split over processes (the sharded runner of issue 22 refuses the others by name).
+    """
+
+    name: str
+    label: str
+    acc_before_is: str
+    acc_after_is: str | None
+    headline: str = "after"
+    sparse: bool = False
+    uses: frozenset[str] = frozenset()
+    shardable: bool = False
+
+    def check(self, config: SimConfig) -> None:
+        """Method-specific checks of ``config`` (ConfigError in one line); the shared ones are SimConfig's."""
+
+    def state_densities(self, ctx: SimContext) -> list[float]:
+        """The density of each entry of ``RunState.clients`` (one per client unless a server holds the model)."""
+        return ctx.densities
+
+    def initial_state(self, ctx: SimContext) -> RunState:
+        """The state before round 0: by default every client dense on the fleet's initial weights."""
+        return RunState([dense_state(ctx.init_weights) for _ in ctx.densities])
+
+    def restore(self, ctx: SimContext, saved: dict[str, Any]) -> RunState:
+        """The state a checkpoint holds (written by :meth:`checkpoint`)."""
+        clients = [
+            ClientState(w, tm, nm, d)
+            for w, tm, nm, d in zip(
+                saved["weights"], saved["train_masks"], saved["next_masks"], self.state_densities(ctx), strict=True
+            )
+        ]
+        return RunState(clients, dict(saved.get("extra") or {}))
+
+    def checkpoint(self, state: RunState) -> dict[str, Any]:
+        """What the checkpoint saves of ``state``: every entry's weights and masks, and ``extra``."""
+        clients = state.clients
+        return {
+            "weights": [c.weights for c in clients],
+            "train_masks": [c.train_mask for c in clients],
+            "next_masks": [c.next_mask for c in clients],
+            "extra": state.extra,
+        }
+
+    def round(self, ctx: SimContext, t: int, state: RunState) -> tuple[RunState, RoundResult]:
+        """Round ``t`` of every client: the new state and the per-client results."""
+        raise NotImplementedError(f"method {self.name} has no round")
+
+
+def accuracy(model: torch.nn.Module, data: ClientData, batch_size: int) -> float:
+    """Top-1 accuracy of ``model`` as it is on the client's test samples."""
+    correct, total = count_correct(model, data.eval_batches(batch_size))
+    return correct / max(total, 1)
+
+
+def stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stderr
+        return False
+
+
+@dataclass
+class SimContext:
+    """What stays fixed over a run's rounds: settings, the shared model buffer, data, accounting."""
+
+    config: SimConfig
+    params: DisPFLParams
+    model: torch.nn.Module  # one module; each client's weights are loaded into it in turn
+    data: list[ClientData]
+    init_weights: dict[str, torch.Tensor]  # the fleet's shared initial weights
+    positions: dict[str, int]
+    dense: dict[str, int]
+    spec: ModelSpec
+    accountant: EnergyAccountant
+    on_client: Callable[[int, int, int], None] | None = None  # progress without bars (a pipe): (t, done, of)
+    densities: list[float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = self.config.clients  # a dense method's config has density 1 and setting i
+        self.densities = client_densities(n) if self.config.setting == "ii" else [self.config.density] * n
+
+    # ----- accounting
+
+    def model_bytes(self, nnz: dict[str, int], node_id: str, t: int) -> int:
+        """Bytes the encoder produces for a model with ``nnz`` active values per tensor, sent by ``node_id``."""
+        total = sum(self.dense.values())
+        return encoded_model_size(
+            self.spec,
+            nnz,
+            ValueType.FLOAT32,
+            node_id=node_id,
+            fleet_id=SIM_FLEET_ID,
+            round=max(t - 1, 0),
+            density=sum(nnz.values()) / total,
+        )
+
+    def traffic(self, t: int, clients: list[ClientState], nbrs: list[list[int]]) -> dict[str, Any]:
+        """Bytes each node receives and sends in round ``t``: what the encoder puts on the wire per pull."""
+        n = len(clients)
+        published_nnz = [nnz_per_tensor(c.train_mask) for c in clients]
+        model_active = [sum(nnz.values()) for nnz in published_nnz]
+        model_bytes = [self.model_bytes(nnz, f"client-{j}", t) for j, nnz in enumerate(published_nnz)]
+        received = [sum(model_bytes[j] for j in nbrs[i]) for i in range(n)]
+        served = [0] * n
+        for i in range(n):
+            for j in nbrs[i]:
+                served[j] += 1
+        sent = [served[j] * model_bytes[j] for j in range(n)]
+        paper_mb = [PAPER_BYTES_PER_VALUE * sum(model_active[j] for j in nbrs[i]) / 1e6 for i in range(n)]
+        return {"received": received, "sent": sent, "paper_mb": paper_mb}
+
+    def training_flops(self, nnz: dict[str, int], samples: int, regrow: bool) -> float:
+        return round_training_flops(
+            self.positions,
+            nnz,
+            self.dense,
+            epochs=self.params.epochs,
+            samples=samples,
+            regrow_batch=self.params.batch_size if regrow else 0,
+        )
+
+    # ----- what a round uses
+
+    def neighbours(self, t: int) -> list[list[int]]:
+        """Whom each client pulls in round ``t`` (the seeded topology a lock-step fleet uses too)."""
+        config = self.config
+        return round_neighbours(
+            config.topology, config.clients, config.neighbours, config.seed, t, config.max_in_degree
+        )
+
+    def sync(self) -> None:
+        """Wait for queued GPU work so energy and time land in the phase that caused them."""
+        device = self.data[0].pool.device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Charge the block's energy to phase ``name``, its GPU work included."""
+        with self.accountant.phase(name):
+            yield
+            self.sync()
+
+    def hooks(self, i: int, **more: Any) -> RoundHooks:
+        """Client ``i``'s :class:`RoundHooks`: its batches, its test accuracy, the run's energy phases."""
+        data, batch_size, eval_batch_size = self.data[i], self.params.batch_size, self.config.eval_batch_size
+
+        def batches(epochs: int, generator: torch.Generator) -> Iterator[Batch]:
+            return data.train_batches(epochs, generator, batch_size)
+
+        return RoundHooks(batches, lambda model: accuracy(model, data, eval_batch_size), self.phase, **more)
+
+    @contextmanager
+    def stopping_on_divergence(self, t: int) -> Iterator[None]:
+        """A diverged client stops the run before round ``t`` is recorded (one line saying so)."""
+        try:
+            yield
+        except TrainingDiverged as exc:
+            raise TrainingDiverged(
+                f"{exc}; the run stops before recording round {t}, earlier rounds are kept; lower --lr"
+            ) from exc
+
+    def evaluate_and_train(self, t: int, i: int, client: ClientState) -> Evaluated:
+        """Client ``i``'s accuracy as it is, its local training, and its accuracy after (dense baselines)."""
+        with self.stopping_on_divergence(t):
+            return evaluate_and_train(
+                client, self.model, t, self.params, seed=self.config.seed, client=i, hooks=self.hooks(i)
+            )
+
+    def train_dense(self, t: int, clients: list[ClientState]) -> tuple[list[ClientState], RoundResult]:
+        """Every client trained locally from ``clients`` (dense, no mask update): the new states and the
+        per-client accuracies, losses and FLOPs of a round that moves no bytes (the caller fills those in)."""
+        trained = list(clients)
+        acc_before, acc_after, losses, flops = [], [], [], []
+        with self.phase("train"):
+            for i in self.client_bar(t, len(clients)):
+                done = self.evaluate_and_train(t, i, clients[i])
+                acc_before.append(done.acc_before)
+                acc_after.append(done.acc_after)
+                losses.append(done.trained.stats.mean_loss)
+                trained[i] = done.kept
+                flops.append(self.training_flops(self.dense, self.data[i].num_train, False))
+        zeros = [0] * len(clients)
+        return trained, RoundResult(acc_before, acc_after, losses, flops, zeros, list(zeros), [0.0] * len(clients))
+
+    def client_bar(self, t: int, n: int, items: Sequence[int] | None = None) -> Iterator[int]:
+        """The round's clients, with a bar on a terminal, else reported to ``on_client`` as each one is done."""
+        show = self.config.progress and stderr_is_tty()
+        chosen = items if items is not None else range(n)
+        if not show and self.on_client is not None:
+            for done, i in enumerate(chosen):
+                yield i
+                self.on_client(t, done + 1, len(chosen))
+            return
+        yield from tqdm(chosen, desc=f"round {t + 1}", leave=False, disable=not show, unit="client")

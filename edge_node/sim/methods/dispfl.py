@@ -1,0 +1,86 @@
+"""DisPFL (Dai et al., ICML 2022): every client runs the shared client round on the models its seeded
+neighbours published at the round's start (:func:`edge_node.algorithm.dispfl.client_round`, the round a
+device's daemon runs too)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from edge_node.algorithm import nnz_per_tensor
+from edge_node.algorithm.dispfl import ClientState, client_round, published, start
+from edge_node.sim.methods.base import MASKS, NEIGHBOURHOOD, Method, RoundResult, RunState, SimContext
+
+_LOGGER = logging.getLogger(__name__)
+Keep = Callable[[ClientState], ClientState]
+
+
+class RoundPlan:
+    """A DisPFL variant's part of one round: what each client keeps of its trained model, its record fields."""
+
+    def keep(self, i: int) -> Keep | None:
+        """What client ``i`` keeps of its trained model (None: all of it; see ``RoundHooks.keep``)."""
+        return None
+
+    def fields(self) -> dict[str, Any]:
+        """The variant's record fields, once every client's round is done."""
+        return {}
+
+
+@dataclass(frozen=True)
+class DisPFL(Method):
+    """Sparse personalised models on each client's own mask, gossiped with the round's neighbours."""
+
+    def initial_state(self, ctx: SimContext) -> RunState:
+        config = ctx.config
+        clients = [start(ctx.init_weights, d, seed=config.seed, client=i, mask_init=config.mask_init)
+                   for i, d in enumerate(ctx.densities)]  # fmt: skip
+        return RunState(clients, self.initial_extra(ctx))
+
+    def initial_extra(self, ctx: SimContext) -> dict[str, Any]:
+        """A variant's own bookkeeping before round 0 (checkpointed in ``RunState.extra``)."""
+        return {}
+
+    def plan(self, ctx: SimContext, t: int, extra: dict[str, Any]) -> RoundPlan:
+        """What a variant adds to round ``t`` (``extra``: the round's copy of the state's bookkeeping)."""
+        return RoundPlan()
+
+    def round(self, ctx: SimContext, t: int, state: RunState) -> tuple[RunState, RoundResult]:
+        config, params = ctx.config, ctx.params
+        at_start = state.clients  # every client aggregates the models as they were at the round's start
+        nbrs = ctx.neighbours(t)
+        traffic = ctx.traffic(t, at_start, nbrs)
+        extra = dict(state.extra)
+        plan = self.plan(ctx, t, extra)
+        clients = list(at_start)
+        acc_before, acc_after, losses, flops = [], [], [], []
+        refused: dict[str, dict[str, str]] = {}
+        for i in ctx.client_bar(t, len(at_start)):
+            offers = [(f"client-{j}", *published(at_start[j])) for j in nbrs[i]]
+            with ctx.stopping_on_divergence(t):
+                done = client_round(
+                    at_start[i], offers, ctx.model, t, params, seed=config.seed, client=i,
+                    hooks=ctx.hooks(i, keep=plan.keep(i)), screen=config.screen,
+                )  # fmt: skip
+            if done.refused:
+                refused[f"client-{i}"] = done.refused
+                for peer, reason in done.refused.items():
+                    _LOGGER.warning("round screen: client-%d refused %s: %s", i, peer, reason)
+            clients[i] = done.state
+            acc_before.append(done.acc_before)
+            acc_after.append(done.acc_after)
+            losses.append(done.trained.stats.mean_loss)
+            flops.append(ctx.training_flops(nnz_per_tensor(done.trained.state.train_mask), ctx.data[i].num_train,
+                                            params.regrow == "gradient"))  # fmt: skip
+        result = RoundResult(acc_before, acc_after, losses, flops, traffic["received"], traffic["sent"],
+                             traffic["paper_mb"], screen_refused=refused if config.screen else None,
+                             fields=plan.fields())  # fmt: skip
+        return RunState(clients, extra), result
+
+
+DISPFL = DisPFL(
+    name="dispfl", label="DisPFL", acc_before_is="aggregated personal model, before local training",
+    acc_after_is="after local training", sparse=True, uses=NEIGHBOURHOOD | MASKS | {"screen"}, shardable=True,
+)  # fmt: skip

@@ -1,0 +1,36 @@
+"""SimConfig: one default per hyper-parameter of the client round (DisPFLParams, shared with the daemon's
+NodeConfig), and a run saved with another micro_batch resumes with what it ran with."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from edge_node.algorithm.dispfl import DisPFLParams
+from edge_node.node.config import NodeConfig
+from edge_node.sim.config import SimConfig
+
+
+def test_both_configs_take_the_client_rounds_defaults_from_one_dataclass():
+    params = DisPFLParams()
+    sim, node = SimConfig().dispfl_params(), NodeConfig().dispfl_params()
+    assert node == params
+    # the one difference: a simulation's prune schedule ends at its own last round (a daemon runs until stopped)
+    assert dataclasses.replace(sim, planned_rounds=params.planned_rounds) == params
+    assert sim.planned_rounds == SimConfig().rounds
+    assert params.micro_batch == 16  # a device's memory, and the lock-step fleet equals the simulation unflagged
+
+
+@pytest.mark.parametrize("saved_micro_batch", [0, None])  # saved with 0, or before the setting existed
+def test_a_run_saved_with_another_micro_batch_resumes_with_it(saved_micro_batch):
+    saved = SimConfig(micro_batch=0).to_json()
+    if saved_micro_batch is None:
+        del saved["micro_batch"]
+    resumed, notes = SimConfig().resumed_as(saved)
+    assert resumed.micro_batch == 0 and resumed.differences(saved) == []
+    assert notes == ["this run was saved with micro_batch 0 (the default is 16 now); resumed with it "
+                     "(pass --micro-batch 0 to say so)"]  # fmt: skip
+    # a value chosen on purpose (not the default) is not overridden: the resume is refused as another setting
+    assert SimConfig(micro_batch=32).resumed_as(saved)[0].differences(saved) == ["micro_batch"]
+    assert SimConfig(micro_batch=0).resumed_as(saved) == (SimConfig(micro_batch=0), [])
