@@ -490,7 +490,7 @@ class _Sim:
             )  # fmt: skip
         except TrainingDiverged as exc:
             raise TrainingDiverged(
-                f"{exc}; the run stops before recording round {t}, earlier rounds are kept; lower --lr"
+                f"{exc}; the run stops before recording round {t + 1}, earlier rounds are kept; lower --lr"
             ) from exc
         return before, trained
 
