@@ -46,8 +46,8 @@ want equality && step cuda_vs_cpu python3 bench/cuda_vs_cpu.py --dataset cifar10
     --neighbours 3 --rounds 3 --epochs 2 --samples-per-client 500 --json "$out/cuda_vs_cpu.json"
 if want cifar10; then
     step cifar10_cuda python3 -m edge_node -v simulate --dataset cifar10 --data-dir "$cifar" --model cnn \
-        --clients 100 --neighbours 10 --epochs 5 --density 0.5 --regrow random --rounds 5 --planned-rounds 30 \
-        --partition dir:0.3 --seed 0 --device cuda --no-progress --fresh --output "$runs/cifar10-cnn-cuda"
+        --clients 100 --neighbours 10 --epochs 5 --batch-size 128 --density 0.5 --regrow random --rounds 5 \
+        --planned-rounds 30 --partition dir:0.3 --seed 0 --device cuda --no-progress --fresh --output "$runs/cifar10-cnn-cuda"
     for f in rounds.jsonl energy.jsonl summary.json; do
         cp "$runs/cifar10-cnn-cuda/$f" "$out/cifar10_cuda_$f" 2>/dev/null
     done

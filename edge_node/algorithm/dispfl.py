@@ -198,7 +198,7 @@ def train_local(
     finite_weights = all_finite(trained)
     if (stats.samples and not math.isfinite(stats.mean_loss)) or not finite_weights:
         raise TrainingDiverged(
-            f"training diverged in round {round_index}: client {client} has loss {stats.mean_loss:.4g}"
+            f"training diverged in round {round_index + 1}: client {client} has loss {stats.mean_loss:.4g}"
             f"{'' if finite_weights else ' and non-finite weights'} (lr={sgd.lr:g})"
         )
     gradients = None

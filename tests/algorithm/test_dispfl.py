@@ -108,7 +108,7 @@ def test_gradient_regrowth_takes_one_more_batch(init):
 def test_divergence_raises_and_leaves_the_state(init):
     params = DisPFLParams(epochs=1, batch_size=32, lr=1e20, planned_rounds=10)
     state = start(init, 0.5, seed=0, client=0)
-    with pytest.raises(TrainingDiverged, match=r"training diverged in round 3: client 0 has loss"):
+    with pytest.raises(TrainingDiverged, match=r"training diverged in round 4: client 0 has loss"):
         train_local(state, build_model("cnn", seed=3), _batches, 3, params, seed=0, client=0)
     assert all(torch.equal(state.weights[k], init[k] * state.train_mask[k]) for k in init)
 

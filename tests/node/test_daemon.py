@@ -231,7 +231,7 @@ def test_divergence_rolls_back_then_exits_5(tmp_path):
     ("args", "file_text", "code", "message"),
     [
         ([], 'fleet = "f"\ninsecure = true\nneighbors = 3\n', ExitCode.BAD_INPUT, "unknown key 'neighbors'"),
-        (["--capacity", "0.5"], None, ExitCode.BAD_INPUT, "capacity='0.5' must be auto or one of"),
+        (["--capacity", "1.5"], None, ExitCode.BAD_INPUT, "capacity='1.5' must be auto (measure; picks a tier"),
         (["--fleet", ""], None, ExitCode.BAD_INPUT, "fleet is required"),
         (["--data", "/nonexistent/data"], None, ExitCode.BAD_INPUT, "no data at /nonexistent/data"),
         (["--tls-ca", "ca.pem"], None, ExitCode.BAD_INPUT, "TLS needs all three"),

@@ -245,7 +245,7 @@ class SimContext:
             yield
         except TrainingDiverged as exc:
             raise TrainingDiverged(
-                f"{exc}; the run stops before recording round {t}, earlier rounds are kept; lower --lr"
+                f"{exc}; the run stops before recording round {t + 1}, earlier rounds are kept; lower --lr"
             ) from exc
 
     def evaluate_and_train(self, t: int, i: int, client: ClientState) -> Evaluated:
