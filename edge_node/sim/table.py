@@ -40,7 +40,9 @@ RUN_COLUMNS = (
 )  # fmt: skip
 DEFAULT_TARGET_FRACTION = 0.8  # rounds-to-target default: this share of a partition's best final accuracy
 NOT_REACHED = "not reached"
-METHOD_ORDER = tuple(REGISTRY)  # the table's rows: the registry's order (the paper's); unknown methods last
+# The table's rows, as the paper's: the dense baselines, then the sparse methods, each in the registry's order
+# (local, dpsgd, dpsgd-ft, fedavg, fedavg-ft, dispfl, dispfl-s2s); methods this version lacks last.
+METHOD_ORDER = tuple(sorted(REGISTRY, key=lambda name: REGISTRY[name].sparse))
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,14 @@ from edge_node.errors import ConfigError
 from edge_node.sim.config import SimConfig
 from edge_node.sim.methods import METHOD_SETTINGS, REGISTRY, Method, RoundResult, RunState, SimContext
 from edge_node.sim.runner import RECORD_KEYS, run_simulation
-from edge_node.sim.table import build_table, read_run
+from edge_node.sim.table import METHOD_ORDER, build_table, read_run
 
 FIELDS = {f.name for f in dataclasses.fields(SimConfig)}
 
 
 def test_every_registered_method_declares_what_the_runner_reads():
-    assert list(REGISTRY) == ["local", "dpsgd", "dpsgd-ft", "fedavg", "fedavg-ft", "dispfl", "dispfl-s2s"]
+    assert list(REGISTRY) == ["dispfl", "dispfl-s2s", "local", "dpsgd", "dpsgd-ft", "fedavg", "fedavg-ft"]
+    assert METHOD_ORDER == ("local", "dpsgd", "dpsgd-ft", "fedavg", "fedavg-ft", "dispfl", "dispfl-s2s")  # rows
     for name, method in REGISTRY.items():
         assert method.name == name and method.label and method.acc_before_is
         assert method.headline in ("before", "after"), name
@@ -52,7 +53,7 @@ def test_a_new_method_is_one_class_and_one_registry_entry(monkeypatch, tmp_path)
     warnings = config.ignored({"density", "fedavg_clients", "neighbours"})
     assert warnings == [
         "density is ignored by method hermit (used by dispfl, dispfl-s2s)",
-        "neighbours is ignored by method hermit (used by dpsgd, dpsgd-ft, dispfl, dispfl-s2s)",
+        "neighbours is ignored by method hermit (used by dispfl, dispfl-s2s, dpsgd, dpsgd-ft)",
     ]
     out = run_simulation(config, load_dataset("demo"))
     (record,) = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
@@ -66,7 +67,7 @@ def test_a_new_method_is_one_class_and_one_registry_entry(monkeypatch, tmp_path)
 
 
 def test_an_unknown_method_or_a_record_key_outside_the_records_is_refused(monkeypatch, tmp_path):
-    with pytest.raises(ConfigError, match="^method 'nope' must be one of local, dpsgd, "):
+    with pytest.raises(ConfigError, match="^method 'nope' must be one of dispfl, dispfl-s2s, local, "):
         SimConfig(method="nope")
 
     @dataclass(frozen=True)

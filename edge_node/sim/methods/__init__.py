@@ -1,4 +1,5 @@
-"""The registry of the simulation's learning methods: one :class:`Method` per name, in the paper's table order.
+"""The registry of the simulation's learning methods: one :class:`Method` per name (``--method`` lists them in
+this order; the report's table puts the dense ones first, as the paper's rows).
 
 Adding a method is one module defining its :class:`Method` (its declarations and its round over all
 clients, see :mod:`edge_node.sim.methods.base`) and one entry here; nothing else names it.
@@ -14,7 +15,7 @@ from edge_node.sim.methods.fedavg import FEDAVG, FEDAVG_FT
 from edge_node.sim.methods.local import LOCAL
 from edge_node.sim.methods.s2s import DISPFL_S2S
 
-REGISTRY: dict[str, Method] = {m.name: m for m in (LOCAL, DPSGD_PLAIN, DPSGD_FT, FEDAVG, FEDAVG_FT, DISPFL, DISPFL_S2S)}
+REGISTRY: dict[str, Method] = {m.name: m for m in (DISPFL, DISPFL_S2S, LOCAL, DPSGD_PLAIN, DPSGD_FT, FEDAVG, FEDAVG_FT)}
 # Settings some method uses and others ignore (warned about when given to one that does not use them).
 METHOD_SETTINGS = frozenset().union(*(m.uses for m in REGISTRY.values()))
 
