@@ -12,7 +12,7 @@ pinned by docs/ALGORITHM.md and by tests: cnn 797,962; resnet18 11,173,962; vgg1
 A user's model is a factory ``factory(num_classes, input_shape) -> nn.Module``, named as
 ``package.module:function`` or registered by an installed package under the entry-point group
 ``edge_node.models``. :func:`build_checked_model` holds it to the contract the rest relies on
-(docs/MODELS.md): no buffers, float32 parameters, the same weights for the same seed, and
+(docs/PLUGINS.md): no buffers, float32 parameters, the same weights for the same seed, and
 ``(B, *input_shape)`` in, ``(B, num_classes)`` logits out.
 """
 

@@ -62,7 +62,24 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
         _fsync_dir(path.parent)
     except (OSError, RuntimeError) as exc:  # torch.save reports a short write as RuntimeError
         tmp.unlink(missing_ok=True)
+        if _interrupted(exc):  # Ctrl-C inside torch.save surfaces as its zip writer's RuntimeError
+            raise KeyboardInterrupt from exc
         raise StorageError(describe_failure(path, exc)) from exc
+    except BaseException:  # an interrupt (or anything else) mid-write: no temp file stays behind
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt caused ``exc`` (in its chain of causes and contexts)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def atomic_write_text(path: Path, text: str) -> None:

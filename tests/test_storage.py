@@ -34,6 +34,34 @@ def test_atomic_write_replaces_or_keeps_the_old_file(tmp_path: Path, monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]  # the .tmp is gone
 
 
+def test_an_interrupt_inside_torch_save_is_an_interrupt_not_a_storage_error(tmp_path: Path):
+    """Ctrl-C while torch.save writes surfaces as its zip writer's RuntimeError ("unexpected pos ..."): a run
+    stopped by SIGINT while it checkpointed exited 4 (storage) instead of 130. The old file stays."""
+    import io
+
+    import torch
+
+    path = tmp_path / "checkpoint.pt"
+    atomic_write_text(path, "old")
+
+    class InterruptedFile(io.RawIOBase):  # the file torch.save writes to; SIGINT's handler raises mid-write
+        def __init__(self, handle: io.BufferedWriter) -> None:
+            self.handle, self.written = handle, 0
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: bytes) -> int:  # type: ignore[override]
+            self.written += len(data)
+            if self.written > 2000:
+                raise KeyboardInterrupt
+            return self.handle.write(data)
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(path, lambda handle: torch.save({"w": torch.zeros(10_000)}, InterruptedFile(handle)))
+    assert path.read_text() == "old" and not path.with_name("checkpoint.pt.tmp").exists()
+
+
 def test_append_line_cuts_a_torn_write_back(tmp_path: Path, monkeypatch):
     log = tmp_path / "rounds.jsonl"
     append_line(log, json.dumps({"round": 0}))

@@ -1,4 +1,4 @@
-"""The lock-step fleet: real daemons running the synchronous algorithm of ALGORITHM.md, round by round.
+"""The lock-step fleet: real daemons running the synchronous algorithm of docs/ALGORITHM.md, round by round.
 
 The fleet is the static ``peers`` list in client-index order (this node included). Round ``t`` starts
 once every other node has published snapshot ``t`` (a barrier of Hellos, bounded by ``round_budget_s``),

@@ -31,6 +31,8 @@ pytestmark = [pytest.mark.deploy, pytest.mark.slow]
 
 STATE_DIR = "/var/lib/edge-node"
 ROUNDS_TIMEOUT_S = 420  # both daemons training on a shared 2-core machine
+PLUGIN_MODEL = "digits-mlp"  # examples/digits_tabular's entry point (edge_node.models)
+PLUGIN_DATASET = "digits_tabular:digits"  # its data factory
 UNTOUCHED_PATHS = ("/opt/edge-node", "/etc/edge-node", STATE_DIR, "/etc/systemd/system/edge-node.service")
 DEPLOY_PLAY = "PLAY [Install, configure and start edge-node"
 # What a host keeps of a deployment after --tags uninstall -e edge_node_purge_state=true, and why. Not the
@@ -197,8 +199,13 @@ def converged(fleet: deploy_hosts.Fleet, tmp_path_factory: pytest.TempPathFactor
         "edge_node_tls": True,  # a fleet CA made on the controller, a certificate per host
         "edge_node_tls_ca_dir": str(tmp / "fleet-ca"),
         "edge_node_health_retries": 60,
-        # A quarter of the built-in demo set per node and one epoch: rounds of seconds, not minutes.
-        "edge_node_dataset": "demo",
+        # A user's own package, as a team deploys it (issue: "their own model and data"): the example's source
+        # folder on the controller, built into a wheel and shipped in the offline wheelhouse with its own
+        # dependencies (scikit-learn); the daemons train its model (entry point) on its data factory.
+        "edge_node_plugin_packages": [str(REPO_ROOT / "examples" / "digits_tabular")],
+        "edge_node_model": PLUGIN_MODEL,
+        "edge_node_dataset": PLUGIN_DATASET,
+        # A quarter of the digits per node and one epoch: rounds of seconds, not minutes.
         "edge_node_num_clients": 4,
         # The rollout is serial (25% of 2 hosts: one at a time): node1 trains alone while node2 installs
         # and is many rounds ahead when node2 starts; node2 continues at node1's round once it has pulled
@@ -276,6 +283,13 @@ def test_converge_starts_a_fleet_that_trades_models_and_second_run_changes_nothi
         if host.name not in traded:
             journal = fleet.ssh(host, "journalctl -u edge-node --no-pager -n 60").stdout
             pytest.fail(f"{host.name}: no round with a model from its peer in {ROUNDS_TIMEOUT_S} s:\n{journal}")
+
+    # The user's model, not a built-in one: the architecture id names the plug-in (status) on both hosts.
+    for host in fleet.hosts:
+        model = _status(fleet, host)["model"]
+        assert model.startswith(f"{PLUGIN_MODEL}/10/"), f"{host.name} trains {model}, not the plug-in's model"
+        config = fleet.ssh(host, "cat /etc/edge-node/config.toml").stdout
+        assert f'model = "{PLUGIN_MODEL}"' in config and f'dataset = "{PLUGIN_DATASET}"' in config, config
 
     tiers = {host.name: {r.get("tier") for r in _rounds(fleet, host)} for host in fleet.hosts}
     assert tiers == {"node1": {"0.8"}, "node2": {"1.0"}}, f"capacities not as in the inventory: {tiers}"

@@ -62,3 +62,29 @@ def test_an_unreachable_node_is_a_row_with_its_reason_and_exit_3(tmp_path: Path)
     assert result.returncode == 3
     row = result.stdout.splitlines()[1]
     assert row.startswith(f"?   127.0.0.1:{port}") and "unreachable" in row and "None" not in row
+
+
+@pytest.mark.netns
+def test_the_fleet_view_finds_the_nodes_over_mdns(tmp_path: Path, require_root: None):
+    """No list, no inventory: ``edge-node fleet`` browses mDNS on a device's bridge (inside one node's namespace)
+    and reads every node's metrics port; ``--fleet`` keeps only that fleet's nodes."""
+    from edge_node.fleet.fleet import METRICS_PORT
+    from edge_node.fleet.netns import run_in_netns
+    from tests.fleet.fleets import EDGE_NODE
+
+    out = tmp_path / "fleet"
+    with Fleet(config(out, nodes=2, rounds=20, metrics=True, netns=True)) as fleet:
+        fleet.start()
+        ids = fleet.config.node_ids
+        wait_until(fleet, lambda: all(len(records(fleet, n)) >= 1 for n in ids), FLEET_TIMEOUT_S, "1 round each")
+        assert fleet.net is not None
+        browse = [*EDGE_NODE, "fleet", "--interface", fleet.net.addresses[0], "--metrics-port", str(METRICS_PORT),
+                  "--timeout", "5", "--json"]  # fmt: skip
+        shown = run_in_netns(fleet.net.namespaces[0], [*browse, "--fleet", "loopback"], timeout_s=90)
+        assert shown.returncode == 0, shown.stderr
+        rows = json.loads(shown.stdout)
+        assert sorted(r["node_id"] for r in rows) == ids and all(r["error"] is None for r in rows), rows
+        assert {r["endpoint"] for r in rows} == {f"{a}:{METRICS_PORT}" for a in fleet.net.addresses}, rows
+        other = run_in_netns(fleet.net.namespaces[0], [*browse, "--fleet", "another-fleet"], timeout_s=90)
+        assert other.returncode == 3 and "no node found" in other.stderr, (other.stdout, other.stderr)
+        fleet.stop()
