@@ -13,6 +13,7 @@ records, energy phases and progress bars.
 from __future__ import annotations
 
 import sys
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -72,7 +73,7 @@ class RoundResult:
 
 
 @dataclass(frozen=True)
-class Method:
+class Method(ABC):
     """A learning method of the simulation: its declarations, and its round over all clients.
 
     Attributes:
@@ -100,6 +101,7 @@ class Method:
 
     def check(self, config: SimConfig) -> None:
         """Method-specific checks of ``config`` (ConfigError in one line); the shared ones are SimConfig's."""
+        return None  # most methods need none beyond SimConfig's
 
     def state_densities(self, ctx: SimContext) -> list[float]:
         """The density of each entry of ``RunState.clients`` (one per client unless a server holds the model)."""
@@ -129,9 +131,9 @@ class Method:
             "extra": state.extra,
         }
 
+    @abstractmethod
     def round(self, ctx: SimContext, t: int, state: RunState) -> tuple[RunState, RoundResult]:
-        """Round ``t`` of every client: the new state and the per-client results."""
-        raise NotImplementedError(f"method {self.name} has no round")
+        """Round ``t`` of every client: the new state and the per-client results (each method's own)."""
 
 
 def accuracy(model: torch.nn.Module, data: ClientData, batch_size: int) -> float:
