@@ -8,10 +8,12 @@ cifar=${1:-../shared/datasets/cifar10-jpeg.tar.gz}
 mkdir -p .device/wheels
 cp "$cifar" .device/cifar10-jpeg.tar.gz
 # The GPU image has torch, numpy, click, tqdm, psutil, pillow, matplotlib and nvidia-ml-py, but maybe an
-# older protobuf than edge_node/v1 was generated for; the wheel is abi3, so any CPython >= 3.10 takes it.
-protobuf=$(.venv/bin/python -c 'import google.protobuf as p; print(p.__version__)')
+# older protobuf than edge_node/v1 was generated for (the wheel is abi3, so any CPython >= 3.10 takes it),
+# and no tomli-w (pure Python), which `edge-node simulate` imports for its TOML config files.
+versions=$(.venv/bin/python -c 'import google.protobuf as p, importlib.metadata as m; print(p.__version__, m.version("tomli-w"))')
+read -r protobuf tomli_w <<<"$versions"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .device/wheels "protobuf==$protobuf"
+    -d .device/wheels "protobuf==$protobuf" "tomli-w==$tomli_w"
 du -sh .device
 echo "now: run (device tool) with carry [\".device\"] and command: bash bench/gpu_session.sh"
