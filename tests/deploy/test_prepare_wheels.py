@@ -54,12 +54,14 @@ def index(tmp_path: Path) -> tuple[Path, Path]:
     return package, index
 
 
-def _fill(package: Path, index: Path, dest: Path, python: str, *extra: str, glibc: str = "2.36") -> dict:
+def _fill(
+    package: Path, index: Path, dest: Path, python: str, *extra: str, glibc: str = "2.36", machine: str = "x86_64"
+) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env["PIP_CONFIG_FILE"] = os.devnull  # this machine's pip.conf (find-links, extra indexes) stays out
     cmd = [
         sys.executable, str(SCRIPT), "wheelhouse", "--wheel", str(package), "--dest", str(dest),
-        "--machine", "x86_64", "--glibc", glibc, "--python", python,
+        "--machine", machine, "--glibc", glibc, "--python", python,
         "--pip-args", f"--no-index --find-links {index}", *extra,
     ]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
@@ -78,6 +80,21 @@ def test_wheelhouse_follows_the_targets_markers_not_the_controllers(index: tuple
     new = _fill(package, idx, tmp_path / "cp312", "3.12")
     assert _names(old) == {"edge_node", "torch", "dep_a", "dep_b", "dep_c", "tomli"}
     assert _names(new) == {"edge_node", "torch", "dep_a", "dep_b"}
+
+
+def test_what_only_the_controllers_cpu_needs_stays_out(index: tuple[Path, Path], tmp_path: Path) -> None:
+    """torch 2.10's CUDA libraries are marked x86_64: pip, judging markers on an x86_64 controller, downloads
+    their aarch64 builds too (3 GB of a 3.2 GB wheelhouse for a Raspberry Pi); the wheelhouse drops them."""
+    package, idx = index
+    _wheel(idx, "torch", "2.98.0", ('cuda-libs; platform_machine == "x86_64"',))
+    _wheel(idx, "cuda-libs", "1.0")
+    pinned = ("--requirement", "torch==2.98.0")
+    arm = _fill(package, idx, tmp_path / "cp311-aarch64", "3.11", *pinned, machine="aarch64")
+    x86 = _fill(package, idx, tmp_path / "cp311-x86_64", "3.11", *pinned)
+    assert _names(arm) == {"edge_node", "torch", "dep_a", "dep_b"}
+    assert _names(x86) == {"edge_node", "torch", "dep_a", "dep_b", "cuda_libs"}
+    with tarfile.open(arm["archive"]) as archive:
+        assert not any(name.startswith("cuda_libs") for name in archive.getnames())
 
 
 def test_excluded_distribution_stays_out_and_same_inputs_change_nothing(

@@ -108,9 +108,17 @@ def test_example_inventory_renders_each_group_and_install_mode(tmp_path: Path) -
     assert (kitchen["neighbours"], garage["neighbours"]) == (3, 5)
 
     # Install modes: the pip command each host would run.
-    assert garage_install["pip"] == [*PIP, "--index-url", "https://pypi.example.org/simple", "edge-node==0.1.0"]
+    # A Pi asks for PyPI's last aarch64 CPU torch (2.10; from 2.11 the aarch64 wheels are CUDA builds).
+    pi_torch = "torch>=2.3,<2.11"
+    assert garage_install["pip"] == [
+        *PIP,
+        "--index-url",
+        "https://pypi.example.org/simple",
+        "edge-node==0.1.0",
+        pi_torch,
+    ]
     wheel_on_host = "/opt/edge-node/wheels/edge_node-0.1.0-py3-none-any.whl"
-    assert kitchen_install["pip"] == [*PIP, wheel_on_host]
+    assert kitchen_install["pip"] == [*PIP, wheel_on_host, pi_torch]
     assert orin_install["pip"] == [*PIP, "--no-index", "--find-links", "/opt/edge-node/wheels", wheel_on_host]
     # A Jetson's wheelhouse leaves PyPI's torch out (the vendor's comes from the system) and is its own.
     assert orin_install["wheelhouse"].endswith("/wheelhouse/cp311-aarch64-glibc2.36-without-torch")
@@ -225,7 +233,7 @@ def test_a_users_package_is_installed_next_to_edge_node_and_the_config_names_its
     _, _, orin_install = _rendered(out, "orin-lab")
     wheel_on_host = "/opt/edge-node/wheels/edge_node-0.1.0-py3-none-any.whl"
     plugin_on_host = "/opt/edge-node/wheels/edge_node_digits_tabular-0.1.0-py3-none-any.whl"
-    assert kitchen_install["pip"] == [*PIP, wheel_on_host, plugin_on_host]
+    assert kitchen_install["pip"] == [*PIP, wheel_on_host, plugin_on_host, "torch>=2.3,<2.11"]
     assert orin_install["pip"] == [*PIP, "--no-index", "--find-links", "/opt/edge-node/wheels", wheel_on_host,
                                    plugin_on_host]  # fmt: skip
     # a wheel rebuilt under the same version is reinstalled by the handler, the user's with edge-node's

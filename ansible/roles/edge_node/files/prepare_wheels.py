@@ -156,8 +156,11 @@ def target_environment(machine: str, python: str) -> dict[str, str]:
     }
 
 
-def missing_for_target(dest: Path, roots: list[str], environment: dict[str, str], exclude: set[str]) -> list[str]:
-    """Requirements that a host of ``environment`` needs and no wheel in ``dest`` provides.
+def _closure(
+    dest: Path, roots: list[str], environment: dict[str, str], exclude: set[str]
+) -> tuple[set[str], list[str]]:
+    """What a host of ``environment`` installs from ``dest``: the wheels it needs, and the requirements
+    that no wheel in ``dest`` provides.
 
     Walks from ``roots`` (requirement strings, or paths of wheels in ``dest``) through the wheels'
     ``Requires-Dist``, evaluating each marker for the target with the extras asked of that distribution.
@@ -174,6 +177,7 @@ def missing_for_target(dest: Path, roots: list[str], environment: dict[str, str]
         if req.marker is None or req.marker.evaluate(environment | {"extra": ""}):
             queue.append(canonical_name(req.name))
             extras.setdefault(queue[-1], set()).update(req.extras)
+    needed: set[str] = set()
     missing: dict[str, str] = {}
     seen: set[tuple[str, frozenset[str]]] = set()
     while queue:
@@ -184,6 +188,7 @@ def missing_for_target(dest: Path, roots: list[str], environment: dict[str, str]
         seen.add(key)
         if name not in wheels:
             continue  # reported by its requirer below
+        needed.add(name)
         for line in _requires_dist(wheels[name]):
             try:
                 req = Requirement(line)
@@ -199,7 +204,23 @@ def missing_for_target(dest: Path, roots: list[str], environment: dict[str, str]
             if dep not in wheels:
                 missing[dep] = str(Requirement(line.split(";", 1)[0]))
             queue.append(dep)
-    return sorted(missing.values())
+    return needed, sorted(missing.values())
+
+
+def missing_for_target(dest: Path, roots: list[str], environment: dict[str, str], exclude: set[str]) -> list[str]:
+    """Requirements that a host of ``environment`` needs and no wheel in ``dest`` provides."""
+    return _closure(dest, roots, environment, exclude)[1]
+
+
+def unneeded_for_target(dest: Path, roots: list[str], environment: dict[str, str], exclude: set[str]) -> list[Path]:
+    """Wheels in ``dest`` that a host of ``environment`` would not install.
+
+    pip download judges markers by the controller: an x86_64 controller filling an aarch64 wheelhouse
+    gets the aarch64 builds of requirements marked ``platform_machine == "x86_64"`` (torch 2.10's CUDA
+    libraries: 3 GB of a 3.2 GB wheelhouse), which the device would receive and never install.
+    """
+    needed = _closure(dest, roots, environment, exclude)[0]
+    return sorted(p for p in dest.glob("*.whl") if _wheel_name(p) not in needed)
 
 
 def fill_wheelhouse(
@@ -230,6 +251,9 @@ def fill_wheelhouse(
     for path in dest.glob("*.whl"):
         if _wheel_name(path) in excluded:
             path.unlink()  # asked for by a dependency: the host has it (the role checked it imports)
+    roots = [*map(str, local), *requirements]
+    for path in unneeded_for_target(dest, roots, target_environment(machine, python), excluded):
+        path.unlink()  # downloaded for the controller's markers, not the target's
     after = {p.name: p.stat().st_mtime_ns for p in dest.glob("*.whl")}
     stamp.write_text(json.dumps({"inputs": inputs, "files": sorted(after)}, indent=1) + "\n")
     # What the host must hold: it compares this with the manifest it kept from the last copy, so an
