@@ -51,6 +51,7 @@ import torch
 
 from edge_node.algorithm.heterogeneous import parse_tier
 from edge_node.errors import ConfigError, ListenError
+from edge_node.net.conn_guard import ConnectionGuard
 from edge_node.net.tls import TlsConfig, warn_insecure
 from edge_node.protocol import MAX_ROUND, check_fleet_id, check_node_id
 from edge_node.wire import (
@@ -110,20 +111,35 @@ class ServerLimits:
     max_streams_per_caller: int = 2
     request_timeout_s: float = 2.0  # a call's request message must arrive within this (seconds)
     max_connections: int = 512  # TCP connections at once, all hosts (grpc core closes more at accept)
+    # TCP connections one host address may hold: beyond it the newest are shut down within
+    # connection_guard_period_s (``conn_guard``), so one host cannot fill max_connections.
+    max_connections_per_host: int = 32
+    connection_guard_period_s: float = 0.2
     max_streams_per_connection: int = 8  # HTTP/2 streams one connection may open at once
     handshake_timeout_s: float = 5.0  # a new connection's TLS/HTTP/2 setup must finish within this
     connection_idle_s: float = 30.0  # a connection without a call for this long is closed
+    # Every connection ends in bounded time, whatever its calls do (grpc core enforces both): at
+    # max_connection_age_s (+-10 % jitter) the server sends GOAWAY (new calls go to a new connection),
+    # and connection_age_grace_s later it closes the connection, ending every stream still on it.
+    # This is the time bound on a model stream whose reader stops reading (flow control holds the
+    # write; nothing in Python can end such a call). A pull must finish within age + grace.
+    max_connection_age_s: float = 60.0
+    connection_age_grace_s: float = 60.0
 
     def __post_init__(self) -> None:
         integers = (
             "max_request_bytes", "max_concurrent_rpcs", "max_calls_per_host", "max_streams_per_caller",
-            "max_connections", "max_streams_per_connection",
+            "max_connections", "max_streams_per_connection", "max_connections_per_host",
         )  # fmt: skip
         for name in integers:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
-        for name in ("request_timeout_s", "handshake_timeout_s", "connection_idle_s"):
+        seconds = (
+            "request_timeout_s", "handshake_timeout_s", "connection_idle_s", "max_connection_age_s",
+            "connection_age_grace_s", "connection_guard_period_s",
+        )  # fmt: skip
+        for name in seconds:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
                 raise ValueError(f"{name}={value!r} must be a number of seconds in (0, 86400]")
@@ -167,7 +183,7 @@ class _Published:
 
 REFUSAL_KINDS = (
     "bad-request", "protocol", "fleet", "arch", "identity", "not-ready", "gone", "busy",
-    "host-busy", "server-busy", "slow-request",
+    "host-busy", "server-busy", "slow-request", "host-connections",
 )  # fmt: skip
 _LOG_EVERY_S = 10.0  # a refusal kind is logged once per host per this long
 _QUIET_KINDS = ("not-ready", "busy")  # expected in lock-step fleets: logged at INFO, the rest at WARNING
@@ -242,6 +258,7 @@ class PeerServer:
         self._refusals: collections.Counter[str] = collections.Counter()
         self._served_bytes = 0  # model stream bytes handed to gRPC, all callers
         self._served_streams = 0  # GetModel streams answered (complete or not)
+        self._unfinished = 0  # of them, ended before their last message was written
         self._limits = ServerLimits()  # set by rpc_handler (create_server passes its limits)
 
     @property
@@ -317,16 +334,16 @@ class PeerServer:
                 self._snapshots.popleft()
             self._tier = published.tier
 
-    def _count(self, kind: str) -> None:
-        with self._lock:
-            self._refusals[kind] += 1
-
     def _refuse(self, context: grpc.ServicerContext, kind: str, code: grpc.StatusCode, reason: str) -> NoReturn:
         """Count and log a refusal, then raise it for the call's coroutine to send."""
-        self._count(kind)
-        host = _caller_host(context)
+        self._note(kind, _caller_host(context), context.peer(), reason)
+        raise _Refusal(code, reason)
+
+    def _note(self, kind: str, host: str, who: str, reason: str, n: int = 1) -> None:
+        """Count ``n`` refusals of ``kind`` and log one line per (kind, host) per ``_LOG_EVERY_S``."""
         now = time.monotonic()
         with self._lock:  # one line per (kind, host) per _LOG_EVERY_S: a flood of calls is not a flood of logs
+            self._refusals[kind] += n
             last = self._logged.get((kind, host))
             quiet = last is not None and now - last < _LOG_EVERY_S
             if not quiet:
@@ -335,9 +352,13 @@ class PeerServer:
                 self._logged[(kind, host)] = now
         if not quiet:
             log = _LOGGER.info if kind in _QUIET_KINDS else _LOGGER.warning
-            log("refused %s call from %s: %s (more from this host within %g s: counted only)", kind, context.peer(),
+            log("refused %s call from %s: %s (more from this host within %g s: counted only)", kind, who,
                 reason, _LOG_EVERY_S)  # fmt: skip
-        raise _Refusal(code, reason)
+
+    def connections_cut(self, host: str, n: int) -> None:
+        """Count (``host-connections``) and log connections of ``host`` shut down beyond its cap."""
+        reason = f"{n} connection(s) beyond the host's cap of {self._limits.max_connections_per_host} shut down"
+        self._note("host-connections", host, host, reason, n)
 
     def _admit(self, context: grpc.ServicerContext) -> str:
         """Count a new call against its host and the server (before its request); refuse beyond the caps."""
@@ -410,10 +431,22 @@ class PeerServer:
             self._leave(host)
 
     async def _send(self, published: _Published, context: grpc.aio.ServicerContext) -> None:
-        for message in published.messages:
-            await context.write(message)
-            with self._lock:
-                self._served_bytes += len(message)
+        sent = 0
+        try:
+            for message in published.messages:
+                await context.write(message)
+                sent += 1
+                with self._lock:
+                    self._served_bytes += len(message)
+        finally:
+            if sent < len(published.messages):  # the reader left, was cancelled or cut at the connection's age
+                with self._lock:
+                    self._unfinished += 1
+
+    def unfinished_streams(self) -> int:
+        """GetModel streams that ended before their last message was written (any cause)."""
+        with self._lock:
+            return self._unfinished
 
     def _check_caller(self, context: grpc.ServicerContext, claimed: str, *, required: bool) -> str:
         """The caller's name: with TLS the one its certificate and request agree on, else its host address.
@@ -565,6 +598,15 @@ class _Server(grpc.Server):
         self._thread = threading.Thread(target=self._run, name="edge-node-grpc", daemon=True)
         self._thread.start()
         self._inner: grpc.aio.Server = self._call(self._build(limits, peer))
+        self._limits, self._peer = limits, peer
+        self._guard: ConnectionGuard | None = None
+
+    def guard(self, port: int) -> None:
+        """Cap every host's connections to ``port`` (started with the server)."""
+        limits = self._limits
+        self._guard = ConnectionGuard(
+            port, limits.max_connections_per_host, self._peer.connections_cut, period_s=limits.connection_guard_period_s
+        )
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -604,9 +646,13 @@ class _Server(grpc.Server):
 
     def start(self) -> None:
         self._call(self._inner.start())
+        if self._guard is not None:
+            self._guard.start()
 
     def stop(self, grace: float | None) -> threading.Event:
         """Stop serving (calls in flight get ``grace`` seconds), then end the loop thread; set when done."""
+        if self._guard is not None:
+            self._guard.stop()
         if not self._stopped.is_set() and self._loop.is_running():
             done = asyncio.run_coroutine_threadsafe(self._inner.stop(grace), self._loop)
             done.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._loop.stop))
@@ -635,6 +681,8 @@ def server_options(limits: ServerLimits) -> list[tuple[str, int]]:
         ("grpc.max_allowed_incoming_connections", limits.max_connections),
         ("grpc.server_handshake_timeout_ms", int(limits.handshake_timeout_s * 1000)),
         ("grpc.max_connection_idle_ms", int(limits.connection_idle_s * 1000)),
+        ("grpc.max_connection_age_ms", int(limits.max_connection_age_s * 1000)),
+        ("grpc.max_connection_age_grace_ms", int(limits.connection_age_grace_s * 1000)),
     ]
 
 
@@ -688,4 +736,5 @@ def create_server(
     if port == 0:
         server.stop(None).wait(5)
         raise ListenError(f"cannot listen on {address!r}")
+    server.guard(port)
     return server, port
