@@ -133,6 +133,7 @@ class ConnectionGuard:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.sweeps = 0
+        self._cut: set[int] = set()  # inodes shut down and not yet closed by grpc: not counted again
 
     def start(self) -> bool:
         """Start watching; False (logged once) where /proc is not there to watch."""
@@ -159,13 +160,16 @@ class ConnectionGuard:
         """One pass; returns the connections cut."""
         self.sweeps += 1
         inodes = socket_inodes()
-        if len(inodes) <= self.cap:  # nobody can be over the cap: skip reading the tables
+        if len(inodes) <= self.cap:  # nobody can be over the cap: skip asking the sockets
             return 0
-        found = (_connection(fd, inode, self.port) for inode, fd in inodes.items())
+        self._cut &= inodes.keys()
+        found = (_connection(fd, inode, self.port) for inode, fd in inodes.items() if inode not in self._cut)
         connections = [c for c in found if c is not None]
         cut = 0
         for host, excess in over_cap(connections, self.cap).items():
-            n = sum(_cut(inodes[c.inode], c.inode) for c in excess)
+            done = [c.inode for c in excess if _cut(inodes[c.inode], c.inode)]
+            self._cut.update(done)
+            n = len(done)
             if n:
                 cut += n
                 self._on_cut(host, n)
