@@ -12,13 +12,16 @@ serve honest calls. Both methods are registered as request-*streaming* on this s
 the wire are the same as a unary request), so the handler runs as soon as a call's headers arrive,
 before its request message: that is where a call is counted against its host and timed.
 
-Bounds (``ServerLimits``, documented in ``docs/``): open calls per host (``max_calls_per_host``,
+Bounds (``ServerLimits``, documented in the README): open calls per host (``max_calls_per_host``,
 counted from the headers on) and in all (``max_concurrent_rpcs``); a request message must arrive
-within ``request_timeout_s``; TCP connections at once
-(``max_connections``, enforced by grpc core: beyond it a connection is closed at accept), each with
-at most ``max_streams_per_connection`` streams, ``handshake_timeout_s`` to finish its TLS/HTTP/2
-setup and closed after ``connection_idle_s`` without a call. ``check_fd_limit`` raises the process's
-descriptor limit to fit ``max_connections`` at start.
+within ``request_timeout_s``; TCP connections at once (``max_connections``, enforced by grpc core:
+beyond it a connection is closed at accept) and per host (``max_connections_per_host``, enforced by
+``conn_guard.ConnectionGuard``: a host's newest connections beyond it are shut down within
+``connection_guard_period_s``), each with at most ``max_streams_per_connection`` streams,
+``handshake_timeout_s`` to finish its TLS/HTTP/2 setup, closed after ``connection_idle_s`` without a
+call, and ended ``max_connection_age_s`` (+-10 %) + ``connection_age_grace_s`` after it opened
+whatever its calls do. ``check_fd_limit`` raises the process's descriptor limit to fit
+``max_connections`` at start.
 
 Refusals (a status code with a one-line reason, counted by kind in ``PeerServer.refusals()``):
 another protocol major, fleet or architecture: FAILED_PRECONDITION; with TLS, a caller whose request
@@ -27,10 +30,12 @@ names another node than its certificate: PERMISSION_DENIED; a round not publishe
 ``ServerLimits.max_streams_per_caller`` model streams open by one caller (``busy``), more than
 ``max_calls_per_host`` calls open by one host (``host-busy``) or ``max_concurrent_rpcs`` in all
 (``server-busy``): RESOURCE_EXHAUSTED; no request within ``request_timeout_s`` (``slow-request``):
-DEADLINE_EXCEEDED. Connections refused by grpc core at ``max_connections`` are not counted (grpc
-gives Python no hook there). A model stream whose reader stops reading is held until the client
-goes away (cancelling a write that flow control holds does not end the call in grpc.aio): it is
-bounded by ``max_streams_per_caller`` and the host's ``max_calls_per_host``, not in time.
+DEADLINE_EXCEEDED; connections shut down beyond a host's cap (``host-connections``, one per
+connection). Connections refused by grpc core at ``max_connections`` are not counted (grpc gives
+Python no hook there). A model stream whose reader stops reading is held by flow control
+(cancelling the write does not end the call in grpc.aio): the connection's age ends it, so it holds
+its slot for at most ``1.1 * max_connection_age_s + connection_age_grace_s``; streams that ended
+before their last message are counted (``unfinished_streams``).
 """
 
 from __future__ import annotations
