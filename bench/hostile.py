@@ -395,9 +395,9 @@ def server_attack(
     if attack == "idle connections":
         context: Any = IdleConnections(ATTACKER_HOST, port, 1100)
     elif attack == "unread streams":  # whole GetModel requests whose responses are never read
-        request = GetModelRequest(
-            protocol_version="1.0", node_id="reader", fleet_id=fleet, arch_id=spec.arch_id if spec else ""
-        )
+        # the request must name the node's architecture (else it is refused before any stream opens)
+        arch = spec.arch_id if spec is not None else hello(address, fleet_id=fleet, timeout_s=5, insecure=True).arch_id
+        request = GetModelRequest(protocol_version="1.0", node_id="reader", fleet_id=fleet, arch_id=arch)
         context = UnreadStreams(ATTACKER_HOST, port, request.SerializeToString(), calls=8, connections=4)
     else:
         method = f"/{PEER_SERVICE_NAME}/{attack.split()[-1]}"
