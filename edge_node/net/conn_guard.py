@@ -134,6 +134,7 @@ class ConnectionGuard:
         self._thread: threading.Thread | None = None
         self.sweeps = 0
         self._cut: set[int] = set()  # inodes shut down and not yet closed by grpc: not counted again
+        self._known: dict[int, Connection | None] = {}  # inode -> its connection to the port (None: not one)
 
     def start(self) -> bool:
         """Start watching; False (logged once) where /proc is not there to watch."""
@@ -163,8 +164,12 @@ class ConnectionGuard:
         if len(inodes) <= self.cap:  # nobody can be over the cap: skip asking the sockets
             return 0
         self._cut &= inodes.keys()
-        found = (_connection(fd, inode, self.port) for inode, fd in inodes.items() if inode not in self._cut)
-        connections = [c for c in found if c is not None]
+        # a socket's inode and peer do not change while it is open: probe only sockets not seen before
+        self._known = {inode: self._known[inode] for inode in inodes if inode in self._known}
+        for inode, fd in inodes.items():
+            if inode not in self._known:
+                self._known[inode] = _connection(fd, inode, self.port)
+        connections = [c for i, c in self._known.items() if c is not None and i not in self._cut]
         cut = 0
         for host, excess in over_cap(connections, self.cap).items():
             done = [c.inode for c in excess if _cut(inodes[c.inode], c.inode)]
