@@ -11,6 +11,7 @@ import math
 import resource
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -227,3 +228,25 @@ def test_server_limits_are_checked_once_quoting_the_value() -> None:
         ServerLimits(request_timeout_s=0)
     with pytest.raises(ValueError, match="max_calls_per_host=0 must be"):
         ServerLimits(max_calls_per_host=0)
+
+
+def test_a_lockstep_wait_outlives_several_connection_ages() -> None:
+    """An honest pull that polls for a round not published yet keeps polling across the server's
+    GOAWAYs (connection age 0.5 s + grace 0.5 s) and gets the round when it comes, 3 s later."""
+    limits = ServerLimits(max_connection_age_s=0.5, connection_age_grace_s=0.5)
+    peer = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
+    peer.publish(snapshot("srv", 1, round=1))
+    server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
+    server.start()
+    publisher = threading.Timer(3.0, lambda: peer.publish(snapshot("srv", 2, round=2)))
+    try:
+        publisher.start()
+        start = time.monotonic()
+        model = pull_model(PeerAddress("srv", "127.0.0.1", port), SPEC, FLEET, round=2, deadline_s=15, **PLAIN)
+        waited_s = time.monotonic() - start
+    finally:
+        publisher.cancel()
+        publisher.join()
+        server.stop(None).wait(5)
+    assert model.header.round == 2
+    assert 2.5 < waited_s < 15
