@@ -14,7 +14,9 @@ and RSS figures then include the attacker's threads): the test suite runs it to 
 
 Then the attacks on the victim's *server* (``SERVER_ATTACKS``, from 127.0.0.2 as raw HTTP/2, see
 ``tests/net/grpc_attack.py``): calls that send headers and withhold the request (GetModel, Hello),
-and 1,100 idle TCP connections. Per attack: an honest peer's Hello and pull latency (median, from
+1,100 idle TCP connections from one host (its cap is ``max_connections_per_host``), and GetModel
+calls whose responses are never read (a stream window of 0; the server's connection age is 2 s
+here so that the run sees them end). Per attack: an honest peer's Hello and pull latency (median, from
 127.0.0.1) before and during the attack, the calls the attacker held, the calls the server ended,
 the server's refusals and its process's descriptors. ``bench/soak.py --attack`` repeats them
 against one daemon of a fleet (``server_attack``).
@@ -62,7 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.net.grpc_attack import IdleConnections, WithheldCalls  # noqa: E402
+from tests.net.grpc_attack import IdleConnections, UnreadStreams, WithheldCalls  # noqa: E402
 
 FLEET = "bench"
 TINY = {"fc1.weight": (64, 256), "fc1.bias": (64,), "fc2.weight": (10, 64), "fc2.bias": (10,)}
@@ -80,7 +82,7 @@ ATTACKS = (
     "not-ready round",
 )
 MIB = 1 << 20
-SERVER_ATTACKS = ("withheld GetModel", "withheld Hello", "idle connections")
+SERVER_ATTACKS = ("withheld GetModel", "withheld Hello", "idle connections", "unread streams")
 ATTACKER_HOST = "127.0.0.2"
 
 
@@ -392,6 +394,11 @@ def server_attack(
     fds_before = _fds(pid)
     if attack == "idle connections":
         context: Any = IdleConnections(ATTACKER_HOST, port, 1100)
+    elif attack == "unread streams":  # whole GetModel requests whose responses are never read
+        # the request must name the node's architecture (else it is refused before any stream opens)
+        arch = spec.arch_id if spec is not None else hello(address, fleet_id=fleet, timeout_s=5, insecure=True).arch_id
+        request = GetModelRequest(protocol_version="1.0", node_id="reader", fleet_id=fleet, arch_id=arch)
+        context = UnreadStreams(ATTACKER_HOST, port, request.SerializeToString(), calls=8, connections=4)
     else:
         method = f"/{PEER_SERVICE_NAME}/{attack.split()[-1]}"
         context = WithheldCalls(ATTACKER_HOST, port, method, calls=64, connections=8)
@@ -405,6 +412,12 @@ def server_attack(
         time.sleep(max(0.0, hold_s - (time.monotonic() - start)))
         if attack == "idle connections":
             attacker = {"connections": 1100 - running.failed, "still_open": running.open_count()}
+        elif attack == "unread streams":
+            attacker = {
+                "calls": running.sent,
+                "ended_by_server": running.ended(),
+                "connections_closed": running.closed(),
+            }
         else:
             attacker = {"calls": running.sent, "ended_by_server": running.ended()}
     return {
@@ -438,15 +451,25 @@ def server_attacks(model: str) -> list[dict]:
     for attack in SERVER_ATTACKS:
         peer = PeerServer(spec, node_id="victim", fleet_id=FLEET)
         peer.publish(ModelSnapshot(weights, masks, 1, mask_density(masks), "victim", FLEET, spec.arch_id))
-        limits = ServerLimits(max_connections=200) if attack == "idle connections" else ServerLimits()
+        limits = ServerLimits()
+        hold_s = limits.request_timeout_s + 1
+        if attack == "idle connections":
+            limits = ServerLimits(max_connections=200)
+        elif attack == "unread streams":  # a short connection age, so that the bench sees the streams end
+            limits = ServerLimits(max_connection_age_s=2.0, connection_age_grace_s=1.0)
+            hold_s = 1.1 * limits.max_connection_age_s + limits.connection_age_grace_s + 1
         server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
         server.start()
         try:
-            row = server_attack(
-                attack, port, node_id="victim", fleet=FLEET, spec=spec, hold_s=limits.request_timeout_s + 1
-            )
+            row = server_attack(attack, port, node_id="victim", fleet=FLEET, spec=spec, hold_s=hold_s)
             row["refusals"] = peer.refusals()
-            row["limits"] = {"max_calls_per_host": limits.max_calls_per_host, "max_connections": limits.max_connections}
+            row["unfinished_streams"] = peer.unfinished_streams()
+            row["limits"] = {
+                "max_calls_per_host": limits.max_calls_per_host, "max_connections": limits.max_connections,
+                "max_connections_per_host": limits.max_connections_per_host,
+                "max_connection_age_s": limits.max_connection_age_s,
+                "connection_age_grace_s": limits.connection_age_grace_s,
+            }  # fmt: skip
         finally:
             server.stop(None).wait(5)
         rows.append(row)

@@ -12,13 +12,16 @@ serve honest calls. Both methods are registered as request-*streaming* on this s
 the wire are the same as a unary request), so the handler runs as soon as a call's headers arrive,
 before its request message: that is where a call is counted against its host and timed.
 
-Bounds (``ServerLimits``, documented in ``docs/``): open calls per host (``max_calls_per_host``,
+Bounds (``ServerLimits``, documented in the README): open calls per host (``max_calls_per_host``,
 counted from the headers on) and in all (``max_concurrent_rpcs``); a request message must arrive
-within ``request_timeout_s``; TCP connections at once
-(``max_connections``, enforced by grpc core: beyond it a connection is closed at accept), each with
-at most ``max_streams_per_connection`` streams, ``handshake_timeout_s`` to finish its TLS/HTTP/2
-setup and closed after ``connection_idle_s`` without a call. ``check_fd_limit`` raises the process's
-descriptor limit to fit ``max_connections`` at start.
+within ``request_timeout_s``; TCP connections at once (``max_connections``, enforced by grpc core:
+beyond it a connection is closed at accept) and per host (``max_connections_per_host``, enforced by
+``conn_guard.ConnectionGuard``: a host's newest connections beyond it are shut down within
+``connection_guard_period_s``), each with at most ``max_streams_per_connection`` streams,
+``handshake_timeout_s`` to finish its TLS/HTTP/2 setup, closed after ``connection_idle_s`` without a
+call, and ended ``max_connection_age_s`` (+-10 %) + ``connection_age_grace_s`` after it opened
+whatever its calls do. ``check_fd_limit`` raises the process's descriptor limit to fit
+``max_connections`` at start.
 
 Refusals (a status code with a one-line reason, counted by kind in ``PeerServer.refusals()``):
 another protocol major, fleet or architecture: FAILED_PRECONDITION; with TLS, a caller whose request
@@ -27,10 +30,12 @@ names another node than its certificate: PERMISSION_DENIED; a round not publishe
 ``ServerLimits.max_streams_per_caller`` model streams open by one caller (``busy``), more than
 ``max_calls_per_host`` calls open by one host (``host-busy``) or ``max_concurrent_rpcs`` in all
 (``server-busy``): RESOURCE_EXHAUSTED; no request within ``request_timeout_s`` (``slow-request``):
-DEADLINE_EXCEEDED. Connections refused by grpc core at ``max_connections`` are not counted (grpc
-gives Python no hook there). A model stream whose reader stops reading is held until the client
-goes away (cancelling a write that flow control holds does not end the call in grpc.aio): it is
-bounded by ``max_streams_per_caller`` and the host's ``max_calls_per_host``, not in time.
+DEADLINE_EXCEEDED; connections shut down beyond a host's cap (``host-connections``, one per
+connection). Connections refused by grpc core at ``max_connections`` are not counted (grpc gives
+Python no hook there). A model stream whose reader stops reading is held by flow control
+(cancelling the write does not end the call in grpc.aio): the connection's age ends it, so it holds
+its slot for at most ``1.1 * max_connection_age_s + connection_age_grace_s``; streams that ended
+before their last message are counted (``unfinished_streams``).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ import torch
 
 from edge_node.algorithm.heterogeneous import parse_tier
 from edge_node.errors import ConfigError, ListenError
+from edge_node.net.conn_guard import ConnectionGuard
 from edge_node.net.tls import TlsConfig, warn_insecure
 from edge_node.protocol import MAX_ROUND, check_fleet_id, check_node_id
 from edge_node.wire import (
@@ -110,20 +116,35 @@ class ServerLimits:
     max_streams_per_caller: int = 2
     request_timeout_s: float = 2.0  # a call's request message must arrive within this (seconds)
     max_connections: int = 512  # TCP connections at once, all hosts (grpc core closes more at accept)
+    # TCP connections one host address may hold: beyond it the newest are shut down within
+    # connection_guard_period_s (``conn_guard``), so one host cannot fill max_connections.
+    max_connections_per_host: int = 32
+    connection_guard_period_s: float = 0.2
     max_streams_per_connection: int = 8  # HTTP/2 streams one connection may open at once
     handshake_timeout_s: float = 5.0  # a new connection's TLS/HTTP/2 setup must finish within this
     connection_idle_s: float = 30.0  # a connection without a call for this long is closed
+    # Every connection ends in bounded time, whatever its calls do (grpc core enforces both): at
+    # max_connection_age_s (+-10 % jitter) the server sends GOAWAY (new calls go to a new connection),
+    # and connection_age_grace_s later it closes the connection, ending every stream still on it.
+    # This is the time bound on a model stream whose reader stops reading (flow control holds the
+    # write; nothing in Python can end such a call). A pull must finish within age + grace.
+    max_connection_age_s: float = 60.0
+    connection_age_grace_s: float = 60.0
 
     def __post_init__(self) -> None:
         integers = (
             "max_request_bytes", "max_concurrent_rpcs", "max_calls_per_host", "max_streams_per_caller",
-            "max_connections", "max_streams_per_connection",
+            "max_connections", "max_streams_per_connection", "max_connections_per_host",
         )  # fmt: skip
         for name in integers:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
-        for name in ("request_timeout_s", "handshake_timeout_s", "connection_idle_s"):
+        seconds = (
+            "request_timeout_s", "handshake_timeout_s", "connection_idle_s", "max_connection_age_s",
+            "connection_age_grace_s", "connection_guard_period_s",
+        )  # fmt: skip
+        for name in seconds:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
                 raise ValueError(f"{name}={value!r} must be a number of seconds in (0, 86400]")
@@ -167,7 +188,7 @@ class _Published:
 
 REFUSAL_KINDS = (
     "bad-request", "protocol", "fleet", "arch", "identity", "not-ready", "gone", "busy",
-    "host-busy", "server-busy", "slow-request",
+    "host-busy", "server-busy", "slow-request", "host-connections",
 )  # fmt: skip
 _LOG_EVERY_S = 10.0  # a refusal kind is logged once per host per this long
 _QUIET_KINDS = ("not-ready", "busy")  # expected in lock-step fleets: logged at INFO, the rest at WARNING
@@ -242,6 +263,7 @@ class PeerServer:
         self._refusals: collections.Counter[str] = collections.Counter()
         self._served_bytes = 0  # model stream bytes handed to gRPC, all callers
         self._served_streams = 0  # GetModel streams answered (complete or not)
+        self._unfinished = 0  # of them, ended before their last message was written
         self._limits = ServerLimits()  # set by rpc_handler (create_server passes its limits)
 
     @property
@@ -317,16 +339,16 @@ class PeerServer:
                 self._snapshots.popleft()
             self._tier = published.tier
 
-    def _count(self, kind: str) -> None:
-        with self._lock:
-            self._refusals[kind] += 1
-
     def _refuse(self, context: grpc.ServicerContext, kind: str, code: grpc.StatusCode, reason: str) -> NoReturn:
         """Count and log a refusal, then raise it for the call's coroutine to send."""
-        self._count(kind)
-        host = _caller_host(context)
+        self._note(kind, _caller_host(context), context.peer(), reason)
+        raise _Refusal(code, reason)
+
+    def _note(self, kind: str, host: str, who: str, reason: str, n: int = 1) -> None:
+        """Count ``n`` refusals of ``kind`` and log one line per (kind, host) per ``_LOG_EVERY_S``."""
         now = time.monotonic()
         with self._lock:  # one line per (kind, host) per _LOG_EVERY_S: a flood of calls is not a flood of logs
+            self._refusals[kind] += n
             last = self._logged.get((kind, host))
             quiet = last is not None and now - last < _LOG_EVERY_S
             if not quiet:
@@ -335,9 +357,13 @@ class PeerServer:
                 self._logged[(kind, host)] = now
         if not quiet:
             log = _LOGGER.info if kind in _QUIET_KINDS else _LOGGER.warning
-            log("refused %s call from %s: %s (more from this host within %g s: counted only)", kind, context.peer(),
+            log("refused %s call from %s: %s (more from this host within %g s: counted only)", kind, who,
                 reason, _LOG_EVERY_S)  # fmt: skip
-        raise _Refusal(code, reason)
+
+    def connections_cut(self, host: str, n: int) -> None:
+        """Count (``host-connections``) and log connections of ``host`` shut down beyond its cap."""
+        reason = f"{n} connection(s) beyond the host's cap of {self._limits.max_connections_per_host} shut down"
+        self._note("host-connections", host, host, reason, n)
 
     def _admit(self, context: grpc.ServicerContext) -> str:
         """Count a new call against its host and the server (before its request); refuse beyond the caps."""
@@ -410,10 +436,22 @@ class PeerServer:
             self._leave(host)
 
     async def _send(self, published: _Published, context: grpc.aio.ServicerContext) -> None:
-        for message in published.messages:
-            await context.write(message)
-            with self._lock:
-                self._served_bytes += len(message)
+        sent = 0
+        try:
+            for message in published.messages:
+                await context.write(message)
+                sent += 1
+                with self._lock:
+                    self._served_bytes += len(message)
+        finally:
+            if sent < len(published.messages):  # the reader left, was cancelled or cut at the connection's age
+                with self._lock:
+                    self._unfinished += 1
+
+    def unfinished_streams(self) -> int:
+        """GetModel streams that ended before their last message was written (any cause)."""
+        with self._lock:
+            return self._unfinished
 
     def _check_caller(self, context: grpc.ServicerContext, claimed: str, *, required: bool) -> str:
         """The caller's name: with TLS the one its certificate and request agree on, else its host address.
@@ -565,6 +603,15 @@ class _Server(grpc.Server):
         self._thread = threading.Thread(target=self._run, name="edge-node-grpc", daemon=True)
         self._thread.start()
         self._inner: grpc.aio.Server = self._call(self._build(limits, peer))
+        self._limits, self._peer = limits, peer
+        self._guard: ConnectionGuard | None = None
+
+    def guard(self, port: int) -> None:
+        """Cap every host's connections to ``port`` (started with the server)."""
+        limits = self._limits
+        self._guard = ConnectionGuard(
+            port, limits.max_connections_per_host, self._peer.connections_cut, period_s=limits.connection_guard_period_s
+        )
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -604,9 +651,13 @@ class _Server(grpc.Server):
 
     def start(self) -> None:
         self._call(self._inner.start())
+        if self._guard is not None:
+            self._guard.start()
 
     def stop(self, grace: float | None) -> threading.Event:
         """Stop serving (calls in flight get ``grace`` seconds), then end the loop thread; set when done."""
+        if self._guard is not None:
+            self._guard.stop()
         if not self._stopped.is_set() and self._loop.is_running():
             done = asyncio.run_coroutine_threadsafe(self._inner.stop(grace), self._loop)
             done.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._loop.stop))
@@ -635,6 +686,8 @@ def server_options(limits: ServerLimits) -> list[tuple[str, int]]:
         ("grpc.max_allowed_incoming_connections", limits.max_connections),
         ("grpc.server_handshake_timeout_ms", int(limits.handshake_timeout_s * 1000)),
         ("grpc.max_connection_idle_ms", int(limits.connection_idle_s * 1000)),
+        ("grpc.max_connection_age_ms", int(limits.max_connection_age_s * 1000)),
+        ("grpc.max_connection_age_grace_ms", int(limits.connection_age_grace_s * 1000)),
     ]
 
 
@@ -688,4 +741,5 @@ def create_server(
     if port == 0:
         server.stop(None).wait(5)
         raise ListenError(f"cannot listen on {address!r}")
+    server.guard(port)
     return server, port

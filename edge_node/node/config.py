@@ -89,6 +89,8 @@ class NodeConfig:
     peers: tuple[str, ...] = _key((), "Static peers: HOST:PORT,... (ID@HOST:PORT with TLS or lockstep).")
     server_max_connections: int = _key(512, "TCP connections the peer service holds at once; the fd limit must fit.")
     server_max_calls_per_host: int = _key(8, "Calls one host may have open on the peer service (of 64 in all).")
+    server_max_connections_per_host: int = _key(32, "TCP connections one host may hold; the newest beyond are shut.")
+    server_max_connection_age_s: float = _key(60.0, "A connection is ended this long (+60 s grace) after it opened.")
     server_request_timeout_s: float = _key(2.0, "A peer's call must send its request within this; else it is ended.")
     # Rounds.
     neighbours: int = _key(3, "Peers pulled per round.")
@@ -252,6 +254,8 @@ def _server_limits(config: NodeConfig) -> ServerLimits:
             max_connections=config.server_max_connections,
             max_calls_per_host=config.server_max_calls_per_host,
             request_timeout_s=config.server_request_timeout_s,
+            max_connections_per_host=config.server_max_connections_per_host,
+            max_connection_age_s=config.server_max_connection_age_s,
         )
     except ValueError as exc:
         raise ConfigError(f"server_{exc}") from None

@@ -621,6 +621,7 @@ class Node:
             "bytes_in_total": totals.bytes_in,
             "bytes_out_total": self.server_state.served()[1] if hasattr(self, "server_state") else 0,
             "server_refusals": self.server_state.refusals() if hasattr(self, "server_state") else {},
+            "streams_unfinished_total": self.server_state.unfinished_streams() if hasattr(self, "server_state") else 0,
             "discovery_refusals": self.discovery_refusals(),
             "rounds_this_run": totals.rounds_run,
             "energy_j_this_run": round(totals.energy_j, 3),

@@ -70,6 +70,12 @@ class _StatusCollector(Collector):
         for name, key, text in (
             ("edge_node_received_bytes", "bytes_in_total", "Encoded model bytes pulled from peers since start."),
             ("edge_node_sent_bytes", "bytes_out_total", "Encoded model bytes served to peers since start."),
+            (
+                "edge_node_unfinished_streams",
+                "streams_unfinished_total",
+                "Model streams served that ended before their last message (reader gone, cancelled, or cut at the"
+                " connection's age).",
+            ),
         ):
             yield CounterMetricFamily(name, text, value=float(status.get(key) or 0))
         for name, key, text in (

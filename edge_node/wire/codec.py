@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -249,7 +253,8 @@ class _TensorState:
     """What has arrived of one tensor so far: raw bytes until its last chunk, then its built arrays.
 
     A tensor is built (checked and expanded) as soon as its last chunk arrives, so decoding overlaps
-    the transfer of the next messages (numpy and hashlib release the GIL; gRPC receives in C).
+    the transfer of the next messages (numpy releases the GIL; gRPC receives in C), while the
+    payload's digest is computed on ``_DIGEST_POOL``.
     """
 
     dense: bool
@@ -280,6 +285,74 @@ def _check_known_fields(index: int, chunk: ProtoModelChunk) -> None:
                 break
     if found:
         raise WireDecodeError(f"{where}: unknown field number(s) {found[:8]} (not in protocol {PROTOCOL_VERSION})")
+
+
+class _DigestPool:
+    """FIFO daemon threads that hash received payloads while the receiving thread builds tensors.
+
+    hashlib releases the GIL, so the digest is computed in full but off the path that waits for the
+    network. Daemon threads, started on first use: idle, they hold nothing and never delay an exit.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self._workers = workers
+        self._queue: queue.SimpleQueue[tuple[Future[None], Callable[[], None]]] = queue.SimpleQueue()
+        self._started = False
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], None]) -> Future[None]:
+        with self._lock:
+            if not self._started:
+                for i in range(self._workers):
+                    threading.Thread(target=self._work, name=f"edge-node-digest-{i}", daemon=True).start()
+                self._started = True
+        future: Future[None] = Future()
+        self._queue.put((future, job))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            future, job = self._queue.get()
+            try:
+                job()
+            except BaseException as exc:  # handed to whoever waits on the future
+                future.set_exception(exc)
+            else:
+                future.set_result(None)
+
+
+_DIGEST_POOL = _DigestPool(max(2, os.cpu_count() or 2))
+
+
+class _Digest:
+    """sha256 of everything ``update`` was given, in order, computed on ``_DIGEST_POOL``.
+
+    Each update waits for the one before it (queued earlier in a FIFO pool, so it is running or
+    done: no deadlock), which keeps the order without a thread per stream. ``digest`` waits for all.
+    """
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self._tail: Future[None] | None = None
+
+    def update(self, *parts: bytes) -> None:
+        previous = self._tail
+
+        def job() -> None:
+            if previous is not None:
+                previous.result()
+            for part in parts:
+                self._hash.update(part)
+
+        self._tail = _DIGEST_POOL.submit(job)
+
+    def digest(self) -> bytes:
+        if self._tail is not None:
+            self._tail.result()
+        return self._hash.digest()
+
+    def hexdigest(self) -> str:
+        return self.digest().hex()
 
 
 class ModelDecoder:
@@ -319,7 +392,7 @@ class ModelDecoder:
         self._next_tensor = 0  # index into the spec's names of the next tensor to start
         self._current: _TensorState | None = None
         self._tensors: dict[str, _TensorState] = {}
-        self._digest = hashlib.sha256()
+        self._digest = _Digest()
 
     @property
     def complete(self) -> bool:
@@ -511,8 +584,7 @@ class ModelDecoder:
                 f" (expected {chunk.nnz * value_type.itemsize} for {value_type.name})"
             )
         bitmap, values = chunk.bitmap, chunk.values
-        self._digest.update(bitmap)
-        self._digest.update(values)
+        self._digest.update(bitmap, values)
         state.bitmaps.append(bitmap)
         state.values.append(values)
         state.next_element = end

@@ -1,7 +1,9 @@
 """Attacks on a gRPC server from a chosen source address, written as raw HTTP/2 so nothing is hidden.
 
 ``WithheldCalls`` opens calls that send their headers and never the request message (the first
-finding of issue 19's probe); ``IdleConnections`` opens TCP connections that send nothing. Both bind
+finding of issue 19's probe); ``UnreadStreams`` sends whole GetModel requests but never lets the
+server write (an HTTP/2 stream window of 0: it never reads); ``IdleConnections`` opens TCP
+connections that send nothing. Both bind
 their sockets to a source address of 127.0.0.0/8 (e.g. ``127.0.0.2``), so the server sees another
 host than an honest client on ``127.0.0.1``. A reader thread per connection answers SETTINGS and
 PING like a well-behaved client, so the server cannot tell the withholding from a slow network.
@@ -53,9 +55,7 @@ class _Connection:
         self.goaway = False
         self._lock = threading.Lock()
         if handshake:
-            self._send(_PREFACE + _frame(_SETTINGS, 0, 0))
-            self._reader = threading.Thread(target=self._read, daemon=True, name="h2-attack-reader")
-            self._reader.start()
+            self.send_settings()
 
     def _send(self, data: bytes) -> None:
         with self._lock:
@@ -89,6 +89,13 @@ class _Connection:
             pass
         finally:
             self.closed_by_server.set()
+
+    def send_settings(self, initial_window: int | None = None) -> None:
+        """The client preface and SETTINGS (``initial_window``: SETTINGS_INITIAL_WINDOW_SIZE), then read."""
+        settings = b"" if initial_window is None else struct.pack("!HI", 0x4, initial_window)
+        self._send(_PREFACE + _frame(_SETTINGS, 0, 0, settings))
+        self._reader = threading.Thread(target=self._read, daemon=True, name="h2-attack-reader")
+        self._reader.start()
 
     def open_calls(self, method: str, first_stream: int, n: int, authority: str) -> int:
         """Open ``n`` calls (streams ``first_stream``, +2, ...): headers only, never a message."""
@@ -136,6 +143,45 @@ class WithheldCalls:
 
     def ended(self) -> int:
         return sum(len(c.ended) for c in self._conns)
+
+    def __exit__(self, *exc: object) -> None:
+        for conn in self._conns:
+            conn.close()
+
+
+class UnreadStreams:
+    """``calls`` GetModel calls from ``source`` with a valid ``request``, whose responses are never read.
+
+    Each connection announces a stream window of 0, so the server cannot write one byte of any
+    model: its writes wait on flow control for as long as the connection lives. ``ended()`` counts
+    the streams the server has ended, ``closed()`` the connections it has closed.
+    """
+
+    def __init__(self, source: str, port: int, request: bytes, *, calls: int, connections: int = 1) -> None:
+        self.source, self.port, self.request = source, port, request
+        self.calls, self.connections = calls, connections
+        self._conns: list[_Connection] = []
+        self.sent = 0
+
+    def __enter__(self) -> UnreadStreams:
+        body = b"\x00" + struct.pack("!I", len(self.request)) + self.request  # gRPC message prefix
+        block = call_headers("/edge_node.v1.Peer/GetModel", f"127.0.0.1:{self.port}")
+        per = -(-self.calls // self.connections)
+        for c in range(self.connections):
+            conn = _Connection(self.source, self.port, handshake=False)
+            conn.send_settings(initial_window=0)
+            self._conns.append(conn)
+            for i in range(min(per, self.calls - c * per)):
+                stream = 1 + 2 * i
+                conn._send(_frame(_HEADERS, _END_HEADERS, stream, block) + _frame(_DATA, 0x1, stream, body))
+                self.sent += 1
+        return self
+
+    def ended(self) -> int:
+        return sum(len(c.ended) for c in self._conns)
+
+    def closed(self) -> int:
+        return sum(c.closed_by_server.is_set() for c in self._conns)
 
     def __exit__(self, *exc: object) -> None:
         for conn in self._conns:

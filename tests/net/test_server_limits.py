@@ -7,9 +7,11 @@ and pull latency before and during the attack, side by side, and asserts the bou
 
 from __future__ import annotations
 
+import math
 import resource
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,13 +21,13 @@ import pytest
 from edge_node.errors import ConfigError
 from edge_node.net import PeerAddress, PeerServer, ServerLimits, create_server, hello, pull_model
 from edge_node.net.server import FD_RESERVE, check_fd_limit
-from edge_node.wire.messages import PEER_SERVICE_NAME
+from edge_node.wire.messages import PEER_SERVICE_NAME, GetModelRequest
 
 _REPO = Path(__file__).resolve().parents[2]
 if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
-from tests.net.grpc_attack import IdleConnections, WithheldCalls  # noqa: E402
+from tests.net.grpc_attack import IdleConnections, UnreadStreams, WithheldCalls  # noqa: E402
 from tests.net.test_grpc_peer import FLEET, SPEC, snapshot  # noqa: E402
 
 ATTACKER = "127.0.0.2"
@@ -91,15 +93,32 @@ def test_withheld_requests_from_one_host_cannot_starve_honest_calls(method: str)
     assert busy_hello < max(50.0, 5 * quiet_hello) and busy_pull < max(100.0, 5 * quiet_pull)
 
 
+def _raise_fd_limit(needed: int) -> tuple[int, int]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        pytest.skip(f"needs a hard descriptor limit of {needed} for the attacker's sockets (have {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, needed), hard))
+    return soft, hard
+
+
+def _first_success_s(action: Callable[[], object], within_s: float) -> float:
+    """Seconds until ``action`` first succeeds (polled every 20 ms); inf if not within ``within_s``."""
+    start = time.monotonic()
+    while time.monotonic() - start < within_s:
+        try:
+            action()
+            return time.monotonic() - start
+        except Exception:
+            time.sleep(0.02)
+    return math.inf
+
+
 def test_idle_connections_cannot_exhaust_descriptors_and_are_closed_in_bounded_time() -> None:
     """The probe's 1,100 idle TCP connections against a 1,024 fd limit: the server keeps at most
     ``max_connections`` (grpc core closes the rest at accept) and closes each after
     ``handshake_timeout_s``; the node's descriptors stay bounded and the server serves afterwards."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < 4096:
-        pytest.skip(f"needs a hard descriptor limit of 4096 for the attacker's sockets (have {hard})")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
-    limits = ServerLimits(max_connections=200, handshake_timeout_s=2.0)
+    soft, hard = _raise_fd_limit(4096)
+    limits = ServerLimits(max_connections=200, handshake_timeout_s=2.0, max_connections_per_host=200)
     peer = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
     peer.publish(snapshot("srv", 1))
     server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
@@ -121,6 +140,75 @@ def test_idle_connections_cannot_exhaust_descriptors_and_are_closed_in_bounded_t
     assert recovered_ms < 1000
 
 
+def test_one_host_holding_idle_connections_leaves_room_for_honest_calls() -> None:
+    """1,100 idle connections from one host, held (the handshake timeout is long): the guard shuts
+    that host's connections beyond ``max_connections_per_host`` down within a period or two, and
+    honest Hellos and pulls from another host keep their latency while the attacker holds its cap."""
+    soft, hard = _raise_fd_limit(4096)
+    limits = ServerLimits(max_connections=200, max_connections_per_host=16, handshake_timeout_s=60.0)
+    peer = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
+    peer.publish(snapshot("srv", 1))
+    server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
+    server.start()
+    try:
+        do_hello, do_pull = _honest(port)
+        quiet_hello, quiet_pull = _latency_ms(do_hello), _latency_ms(do_pull)
+        with IdleConnections(ATTACKER, port, 1100) as idle:
+            first_s = _first_success_s(do_hello, 10.0)
+            busy_hello, busy_pull = _latency_ms(do_hello), _latency_ms(do_pull)
+            held = idle.open_count()
+        refusals = peer.refusals()
+    finally:
+        server.stop(None).wait(5)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    print(
+        f"\n1,100 idle connections from one host: first honest Hello {first_s:.2f} s into the attack; honest Hello"
+        f" {quiet_hello:.1f} -> {busy_hello:.1f} ms, pull {quiet_pull:.1f} -> {busy_pull:.1f} ms; attacker holds"
+        f" {held}; refusals {refusals}"
+    )
+    assert held <= limits.max_connections_per_host
+    assert refusals["host-connections"] >= limits.max_connections - limits.max_connections_per_host
+    assert first_s < 3.0  # a sweep every 0.2 s; generous for a loaded 2-core machine
+    assert busy_hello < max(50.0, 5 * quiet_hello) and busy_pull < max(100.0, 5 * quiet_pull)
+
+
+def test_unread_model_streams_are_ended_at_the_connection_age() -> None:
+    """A caller that asks for a model and never reads holds its slots only until its connection's
+    age plus grace (grpc core closes the connection, ending its streams); honest calls go on meanwhile."""
+    limits = ServerLimits(max_connection_age_s=1.0, connection_age_grace_s=1.0)
+    peer = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
+    peer.publish(snapshot("srv", 1))
+    server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
+    server.start()
+    request = GetModelRequest(protocol_version="1.0", node_id="reader", fleet_id=FLEET, arch_id=SPEC.arch_id)
+    try:
+        do_hello, do_pull = _honest(port)
+        quiet_hello, quiet_pull = _latency_ms(do_hello), _latency_ms(do_pull)
+        start = time.monotonic()
+        with UnreadStreams(ATTACKER, port, request.SerializeToString(), calls=2) as attack:
+            time.sleep(0.3)
+            held = peer.open_calls().get(f"ipv4:{ATTACKER}", 0)
+            busy_hello, busy_pull = _latency_ms(do_hello, n=5), _latency_ms(do_pull, n=5)
+            bound_s = 1.1 * limits.max_connection_age_s + limits.connection_age_grace_s  # grpc jitters the age 10 %
+            while attack.ended() < attack.sent and time.monotonic() - start < bound_s + 5:
+                time.sleep(0.05)
+            ended_s = time.monotonic() - start
+            ended, left = attack.ended(), peer.open_calls().get(f"ipv4:{ATTACKER}", 0)
+        unfinished = peer.unfinished_streams()
+    finally:
+        server.stop(None).wait(5)
+    print(
+        f"\nunread streams: attacker held {held} calls, ended {ended} of {attack.sent} after {ended_s:.2f} s"
+        f" (bound {bound_s:.1f} s); honest Hello {quiet_hello:.1f} -> {busy_hello:.1f} ms, pull {quiet_pull:.1f} ->"
+        f" {busy_pull:.1f} ms; unfinished streams {unfinished}"
+    )
+    assert held == 2  # the streams were open, their writes held by flow control
+    assert ended == 2 and left == 0
+    assert ended_s < bound_s + 1.5  # the loop's slack on a loaded machine
+    assert unfinished == 2
+    assert busy_hello < max(50.0, 5 * quiet_hello) and busy_pull < max(100.0, 5 * quiet_pull)
+
+
 def test_the_fd_limit_is_raised_to_the_hard_limit_and_refused_when_too_low() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
@@ -140,3 +228,25 @@ def test_server_limits_are_checked_once_quoting_the_value() -> None:
         ServerLimits(request_timeout_s=0)
     with pytest.raises(ValueError, match="max_calls_per_host=0 must be"):
         ServerLimits(max_calls_per_host=0)
+
+
+def test_a_lockstep_wait_outlives_several_connection_ages() -> None:
+    """An honest pull that polls for a round not published yet keeps polling across the server's
+    GOAWAYs (connection age 0.5 s + grace 0.5 s) and gets the round when it comes, 3 s later."""
+    limits = ServerLimits(max_connection_age_s=0.5, connection_age_grace_s=0.5)
+    peer = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
+    peer.publish(snapshot("srv", 1, round=1))
+    server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
+    server.start()
+    publisher = threading.Timer(3.0, lambda: peer.publish(snapshot("srv", 2, round=2)))
+    try:
+        publisher.start()
+        start = time.monotonic()
+        model = pull_model(PeerAddress("srv", "127.0.0.1", port), SPEC, FLEET, round=2, deadline_s=15, **PLAIN)
+        waited_s = time.monotonic() - start
+    finally:
+        publisher.cancel()
+        publisher.join()
+        server.stop(None).wait(5)
+    assert model.header.round == 2
+    assert 2.5 < waited_s < 15

@@ -45,11 +45,22 @@ def test_node_id_from_hostname_follows_the_one_rule():
         ({"listen": "7878"}, "listen='7878' must be HOST:PORT"),
         ({"lockstep": True}, "lockstep needs client_index"),
         ({"node_id": "bad.id"}, "node_id='bad.id' must match"),
+        ({"server_max_connections_per_host": 0}, "server_max_connections_per_host=0 must be a positive integer"),
+        ({"server_max_connection_age_s": 0}, "server_max_connection_age_s=0.0 must be a number of seconds"),
     ],
 )
 def test_bad_values_are_named(values, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         build(NodeConfig, {"fleet": "f", **values}, "test")
+
+
+def test_server_keys_reach_the_servers_limits():
+    values = {"fleet": "f", "server_max_connections_per_host": 4, "server_max_connection_age_s": 9}
+    config = build(NodeConfig, values, "test")
+    limits = config.server_limits()
+    assert (limits.max_connections_per_host, limits.max_connection_age_s) == (4, 9.0)
+    defaults = NodeConfig().server_limits()
+    assert (defaults.max_connections_per_host, defaults.max_connection_age_s) == (32, 60.0)
 
 
 def test_capacity_takes_any_density_as_a_fixed_override():

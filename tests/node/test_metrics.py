@@ -20,7 +20,8 @@ from tests.run_dirs import node_record
 STATUS: dict[str, Any] = {
     "node_id": "pi-1", "fleet": "lab", "version": "9.9", "model": "cnn/10/abcdef12", "phase": "train", "tier": "0.6",
     "density": 0.6, "healthy": True, "rounds_done": 2, "uptime_s": 30.0, "peers_known": ["a", "b"],
-    "bytes_in_total": 2_000_000, "bytes_out_total": 4_000_000, "server_refusals": {"busy": 3},
+    "bytes_in_total": 2_000_000, "bytes_out_total": 4_000_000, "streams_unfinished_total": 5,
+    "server_refusals": {"busy": 3},
     "discovery_refusals": {"other_fleet": 1},
 }  # fmt: skip
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "edge-node-fleet.json"
@@ -50,6 +51,7 @@ def test_a_round_record_and_the_status_become_conventional_series(served):
     assert got['edge_node_peers_refused_total{reason="stale"}'] == 1
     assert got["edge_node_received_bytes_total"] == 2_000_000 and got["edge_node_sent_bytes_total"] == 4_000_000
     assert got['edge_node_server_refusals_total{reason="busy"}'] == 3
+    assert got["edge_node_unfinished_streams_total"] == 5
     assert got['edge_node_discovery_refusals_total{reason="other_fleet"}'] == 1
     assert got['edge_node_phase{phase="train"}'] == 1 and got['edge_node_phase{phase="idle"}'] == 0
     assert got["edge_node_rounds_done"] == 2 and got["edge_node_tier_density_ratio"] == 0.6

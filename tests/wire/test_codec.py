@@ -349,3 +349,21 @@ def test_decoder_refuses_what_a_canonical_sender_never_sends() -> None:
         decode_model(lying, SPEC, "fleet-1")
     with pytest.raises(ValueError, match="density=0.9 but the masks keep"):
         encode(weights, masks, density=0.9)
+
+
+def test_digest_off_thread_keeps_order_across_concurrent_streams() -> None:
+    """The pooled digest of many interleaved streams equals hashlib's over each stream in order."""
+    import hashlib
+    import random
+
+    from edge_node.wire.codec import _Digest
+
+    rng = random.Random(0)
+    streams = [[rng.randbytes(rng.choice((1, 3000, 70_000))) for _ in range(40)] for _ in range(6)]
+    digests = [_Digest() for _ in streams]
+    for step in range(40):  # interleaved, as parallel pulls feed them
+        for digest, parts in zip(digests, streams, strict=True):
+            digest.update(parts[step], b"|")
+    for digest, parts in zip(digests, streams, strict=True):
+        expected = hashlib.sha256(b"".join(p + b"|" for p in parts)).digest()
+        assert digest.digest() == expected
