@@ -167,12 +167,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 def write_inventory(
-    fleet: deploy_hosts.Fleet, path: Path, extra_vars: dict[str, object] | None = None, **host_vars: dict
+    fleet: deploy_hosts.Fleet,
+    path: Path,
+    extra_vars: dict[str, object] | None = None,
+    groups: dict[str, list[int]] | None = None,
+    **host_vars: dict,
 ) -> Path:
     """An inventory of the fleet's hosts with the test settings in ``group_vars/all.yml`` beside it.
 
     Group variables go in YAML (typed: lists stay lists) rather than an INI ``[all:vars]`` section,
-    where every value is a string. ``host_vars`` (per host name) go on the host lines.
+    where every value is a string. ``host_vars`` (per host name) go on the host lines; ``groups`` maps
+    group names to host indices (default: every host in ``test``).
     """
     settings: dict[str, object] = {
         "edge_node_fleet": "deploy-test",
@@ -184,5 +189,5 @@ def write_inventory(
     }
     (path.parent / "group_vars").mkdir(exist_ok=True)
     (path.parent / "group_vars" / "all.yml").write_text(json.dumps(settings, indent=2) + "\n")  # JSON is YAML
-    path.write_text(fleet.inventory(host_vars=host_vars))
+    path.write_text(fleet.inventory(groups=groups, host_vars=host_vars))
     return path

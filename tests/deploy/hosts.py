@@ -18,6 +18,11 @@ this module started (and what runs inside their containers) are killed. :func:`l
 exists under that prefix, so a test can check that nothing is left behind.
 
 Needs root, debootstrap, systemd-nspawn (systemd-container), ssh-keygen and ssh (openssh-client).
+
+A host of another CPU (``build_rootfs(arch="arm64")``, a Raspberry Pi's) runs under qemu's user-mode
+emulation: inside :func:`foreign_cpu` the kernel hands that CPU's programs to ``qemu-<cpu>-static``
+(Debian's qemu-user-static) through a binfmt_misc entry of ours with the F flag (the interpreter is
+opened once, here, so it works inside the hosts' own root), removed when the context manager exits.
 """
 
 from __future__ import annotations
@@ -102,9 +107,11 @@ def cgroup_layout_problem(mounts: str | None = None) -> str | None:
     return None
 
 
-def rootfs_key() -> str:
-    """Cache key of the rootfs: suite, variant and package list (a change makes a new rootfs)."""
+def rootfs_key(arch: str | None = None) -> str:
+    """Cache key of the rootfs: suite, variant, package list and foreign CPU (a change makes a new rootfs)."""
     text = f"{SUITE}|{VARIANT}|{','.join(sorted(PACKAGES))}|{SSHD_HOST_KEYS_DROPIN}"
+    if arch is not None:
+        text += f"|{arch}"  # the native rootfs keeps its key (and its cache)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -112,13 +119,14 @@ def _run(cmd: Sequence[str], timeout: float = 60, check: bool = True, **kw) -> s
     return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=check, **kw)
 
 
-def build_rootfs(cache_dir: Path = CACHE_DIR) -> Path:
+def build_rootfs(cache_dir: Path = CACHE_DIR, arch: str | None = None) -> Path:
     """The shared Debian rootfs, built with debootstrap on first use and then taken from the cache.
 
-    A lock file serialises concurrent builders; a half-built tree never takes the final name.
+    A lock file serialises concurrent builders; a half-built tree never takes the final name. ``arch``
+    (a Debian architecture such as arm64) builds a foreign one: call it inside :func:`foreign_cpu`.
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
-    final = cache_dir / f"rootfs-{SUITE}-{rootfs_key()}"
+    final = cache_dir / f"rootfs-{SUITE}-{arch + '-' if arch else ''}{rootfs_key(arch)}"
     with open(cache_dir / "rootfs.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / "etc" / "edge-node-test-rootfs").is_file():
@@ -126,6 +134,8 @@ def build_rootfs(cache_dir: Path = CACHE_DIR) -> Path:
         tmp = cache_dir / f"{final.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         cmd = ["debootstrap", f"--variant={VARIANT}", f"--include={','.join(PACKAGES)}", SUITE, str(tmp), MIRROR]
+        if arch is not None:
+            cmd.insert(1, f"--arch={arch}")
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=DEBOOTSTRAP_TIMEOUT_S)
         if result.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -153,6 +163,52 @@ def _customise_rootfs(root: Path) -> None:
         _run(["systemctl", f"--root={root}", "mask", unit], check=False)
     _run(["chroot", str(root), "apt-get", "clean"], check=False)
     (root / "etc" / "edge-node-test-rootfs").write_text(f"{SUITE} {VARIANT} {' '.join(PACKAGES)}\n")
+
+
+QEMU_CPUS = {"arm64": ("aarch64", "7f454c460201010000000000000000000200b700",
+                       "ffffffffffffff00fffffffffffffffffeffffff")}  # fmt: skip  # ELF header magic and mask
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+
+
+def qemu_problem(arch: str) -> str | None:
+    """Why hosts of ``arch`` cannot run here (None: they can)."""
+    if arch not in QEMU_CPUS:
+        return f"no emulation set up for {arch} (known: {', '.join(QEMU_CPUS)})"
+    qemu = shutil.which(f"qemu-{QEMU_CPUS[arch][0]}-static")
+    if qemu is None:
+        return f"needs qemu-{QEMU_CPUS[arch][0]}-static (apt-get install qemu-user-static)"
+    return None
+
+
+@contextlib.contextmanager
+def foreign_cpu(arch: str) -> Iterator[str]:
+    """Let ``arch`` programs run here (in chroots and containers too) through qemu; yields the binfmt entry.
+
+    Mounts binfmt_misc if it is not (and unmounts it after), registers ``en-deploy-<pid>-<cpu>`` with
+    the F flag; a stale entry of a crashed run is removed by :func:`cleanup_stale`.
+    """
+    problem = qemu_problem(arch)
+    if problem:
+        raise RuntimeError(problem)
+    cpu, magic, mask = QEMU_CPUS[arch]
+    qemu = shutil.which(f"qemu-{cpu}-static")
+    mounted = False
+    if not (BINFMT / "register").exists():
+        _run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)])
+        mounted = True
+    name = f"{PREFIX}{os.getpid()}-{cpu}"
+
+    def hexed(h: str) -> str:
+        return "".join(f"\\x{h[i : i + 2]}" for i in range(0, len(h), 2))
+
+    try:
+        (BINFMT / "register").write_text(f":{name}:M::{hexed(magic)}:{hexed(mask)}:{qemu}:FC")
+        yield name
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            (BINFMT / name).write_text("-1")
+        if mounted:
+            _unmount(BINFMT)
 
 
 @dataclass
@@ -267,6 +323,8 @@ def leftovers() -> list[str]:
                 cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 if cmdline.startswith("systemd-nspawn") and PREFIX in cmdline:
                     found.append(f"process {proc.name}: {cmdline[:120]}")
+    if BINFMT.is_dir():
+        found += [f"binfmt {p.name}" for p in BINFMT.iterdir() if p.name.startswith(PREFIX)]
     return found
 
 
@@ -319,6 +377,12 @@ def cleanup_stale() -> list[str]:
         if match and not Path(f"/proc/{match.group(1)}").exists():
             _run(["ip", "link", "del", name], check=False)
             removed.append(name)
+    if BINFMT.is_dir():
+        for entry in BINFMT.iterdir():
+            pid = _owner_pid(entry.name)
+            if pid is not None and not Path(f"/proc/{pid}").exists():
+                entry.write_text("-1")
+                removed.append(f"binfmt {entry.name}")
     return removed
 
 
@@ -334,8 +398,16 @@ def _enter_cgroups(paths: Sequence[Path]) -> None:
 
 
 @contextlib.contextmanager
-def test_fleet(rootfs: Path, count: int, workdir: Path) -> Iterator[Fleet]:
-    """Boot ``count`` hosts from ``rootfs`` on a private bridge; yield once every sshd answers."""
+def test_fleet(
+    rootfs: Path, count: int, workdir: Path, boot_timeout: float = BOOT_TIMEOUT_S, emulated: bool = False
+) -> Iterator[Fleet]:
+    """Boot ``count`` hosts from ``rootfs`` on a private bridge; yield once every sshd answers (within
+    ``boot_timeout`` seconds: an emulated CPU boots several times slower).
+
+    ``emulated``: the hosts run under qemu's user-mode emulation, where systemd-networkd cannot start
+    (qemu does not translate every netlink request: "Protocol not supported"), so this machine's ``ip``
+    gives each host its address and multicast route from outside, in the host's network namespace.
+    """
     tag = f"{PREFIX}{os.getpid()}-{time.monotonic_ns() % 10**6}"
     bridge = f"{BRIDGE_PREFIX}{os.getpid()}"
     base = workdir / tag  # the prefix in the path lets leftovers() and cleanup_stale() find the mounts
@@ -373,7 +445,10 @@ def test_fleet(rootfs: Path, count: int, workdir: Path) -> Iterator[Fleet]:
                 preexec_fn=lambda cg=host.cgroups: _enter_cgroups(cg),  # noqa: PLW1509
             )
         fleet = Fleet(bridge, key, hosts, base)
-        _wait_for_ssh(fleet)
+        if emulated:
+            for host in hosts:
+                _address_from_outside(host, boot_timeout)
+        _wait_for_ssh(fleet, boot_timeout)
         yield fleet
 
 
@@ -400,6 +475,28 @@ def _prepare_host(host: Host, rootfs: Path, pubkey: Path) -> None:
     (ssh_dir / "authorized_keys").chmod(0o600)
 
 
+def _address_from_outside(host: Host, timeout: float) -> None:
+    """Configure ``host0`` of a booting host as its networkd file says, with this machine's ``ip``."""
+    assert host.process is not None
+    deadline = time.monotonic() + timeout
+    while True:  # nspawn's child is the host's init; its network namespace has host0 once nspawn made it
+        children = Path(f"/proc/{host.process.pid}/task/{host.process.pid}/children")
+        with contextlib.suppress(OSError):
+            for pid in children.read_text().split():
+                probe = _run(["nsenter", "-t", pid, "-n", "ip", "link", "show", "host0"], check=False)
+                if probe.returncode == 0:
+                    for cmd in (
+                        ["ip", "addr", "add", f"{host.address}/24", "dev", "host0"],
+                        ["ip", "link", "set", "host0", "up"],
+                        ["ip", "route", "add", "224.0.0.0/4", "dev", "host0"],  # mDNS leaves through the bridge
+                    ):
+                        _run(["nsenter", "-t", pid, "-n", *cmd])
+                    return
+        if host.process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{host.name}: no host0 to configure (nspawn {host.process.poll()})")
+        time.sleep(0.2)
+
+
 def _stop_host(host: Host) -> None:
     """Power the host off (SIGTERM to nspawn), kill what is left in its cgroups, unmount its layer."""
     proc = host.process
@@ -416,8 +513,8 @@ def _stop_host(host: Host) -> None:
         _unmount(host.merged)
 
 
-def _wait_for_ssh(fleet: Fleet) -> None:
-    deadline = time.monotonic() + BOOT_TIMEOUT_S
+def _wait_for_ssh(fleet: Fleet, boot_timeout: float) -> None:
+    deadline = time.monotonic() + boot_timeout
     for host in fleet.hosts:
         while True:
             if host.process is not None and host.process.poll() is not None:
@@ -427,5 +524,5 @@ def _wait_for_ssh(fleet: Fleet) -> None:
                 break
             if time.monotonic() > deadline:
                 console = (fleet.workdir / host.name / "console.log").read_text(errors="replace")
-                raise TimeoutError(f"{host.name}: no SSH after {BOOT_TIMEOUT_S} s: {console[-3000:]}")
+                raise TimeoutError(f"{host.name}: no SSH after {boot_timeout:.0f} s: {console[-3000:]}")
             time.sleep(0.5)
