@@ -1,8 +1,9 @@
 """How fast the simulation runs, and where a round's time goes: 1 and K processes, optimised and naive, one run.
 
 Each setting is a fresh ``edge-node simulate`` (under ``torchrun --standalone`` for K > 1 processes) on the
-same configuration; the total thread count is the same for every setting (``--threads``, split evenly
-over the K processes), so K=2 vs K=1 compares splitting the clients with splitting each convolution. For
+same configuration, each ``--repeats`` times, settings interleaved (the median run counts: a machine that
+gets busier slows each alike); the total thread count is the same for every setting (``--threads``, split
+evenly over the K processes), so K=2 vs K=1 compares splitting the clients with splitting each convolution. For
 each it prints seconds per round (median of the rounds' ``wall_s``, after ``--skip`` warm-up rounds),
 training images per second, the executed training FLOP/s (dense: masked training computes every weight;
 3 x forward FLOPs per image) and its fraction of this device's matmul peak measured here (float32
@@ -153,6 +154,12 @@ def run_setting(args: argparse.Namespace, processes: int, micro_batch: int, out:
     }  # fmt: skip
 
 
+def median_row(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """One setting's figures over its repeats: the run of median seconds per round, with every run's seconds."""
+    ordered = sorted(samples, key=lambda r: r["s_per_round"])
+    return {**ordered[(len(ordered) - 1) // 2], "s_per_round_runs": [r["s_per_round"] for r in samples]}
+
+
 def breakdown(args: argparse.Namespace, micro_batch: int, out: Path) -> dict[str, float]:
     """One round of the configuration, in this process under cProfile, split into :data:`PROFILE_PARTS`."""
     import cProfile
@@ -209,6 +216,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=0, help="the optimised setting [default: 0, whole batch]")
     parser.add_argument("--compare-naive", action="store_true")
     parser.add_argument("--breakdown", action="store_true")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each setting, interleaved; the median")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per setting")
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args()
@@ -216,11 +224,13 @@ def main() -> None:
     settings = [(k, args.micro_batch) for k in args.processes]
     if args.compare_naive:
         settings.append((1, NAIVE_MICRO_BATCH))
-    rows = []
+    runs: list[list[dict[str, Any]]] = [[] for _ in settings]
     with tempfile.TemporaryDirectory(prefix="sim_speed-") as tmp:
-        for k, micro in settings:
-            rows.append(run_setting(args, k, micro, Path(tmp) / f"k{k}-m{micro}"))
+        for _ in range(args.repeats):  # settings interleaved: a machine that gets busier slows each alike
+            for n, (k, micro) in enumerate(settings):
+                runs[n].append(run_setting(args, k, micro, Path(tmp) / f"k{k}-m{micro}"))
         parts = breakdown(args, args.micro_batch, Path(tmp) / "profile") if args.breakdown else None
+    rows = [median_row(samples) for samples in runs]
     base = rows[0]
     print(f"sim_speed: {args.model} on {args.dataset}, {args.clients} clients, {args.neighbours} neighbours, "
           f"{args.epochs} epoch(s), batch {args.batch_size}, {args.device}, {args.threads} threads in all; "
@@ -234,8 +244,8 @@ def main() -> None:
               f"{row['images_per_s']:>8.0f} {row['flops_executed_per_s'] / 1e9:>8.2f} "
               f"{100 * row['flops_executed_per_s'] / peak:>6.1f}% {row['host_peak_gib']:>8.2f} {device_gib:>8} "
               f"{100 * row['acc_mean_last']:>5.1f}%")  # fmt: skip
-    print("x: seconds per round over the first row's; GFLOP/s: executed dense training FLOPs (3 x forward per "
-          "image); the naive row (micro 16) is one process in the daemon's slices")  # fmt: skip
+    print("x: seconds per round (median of the repeats) over the first row's; GFLOP/s: executed dense training "
+          "FLOPs (3 x forward per image); the naive row (micro 16) is one process in the daemon's slices")  # fmt: skip
     if parts is not None:
         print(f"\nwhere one round's {parts['round_s']:.2f} s go (1 process, cProfile, its overhead included):")
         for label, seconds in parts.items():
