@@ -65,6 +65,9 @@ def run_simulation(
         on_start: called with the settings the run goes on with and notes on what a resume adapted.
         on_client: called with (round index, clients done, clients) as a round's clients finish, when no
             progress bars are drawn (a pipe or a service: a long round is not silent).
+
+    Started by ``torchrun --nproc-per-node K``, the K processes split the clients (see
+    :mod:`edge_node.sim.shard`); process 0 alone writes the run directory and calls the callbacks.
     """
     from edge_node.data import load_dataset
     from edge_node.energy.report import load_energy_log
@@ -72,13 +75,20 @@ def run_simulation(
     from edge_node.sim.report import SUMMARY_FILE, summarize
     from edge_node.sim.runner import resolve_device
     from edge_node.sim.runner import run_simulation as run
+    from edge_node.sim.shard import join
     from edge_node.storage import atomic_write_text
 
     resolve_device(config.device)  # before the (possibly long) data decode
-    data = load_dataset(config.dataset, config.data_dir, cache_dir=cache_dir, download=download)
-    run_dir = run(config, data, fresh=fresh, on_round=on_round, on_start=on_start, on_client=on_client)
-    summary = summarize(read_records(run_dir), energy_summary(load_energy_log(run_dir)))
-    atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    shard = join(config.method, config.method_spec.shardable, config.clients, config.device)
+    try:
+        data = load_dataset(config.dataset, config.data_dir, cache_dir=cache_dir, download=download)
+        run_dir = run(config, data, fresh=fresh, on_round=on_round, on_start=on_start, on_client=on_client,
+                      shard=shard)  # fmt: skip
+    finally:
+        shard.close()
+    if shard.writer:
+        summary = summarize(read_records(run_dir), energy_summary(load_energy_log(run_dir)))
+        atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
     return run_dir
 
 

@@ -197,3 +197,18 @@ def test_reference_round_bench_tiny_run(tmp_path: Path):
     assert [r["round"] for r in rounds] == [0, 1]
     assert all(0.0 <= r["acc_before_mean"] <= 1.0 and 0.0 <= r["acc_after_mean"] <= 1.0 for r in rounds)
     assert "round 1: before" in proc.stdout
+
+
+def test_sim_speed_bench_tiny_run_prints_every_setting_and_the_breakdown(tmp_path: Path):
+    out = tmp_path / "speed.json"
+    args = ["--clients", "2", "--neighbours", "1", "--samples-per-client", "40", "--batch-size", "16", "--rounds", "1",
+            "--skip", "0", "--processes", "1", "2", "--threads", "2", "--compare-naive", "--breakdown"]  # fmt: skip
+    proc = subprocess.run([sys.executable, str(BENCH / "sim_speed.py"), *args, "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(out.read_text())
+    assert [(r["processes"], r["threads_per_process"], r["micro_batch"]) for r in figures["rows"]] == [
+        (1, 2, 0), (2, 1, 0), (1, 2, 16),
+    ]  # fmt: skip
+    assert all(r["s_per_round"] > 0 and r["host_peak_gib"] > 0 for r in figures["rows"])
+    assert figures["breakdown"]["round_s"] > 0 and "where one round's" in proc.stdout

@@ -31,6 +31,7 @@ from edge_node.sim.config import (
 )
 from edge_node.sim.report import SUMMARY_FILE, format_summary, plot_run
 from edge_node.sim.runner import progress_bars_shown
+from edge_node.sim.shard import is_writer
 from edge_node.tomlconf import build, merge, read_toml, to_toml
 
 _LOGGER = logging.getLogger(__name__)
@@ -234,6 +235,8 @@ def simulate(
         config, fresh=fresh, cache_dir=cache_dir, download=download, on_round=_round_line(config) if lines else None,
         on_start=started, on_client=_client_lines(config) if lines else None,
     )  # fmt: skip
+    if not is_writer():
+        return  # one of torchrun's processes: process 0 reports
     records = read_records(run_dir)
     summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     plots = plot_run(records, run_dir)

@@ -41,6 +41,7 @@ from edge_node.sim.methods import RoundResult, RunState, SimContext
 from edge_node.sim.methods.base import SERVER_ID, stderr_is_tty
 from edge_node.sim.methods.base import accuracy as accuracy  # where tests and readers find it
 from edge_node.sim.report import ACCURACY_PLOT, COMMUNICATION_PLOT, ROUNDS_LOG, SUMMARY_FILE
+from edge_node.sim.shard import SINGLE, Shard
 from edge_node.storage import append_line, atomic_write_text, truncate_jsonl
 from edge_node.wire import ModelSpec
 
@@ -96,6 +97,7 @@ def run_simulation(
     on_round: Callable[[dict[str, Any]], None] | None = None,
     on_start: Callable[[SimConfig, list[str]], None] | None = None,
     on_client: Callable[[int, int, int], None] | None = None,
+    shard: Shard = SINGLE,
 ) -> Path:
     """Run (or resume) a simulation into ``config.output``; returns the output directory.
 
@@ -107,6 +109,10 @@ def run_simulation(
     resume adapted (logged as warnings otherwise) once everything checked out; ``on_round`` gets each
     round's record once it is saved. Progress bars are drawn only when ``config.progress`` is set and stderr
     is a terminal; otherwise ``on_client(round index, clients done, clients)`` follows a round's clients.
+
+    Under torchrun (``shard`` one of K processes, :mod:`edge_node.sim.shard`) every process trains its block
+    of clients and computes every record; only the writer (process 0) reads the checkpoint (and sends it to
+    the others), writes the run directory and calls the callbacks.
     """
     device = resolve_device(config.device)
     model = build_checked_model(config.model, dataset.num_classes, dataset.input_shape, config.seed)
@@ -115,10 +121,10 @@ def run_simulation(
         raise ConfigError(f"neighbours={config.neighbours} must be less than clients={config.clients}")
     out = config.run_dir
     ckpt_path = out / CHECKPOINT_NAME
-    saved = None
     notes: list[str] = []
-    if ckpt_path.exists() and not fresh:
-        saved = load_checkpoint(ckpt_path, device)
+    saved = shard.from_writer(lambda: _saved_run(ckpt_path, fresh, device if shard.world == 1 else torch.device("cpu")))
+    if saved is not None:
+        saved = _on_device(saved, device)
         config, notes = config.resumed_as(saved["config"])
         diff = config.differences(saved["config"])
         if diff:
@@ -128,26 +134,29 @@ def run_simulation(
     params = config.dispfl_params()
     train_parts, test_parts = partition(config, dataset)
     meter = _open_meter(config.energy_backend)
+    start_round = 0 if saved is None else saved["round"] + 1
     try:
-        if on_start is not None:
+        if not shard.writer:
+            pass  # the writer alone touches the run directory
+        elif on_start is not None:
             on_start(config, notes)
         else:
             for note in notes:
                 _LOGGER.warning("%s: %s", out, note)
-        if fresh:
+        if fresh and shard.writer:
             for name in RUN_FILES:
                 (out / name).unlink(missing_ok=True)
-        start_round = 0 if saved is None else saved["round"] + 1
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / CONFIG_FILE, json.dumps(config.to_json(), indent=2) + "\n")
-        clients_info = _clients_info(config, dataset, train_parts, test_parts)
-        atomic_write_text(out / CLIENTS_FILE, json.dumps(clients_info) + "\n")
-        truncate_jsonl(out / ROUNDS_LOG, start_round)
-        truncate_jsonl(out / ENERGY_LOG, start_round)
+        if shard.writer:
+            out.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(out / CONFIG_FILE, json.dumps(config.to_json(), indent=2) + "\n")
+            clients_info = _clients_info(config, dataset, train_parts, test_parts)
+            atomic_write_text(out / CLIENTS_FILE, json.dumps(clients_info) + "\n")
+            truncate_jsonl(out / ROUNDS_LOG, start_round)
+            truncate_jsonl(out / ENERGY_LOG, start_round)
     except BaseException:
         meter.close()
         raise
-    accountant = EnergyAccountant(meter, out / ENERGY_LOG)
+    accountant = EnergyAccountant(meter, out / ENERGY_LOG if shard.writer else None)
     model = model.to(device)
     init_weights = read_weights(model)
     pool = ImagePool.from_dataset(dataset, device)
@@ -163,6 +172,7 @@ def run_simulation(
         spec=ModelSpec.from_tensors(arch_name(config.model), dataset.num_classes, init_weights),
         accountant=accountant,
         on_client=on_client,
+        shard=shard,
     )
     state = method.initial_state(ctx) if saved is None else method.restore(ctx, saved)
     if saved is not None:
@@ -170,7 +180,7 @@ def run_simulation(
     bar = tqdm(
         range(start_round, config.rounds),
         desc=f"rounds ({config.method})",
-        disable=not progress_bars_shown(config),
+        disable=not (progress_bars_shown(config) and shard.writer),
         unit="round",
         initial=start_round,
         total=config.rounds,
@@ -181,9 +191,12 @@ def run_simulation(
             state, result = method.round(ctx, t, state)
             record = build_record(config, params, ctx, t, state, result)
             record["wall_s"] = time.perf_counter() - started
-            append_line(out / ROUNDS_LOG, json.dumps(record))
-            save_checkpoint(ckpt_path, round_index=t, config=config.to_json(), **method.checkpoint(state))
+            if shard.writer:
+                append_line(out / ROUNDS_LOG, json.dumps(record))
+                save_checkpoint(ckpt_path, round_index=t, config=config.to_json(), **method.checkpoint(state))
             accountant.close_round(t, modelled_j=record["modelled_energy"]["total_j"])
+            if not shard.writer:
+                continue
             bar.set_postfix(acc=f"{100 * record['acc_mean']:.1f}%")
             _LOGGER.info(
                 "round %d: %s acc %.2f%% (%s), busiest node %s %.2f MB, %.1f s",
@@ -201,6 +214,19 @@ def run_simulation(
         accountant.close()
         bar.close()
     return out
+
+
+def _saved_run(path: Path, fresh: bool, device: torch.device) -> dict[str, Any] | None:
+    """The checkpoint a run resumes from (None: none there, or ``fresh``)."""
+    return load_checkpoint(path, device) if path.exists() and not fresh else None
+
+
+def _on_device(saved: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """``saved`` (a loaded checkpoint) with its tensors on ``device`` (the writer loads it on the CPU to send it)."""
+    moved = dict(saved)
+    for key in ("weights", "train_masks", "next_masks"):
+        moved[key] = [{k: v.to(device) for k, v in d.items()} for d in saved[key]]
+    return moved
 
 
 def progress_bars_shown(config: SimConfig) -> bool:

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from tqdm import tqdm
@@ -30,6 +30,7 @@ from edge_node.algorithm.topology import round_neighbours
 from edge_node.data.batches import Batch, ClientData
 from edge_node.energy import EnergyAccountant
 from edge_node.errors import TrainingDiverged
+from edge_node.sim.shard import SINGLE, Shard
 from edge_node.wire import ModelSpec, ValueType, encoded_model_size
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 SIM_FLEET_ID = "sim"  # header fields the byte count uses: node ids are client-<i>, a server "server"
 SERVER_ID = "server"
+T = TypeVar("T")
 PAPER_BYTES_PER_VALUE = 4  # the paper's Comm (MB): fp32 values of the received models, 1 MB = 1e6 B
 # Settings only some methods use (a method lists those it uses in ``Method.uses``; the others warn).
 NEIGHBOURHOOD = frozenset({"neighbours", "topology", "max_in_degree"})  # pulls from seeded neighbours
@@ -163,6 +165,7 @@ class SimContext:
     spec: ModelSpec
     accountant: EnergyAccountant
     on_client: Callable[[int, int, int], None] | None = None  # progress without bars (a pipe): (t, done, of)
+    shard: Shard = SINGLE  # which clients this process trains (all of them without torchrun)
     densities: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -260,24 +263,34 @@ class SimContext:
     def train_dense(self, t: int, clients: list[ClientState]) -> tuple[list[ClientState], RoundResult]:
         """Every client trained locally from ``clients`` (dense, no mask update): the new states and the
         per-client accuracies, losses and FLOPs of a round that moves no bytes (the caller fills those in)."""
-        trained = list(clients)
-        acc_before, acc_after, losses, flops = [], [], [], []
+
+        def one(i: int) -> tuple[ClientState, tuple[float, float, float, float]]:
+            done = self.evaluate_and_train(t, i, clients[i])
+            flops = self.training_flops(self.dense, self.data[i].num_train, False)
+            return done.kept, (done.acc_before, done.acc_after, done.trained.stats.mean_loss, flops)
+
         with self.phase("train"):
-            for i in self.client_bar(t, len(clients)):
-                done = self.evaluate_and_train(t, i, clients[i])
-                acc_before.append(done.acc_before)
-                acc_after.append(done.acc_after)
-                losses.append(done.trained.stats.mean_loss)
-                trained[i] = done.kept
-                flops.append(self.training_flops(self.dense, self.data[i].num_train, False))
+            trained, outcomes = self.each_client(t, one)
+        acc_before, acc_after = [o[0] for o in outcomes], [o[1] for o in outcomes]
+        losses, flops = [o[2] for o in outcomes], [o[3] for o in outcomes]
         zeros = [0] * len(clients)
         return trained, RoundResult(acc_before, acc_after, losses, flops, zeros, list(zeros), [0.0] * len(clients))
 
+    def each_client(self, t: int, one: Callable[[int], tuple[ClientState, T]]) -> tuple[list[ClientState], list[T]]:
+        """``one(i)`` for each client this process trains, then every client's new state and result in client
+        order (gathered from the other processes under torchrun; ``one``'s own results in one process)."""
+        states: dict[int, ClientState] = {}
+        outcomes: dict[int, T] = {}
+        n = self.config.clients
+        for i in self.client_bar(t, n, self.shard.clients(n)):
+            states[i], outcomes[i] = one(i)
+        return self.shard.gather_states(states, self.densities), self.shard.gather_objects(outcomes, n)
+
     def client_bar(self, t: int, n: int, items: Sequence[int] | None = None) -> Iterator[int]:
         """The round's clients, with a bar on a terminal, else reported to ``on_client`` as each one is done."""
-        show = self.config.progress and stderr_is_tty()
+        show = self.config.progress and stderr_is_tty() and self.shard.writer
         chosen = items if items is not None else range(n)
-        if not show and self.on_client is not None:
+        if not show and self.on_client is not None and self.shard.writer:
             for done, i in enumerate(chosen):
                 yield i
                 self.on_client(t, done + 1, len(chosen))

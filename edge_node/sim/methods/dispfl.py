@@ -54,26 +54,24 @@ class DisPFL(Method):
         traffic = ctx.traffic(t, at_start, nbrs)
         extra = dict(state.extra)
         plan = self.plan(ctx, t, extra)
-        clients = list(at_start)
-        acc_before, acc_after, losses, flops = [], [], [], []
-        refused: dict[str, dict[str, str]] = {}
-        for i in ctx.client_bar(t, len(at_start)):
+
+        def one(i: int) -> tuple[ClientState, tuple[float, float, float, float, dict[str, str]]]:
             offers = [(f"client-{j}", *published(at_start[j])) for j in nbrs[i]]
             with ctx.stopping_on_divergence(t):
                 done = client_round(
                     at_start[i], offers, ctx.model, t, params, seed=config.seed, client=i,
                     hooks=ctx.hooks(i, keep=plan.keep(i)), screen=config.screen,
                 )  # fmt: skip
-            if done.refused:
-                refused[f"client-{i}"] = done.refused
-                for peer, reason in done.refused.items():
-                    _LOGGER.warning("round screen: client-%d refused %s: %s", i, peer, reason)
-            clients[i] = done.state
-            acc_before.append(done.acc_before)
-            acc_after.append(done.acc_after)
-            losses.append(done.trained.stats.mean_loss)
-            flops.append(ctx.training_flops(nnz_per_tensor(done.trained.state.train_mask), ctx.data[i].num_train,
-                                            params.regrow == "gradient"))  # fmt: skip
+            for peer, reason in done.refused.items():
+                _LOGGER.warning("round screen: client-%d refused %s: %s", i, peer, reason)
+            flops = ctx.training_flops(nnz_per_tensor(done.trained.state.train_mask), ctx.data[i].num_train,
+                                       params.regrow == "gradient")  # fmt: skip
+            return done.state, (done.acc_before, done.acc_after, done.trained.stats.mean_loss, flops, done.refused)
+
+        clients, outcomes = ctx.each_client(t, one)
+        acc_before, acc_after = [o[0] for o in outcomes], [o[1] for o in outcomes]
+        losses, flops = [o[2] for o in outcomes], [o[3] for o in outcomes]
+        refused = {f"client-{i}": o[4] for i, o in enumerate(outcomes) if o[4]}
         result = RoundResult(acc_before, acc_after, losses, flops, traffic["received"], traffic["sent"],
                              traffic["paper_mb"], screen_refused=refused if config.screen else None,
                              fields=plan.fields())  # fmt: skip

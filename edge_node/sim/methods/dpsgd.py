@@ -21,9 +21,10 @@ class DPSGD(Method):
         start = state.clients
         nbrs = ctx.neighbours(t)
         traffic = ctx.traffic(t, start, nbrs)
+        averaged = list(start)  # only this process's clients are trained (all of them without torchrun)
         with ctx.phase("aggregate"):
-            averaged = [neighbourhood_average(start[i], [published(start[j]) for j in nbrs[i]])
-                        for i in range(len(start))]  # fmt: skip
+            for i in ctx.shard.clients(len(start)):
+                averaged[i] = neighbourhood_average(start[i], [published(start[j]) for j in nbrs[i]])
         clients, result = ctx.train_dense(t, averaged)
         result.received, result.sent, result.paper_mb = traffic["received"], traffic["sent"], traffic["paper_mb"]
         return RunState(clients, state.extra), result

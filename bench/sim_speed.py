@@ -1,0 +1,261 @@
+"""How fast the simulation runs, and where a round's time goes: 1 and K processes, optimised and naive, one run.
+
+Each setting is a fresh ``edge-node simulate`` (under ``torchrun --standalone`` for K > 1 processes) on the
+same configuration, each ``--repeats`` times, settings interleaved (the median run counts: a machine that
+gets busier slows each alike); the total thread count is the same for every setting (``--threads``, split
+evenly over the K processes), so K=2 vs K=1 compares splitting the clients with splitting each convolution. For
+each it prints seconds per round (median of the rounds' ``wall_s``, after ``--skip`` warm-up rounds),
+training images per second, the executed training FLOP/s (dense: masked training computes every weight;
+3 x forward FLOPs per image) and its fraction of this device's matmul peak measured here (float32
+``torch.mm`` of 4096 x 4096 at the same total threads), and the peak host memory of the process tree
+(and, on CUDA, the device memory NVML sees in use above the idle level). ``--compare-naive`` adds the
+straightforward path: one process, each batch in the daemon's slices of 16 samples (its default
+``--micro-batch``, bitwise equal to a device's step) against the whole batch at once (``--micro-batch 0``,
+the same algorithm up to float noise), ratios printed. ``--breakdown`` profiles one round of the first
+setting in process (cProfile: its overhead inflates Python-heavy parts) and splits it into training
+compute, evaluation, data, aggregation, mask update, copies, energy-meter reads and the rest.
+
+    .venv/bin/python bench/sim_speed.py --processes 1 2 --compare-naive --breakdown       # tiny demo run
+    .venv/bin/python bench/sim_speed.py --dataset cifar10 --data-dir CIFAR.tar.gz --clients 100 \\
+        --neighbours 10 --epochs 5 --batch-size 128 --rounds 2 --skip 0 --processes 1 2 --compare-naive
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _provenance import commit, machine  # noqa: E402
+
+NAIVE_MICRO_BATCH = 16  # the daemon's slices (DisPFLParams.micro_batch): bitwise equal to a device's step
+PROFILE_PARTS = {  # category: functions whose cumulative time it is (non-overlapping within a round)
+    "data (batches drawn, uint8 -> float)": ["train_batches", "eval_batches"],
+    "aggregation (screen, aggregate)": ["screen_peer_models", "aggregate_peers", "neighbourhood_average"],
+    "mask update (prune, regrow)": ["update_mask"],
+    "copies (weights in and out of the model)": ["load_weights", "read_weights"],
+    "energy meter reads": ["_charge"],
+}
+
+
+def matmul_peak(device: str, threads: int, n: int = 4096, repeats: int = 5) -> float:
+    """Float32 FLOP/s of ``torch.mm`` (n x n) on ``device`` at ``threads`` threads: the best of ``repeats``."""
+    torch.set_num_threads(threads)
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+class PeakMemory:
+    """Peak summed RSS of a process and its descendants (and NVML used device memory), sampled every 0.2 s."""
+
+    def __init__(self, proc: subprocess.Popen, cuda: bool) -> None:
+        self.proc, self.host, self.device = psutil.Process(proc.pid), 0, 0
+        self._stop = threading.Event()
+        self._nvml: Any = None
+        self._idle = 0
+        if cuda:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self._idle = pynvml.nvmlDeviceGetMemoryInfo(self._nvml).used
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                tree = [self.proc, *self.proc.children(recursive=True)]
+                self.host = max(self.host, sum(p.memory_info().rss for p in tree))
+            except psutil.Error:
+                pass  # a process ended between listing and reading
+            if self._nvml is not None:
+                import pynvml
+
+                used = pynvml.nvmlDeviceGetMemoryInfo(self._nvml).used
+                self.device = max(self.device, used - self._idle)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def simulate_args(args: argparse.Namespace) -> list[str]:
+    """The ``edge-node simulate`` flags of the benchmarked configuration."""
+    flags = [
+        "--dataset", args.dataset, "--model", args.model, "--clients", str(args.clients), "--neighbours",
+        str(args.neighbours), "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--density",
+        str(args.density), "--partition", args.partition, "--rounds", str(args.rounds), "--seed", "0",
+        "--device", args.device, "--energy-backend", args.energy_backend, "--no-progress", "--fresh",
+    ]  # fmt: skip
+    if args.data_dir:
+        flags += ["--data-dir", args.data_dir]
+    if args.samples_per_client:
+        flags += ["--samples-per-client", str(args.samples_per_client)]
+    return flags
+
+
+def run_setting(args: argparse.Namespace, processes: int, micro_batch: int, out: Path) -> dict[str, Any]:
+    """One fresh run of the configuration: its rounds' figures and its peak memory."""
+    threads = max(args.threads // processes, 1)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    launcher = [sys.executable]
+    if processes > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    command = [*launcher, "-m", "edge_node", "simulate", *simulate_args(args), "--micro-batch", str(micro_batch),
+               "--output", str(out)]  # fmt: skip
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    memory = PeakMemory(proc, args.device == "cuda")
+    try:
+        output, _ = proc.communicate(timeout=args.timeout)
+    finally:
+        memory.stop()
+        if proc.poll() is None:
+            proc.kill()
+    if proc.returncode != 0:
+        raise SystemExit(f"sim_speed: {' '.join(command)} exited {proc.returncode}:\n{output[-3000:]}")
+    records = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    clients = json.loads((out / "clients.json").read_text())["clients"]
+    timed = records[args.skip :] or records
+    s_round = statistics.median(r["wall_s"] for r in timed)
+    images = args.epochs * sum(c["train"] for c in clients)  # training images a round (evaluation not counted)
+    executed = 3 * records[0]["forward_flops_dense"] * images
+    return {
+        "processes": processes, "threads_per_process": threads, "micro_batch": micro_batch,
+        "rounds_timed": len(timed), "s_per_round": s_round, "images_per_s": images / s_round,
+        "flops_executed_per_s": executed / s_round,
+        "flops_sparse_per_s": sum(r["flops_per_client_mean"] * r["trained_clients"] for r in timed) / len(timed)
+        / s_round,
+        "host_peak_gib": memory.host / 2**30, "device_peak_gib": memory.device / 2**30 if args.device == "cuda"
+        else None, "acc_mean_last": records[-1]["acc_mean"], "total_s": time.perf_counter() - started,
+    }  # fmt: skip
+
+
+def median_row(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """One setting's figures over its repeats: the run of median seconds per round, with every run's seconds."""
+    ordered = sorted(samples, key=lambda r: r["s_per_round"])
+    return {**ordered[(len(ordered) - 1) // 2], "s_per_round_runs": [r["s_per_round"] for r in samples]}
+
+
+def breakdown(args: argparse.Namespace, micro_batch: int, out: Path) -> dict[str, float]:
+    """One round of the configuration, in this process under cProfile, split into :data:`PROFILE_PARTS`."""
+    import cProfile
+    import pstats
+
+    from edge_node.api import run_simulation
+    from edge_node.sim.config import SimConfig
+
+    torch.set_num_threads(args.threads)
+    config = SimConfig(
+        dataset=args.dataset, data_dir=Path(args.data_dir) if args.data_dir else None, model=args.model,
+        clients=args.clients, neighbours=args.neighbours, epochs=args.epochs, batch_size=args.batch_size,
+        density=args.density, partition=args.partition, rounds=1, seed=0, device=args.device,
+        energy_backend=args.energy_backend, progress=False, micro_batch=micro_batch, output=out,
+        samples_per_client=args.samples_per_client,
+    )  # fmt: skip
+    profile = cProfile.Profile()
+    profile.enable()
+    run_simulation(config, fresh=True)
+    profile.disable()
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    cumulative: dict[str, float] = {}
+    for (_file, _line, name), (_cc, _nc, _tt, ct, _callers) in stats.items():
+        cumulative[name] = cumulative.get(name, 0.0) + ct
+    total = cumulative.get("round", 0.0)  # the method's round (``Method.round``)
+    train_data, eval_data = cumulative.get("train_batches", 0.0), cumulative.get("eval_batches", 0.0)
+    parts = {  # train_masked and count_correct draw their batches: that time is counted once, under data
+        "training compute (forward, backward, SGD)": cumulative.get("train_masked", 0.0) - train_data,
+        "evaluation (forward)": cumulative.get("count_correct", 0.0) - eval_data,
+        **{label: sum(cumulative.get(f, 0.0) for f in names) for label, names in PROFILE_PARTS.items()},
+    }
+    parts["rest (Python, bookkeeping, records)"] = total - sum(parts.values())
+    return {"round_s": total, **parts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="demo")
+    parser.add_argument("--data-dir")
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--neighbours", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--density", type=float, default=0.5)
+    parser.add_argument("--partition", default="dir:0.3")
+    parser.add_argument("--samples-per-client", type=int)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--skip", type=int, default=1, help="warm-up rounds not timed [default: 1]")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--energy-backend", default="estimate")
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="total threads, split over K")
+    parser.add_argument("--micro-batch", type=int, default=0, help="the optimised setting [default: 0, whole batch]")
+    parser.add_argument("--compare-naive", action="store_true")
+    parser.add_argument("--breakdown", action="store_true")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each setting, interleaved; the median")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per setting")
+    parser.add_argument("--json", help="write the figures here too")
+    args = parser.parse_args()
+    peak = matmul_peak(args.device, args.threads)
+    settings = [(k, args.micro_batch) for k in args.processes]
+    if args.compare_naive:
+        settings.append((1, NAIVE_MICRO_BATCH))
+    runs: list[list[dict[str, Any]]] = [[] for _ in settings]
+    with tempfile.TemporaryDirectory(prefix="sim_speed-") as tmp:
+        for _ in range(args.repeats):  # settings interleaved: a machine that gets busier slows each alike
+            for n, (k, micro) in enumerate(settings):
+                runs[n].append(run_setting(args, k, micro, Path(tmp) / f"k{k}-m{micro}"))
+        parts = breakdown(args, args.micro_batch, Path(tmp) / "profile") if args.breakdown else None
+    rows = [median_row(samples) for samples in runs]
+    base = rows[0]
+    print(f"sim_speed: {args.model} on {args.dataset}, {args.clients} clients, {args.neighbours} neighbours, "
+          f"{args.epochs} epoch(s), batch {args.batch_size}, {args.device}, {args.threads} threads in all; "
+          f"matmul peak {peak / 1e9:.1f} GFLOP/s; commit {commit()}; {machine()}")  # fmt: skip
+    print(f"{'K':>2} {'thr':>4} {'micro':>5} {'s/round':>8} {'x':>6} {'img/s':>8} {'GFLOP/s':>8} {'% peak':>7} "
+          f"{'host GiB':>8} {'dev GiB':>8} {'acc':>6}")  # fmt: skip
+    for row in rows:
+        device_gib = "-" if row["device_peak_gib"] is None else f"{row['device_peak_gib']:.2f}"
+        print(f"{row['processes']:>2} {row['threads_per_process']:>4} {row['micro_batch']:>5} "
+              f"{row['s_per_round']:>8.2f} {row['s_per_round'] / base['s_per_round']:>6.2f} "
+              f"{row['images_per_s']:>8.0f} {row['flops_executed_per_s'] / 1e9:>8.2f} "
+              f"{100 * row['flops_executed_per_s'] / peak:>6.1f}% {row['host_peak_gib']:>8.2f} {device_gib:>8} "
+              f"{100 * row['acc_mean_last']:>5.1f}%")  # fmt: skip
+    print("x: seconds per round (median of the repeats) over the first row's; GFLOP/s: executed dense training "
+          "FLOPs (3 x forward per image); the naive row (micro 16) is one process in the daemon's slices")  # fmt: skip
+    if parts is not None:
+        print(f"\nwhere one round's {parts['round_s']:.2f} s go (1 process, cProfile, its overhead included):")
+        for label, seconds in parts.items():
+            if label != "round_s":
+                print(f"  {label:<44} {seconds:>8.2f} s {100 * seconds / max(parts['round_s'], 1e-9):>5.1f} %")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "matmul_peak_flops": peak, "rows": rows,
+                                               "breakdown": parts, "commit": commit(), "machine": machine()},
+                                              indent=2) + "\n")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
