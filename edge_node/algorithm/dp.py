@@ -3,7 +3,7 @@ and the (epsilon, delta) a run has spent, computed by Opacus's RDP accountant.
 
 One private step of a batch of ``B`` samples (:func:`private_gradients`)::
 
-    g_j   = grad of sample j's loss                          (torch.func: vmap(grad), in micro-batch slices)
+    g_j   = grad of sample j's loss                          (one backward per sample; torch.func's vmap on CUDA)
     g_j  *= min(1, C / ||g_j||)                              (global L2 norm over every parameter tensor)
     g     = (sum_j g_j + N(0, (z C)^2) on active coordinates) / B
 
@@ -99,8 +99,22 @@ def private_gradients(
     generator: torch.Generator,
     micro_batch: int = 0,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Mean cross-entropy of the batch and its DP-SGD gradient: per-sample gradients (``micro_batch`` samples
-    at a time through torch.func), clipped, summed, noised on active coordinates, divided by the batch size."""
+    """Mean cross-entropy of the batch and its DP-SGD gradient: per-sample gradients, clipped, summed, noised
+    on active coordinates, divided by the batch size. One noise draw per step whatever the slicing."""
+    if x.device.type == "cuda":
+        loss_sum, per_sample = vmap_per_sample_gradients(model, x, y, micro_batch)
+    else:
+        loss_sum, per_sample = looped_per_sample_gradients(model, x, y)
+    summed = clip_and_noise(per_sample, masks, config, generator)
+    batch = float(y.shape[0])
+    return loss_sum / batch, [g / batch for g in summed]
+
+
+def vmap_per_sample_gradients(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batch: int = 0
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(summed loss, per-sample gradients) by torch.func's vmap(grad), ``micro_batch`` samples at a time: the
+    fast way on a GPU (one batched kernel per layer)."""
     names = [name for name, _ in model.named_parameters()]
     params = {name: p.detach() for name, p in model.named_parameters()}
 
@@ -117,11 +131,23 @@ def private_gradients(
         for k, name in enumerate(names):
             parts[k].append(grads[name])
         loss_sum += losses.sum()
-    # Clip and noise over the whole batch at once: one noise draw per step whatever the slicing.
-    per_sample = [torch.cat(p) for p in parts]
-    summed = clip_and_noise(per_sample, masks, config, generator)
-    batch = float(y.shape[0])
-    return loss_sum / batch, [g / batch for g in summed]
+    return loss_sum, [torch.cat(p) for p in parts]
+
+
+def looped_per_sample_gradients(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(summed loss, per-sample gradients) by one backward pass per sample: on a CPU about 2.8x faster than
+    vmap for the cnn (0.69 s against 1.9 s a batch of 32, one thread), and one sample's activations in memory."""
+    params = list(model.parameters())
+    parts: list[list[torch.Tensor]] = [[] for _ in params]
+    loss_sum = torch.zeros((), device=x.device)
+    for i in range(y.shape[0]):
+        loss = nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1])
+        for k, g in enumerate(torch.autograd.grad(loss, params)):
+            parts[k].append(g)
+        loss_sum += loss.detach()
+    return loss_sum, [torch.stack(p) for p in parts]
 
 
 def noise_multiplier_for(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
