@@ -9,11 +9,11 @@ import torch
 from edge_node.algorithm.dp import (
     DPConfig,
     clip_and_noise,
-    looped_per_sample_gradients,
+    looped_clipped_sum,
     noise_multiplier_for,
     private_gradients,
     spent_epsilon,
-    vmap_per_sample_gradients,
+    vmap_clipped_sum,
 )
 from edge_node.algorithm.training import _loss_and_gradients
 from edge_node.errors import ConfigError
@@ -45,15 +45,17 @@ def test_private_gradient_with_no_clipping_and_negligible_noise_is_the_plain_mea
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_the_cpu_loop_and_the_gpu_vmap_give_the_same_per_sample_gradients():
+def test_the_cpu_loop_and_the_gpu_vmap_give_the_same_clipped_sum():
     model = build_model("cnn", 10, seed=1)
     x, y = torch.randn(5, 3, 32, 32), torch.randint(0, 10, (5,))
-    loop_loss, looped = looped_per_sample_gradients(model, x, y)
-    vmap_loss, mapped = vmap_per_sample_gradients(model, x, y, micro_batch=2)
-    assert loop_loss.item() == pytest.approx(vmap_loss.item(), rel=1e-5)
-    for a, b in zip(looped, mapped, strict=True):
-        assert a.shape[0] == 5
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    for clip in (1e-3, 1e9):  # every sample clipped; none
+        loop_loss, looped = looped_clipped_sum(model, x, y, clip)
+        vmap_loss, mapped = vmap_clipped_sum(model, x, y, clip, micro_batch=2)
+        assert loop_loss.item() == pytest.approx(vmap_loss.item(), rel=1e-5)
+        for a, b in zip(looped, mapped, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+    norm = torch.sqrt(sum(g.pow(2).sum() for g in looped_clipped_sum(model, x, y, 1e-3)[1]))
+    assert norm.item() <= 5 * 1e-3 * (1 + 1e-5)  # 5 samples of norm <= C each
 
 
 def test_spent_epsilon_grows_with_steps_and_is_opacus_rdp_accountants_own_figure():
