@@ -27,6 +27,8 @@ class Stream(enum.Enum):
     PEERS = "peers"  # (client, round): which live peers an asynchronous node pulls from
     FEDAVG_SAMPLE = "fedavg-sample"  # (round,): which clients a FedAvg server trains in a round
     FINETUNE = "finetune"  # (client, round): shuffles and augmentation of an evaluation-only fine-tune (-ft baselines)
+    FEDP3_LAYERS = "fedp3-layers"  # (client, round): the layers a FedP3 client owns under the random schedule (opr2)
+    DP_NOISE = "dp-noise"  # (client, round): a simulated client's DP-SGD noise (a device draws its own secretly)
 
 
 def _entropy(seed: int, stream: Stream, ids: tuple[int, ...]) -> list[int]:

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from edge_node.algorithm.aggregation import aggregate
+from edge_node.algorithm.dp import DPConfig, dp_noise_generator
 from edge_node.algorithm.masks import MASK_METHODS, check_density, init_masks, mask_density
 from edge_node.algorithm.prune_regrow import REGROW_RULES, update_masks
 from edge_node.algorithm.robust import screen_peer_models
@@ -55,6 +56,9 @@ BatchSource = Callable[[int, torch.Generator], Iterable[Batch]]
 Offer = tuple[str, TensorDict, TensorDict]
 
 
+_DERIVED = frozenset({"dp", "secret_noise"})  # DisPFLParams fields no config holds under that name
+
+
 @dataclass(frozen=True)
 class DisPFLParams:
     """The hyper-parameters of local training and the mask schedule (docs/ALGORITHM.md "One round")."""
@@ -73,6 +77,10 @@ class DisPFLParams:
     # under 400 MB (docs/RESULTS.md) for about 9 % more time per step; the simulation uses the same value so
     # that a lock-step fleet and ``edge-node simulate`` take the same float steps with no extra flag.
     micro_batch: int = 16
+    # DP-SGD's clip and noise multiplier (None: plain SGD). Never a setting of its own: a run derives it from
+    # its privacy budget (edge_node.algorithm.dp), so DisPFLParams.of leaves it out.
+    dp: DPConfig | None = None
+    secret_noise: bool = False  # DP noise from the OS's randomness (a device), not the fleet seed (a simulation)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "planned_rounds"):
@@ -98,7 +106,7 @@ class DisPFLParams:
     @classmethod
     def of(cls, settings: object, **overrides: Any) -> DisPFLParams:
         """The parameters a config holds under the same names (both configs' one way to build them)."""
-        values = {f.name: getattr(settings, f.name) for f in fields(cls)}
+        values = {f.name: getattr(settings, f.name) for f in fields(cls) if f.name not in _DERIVED}
         return cls(**{**values, **overrides})
 
     def sgd(self, round_index: int) -> SGDConfig:
@@ -108,6 +116,7 @@ class DisPFLParams:
             weight_decay=self.weight_decay,
             clip_norm=self.clip_norm,
             micro_batch=self.micro_batch,
+            dp=self.dp,
         )
 
     def prune_rate(self, round_index: int) -> float:
@@ -193,7 +202,8 @@ def train_local(
     load_weights(model, state.weights)
     generator = torch_generator(seed, Stream.TRAIN, client, round_index)
     sgd = params.sgd(round_index)
-    stats = train_masked(model, state.train_mask, batches(params.epochs, generator), sgd)
+    noise = dp_noise_generator(seed, client, round_index, secret=params.secret_noise) if params.dp else None
+    stats = train_masked(model, state.train_mask, batches(params.epochs, generator), sgd, noise)
     trained = read_weights(model)
     finite_weights = all_finite(trained)
     if (stats.samples and not math.isfinite(stats.mean_loss)) or not finite_weights:

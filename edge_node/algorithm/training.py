@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from edge_node.algorithm.dp import DPConfig, private_gradients
+
 TensorDict = Mapping[str, torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -27,6 +29,9 @@ class SGDConfig:
     # summed into the batch's gradient (the same step up to float rounding) with a slice's activations
     # in memory instead of the batch's: what keeps a daemon of batch 128 small on a Raspberry Pi.
     micro_batch: int = 0
+    # DP-SGD (edge_node.algorithm.dp): per-sample clipping and Gaussian noise instead of the plain gradient;
+    # the global-norm clip and weight decay above still apply after it (post-processing).
+    dp: DPConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -48,8 +53,18 @@ def read_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def train_masked(model: nn.Module, masks: TensorDict, batches: Iterable[Batch], config: SGDConfig) -> TrainStats:
-    """Run masked SGD over ``batches`` on ``model`` in place; returns step/sample counts and mean loss."""
+def train_masked(
+    model: nn.Module,
+    masks: TensorDict,
+    batches: Iterable[Batch],
+    config: SGDConfig,
+    noise: torch.Generator | None = None,
+) -> TrainStats:
+    """Run masked SGD over ``batches`` on ``model`` in place; returns step/sample counts and mean loss.
+
+    With ``config.dp`` each step's gradient is DP-SGD's, its noise drawn from ``noise`` (required then)."""
+    if config.dp is not None and noise is None:
+        raise ValueError("DP-SGD training needs a noise generator")
     names = [name for name, _ in model.named_parameters()]
     params: list[torch.Tensor] = [p for _, p in model.named_parameters()]
     mask_values = [masks[name].to(params[i].dtype) for i, name in enumerate(names)]
@@ -59,7 +74,10 @@ def train_masked(model: nn.Module, masks: TensorDict, batches: Iterable[Batch], 
     steps = samples = 0
     model.train()
     for x, y in batches:
-        loss, grads = _loss_and_gradients(model, params, x, y, config.micro_batch)
+        if config.dp is not None and noise is not None:
+            loss, grads = private_gradients(model, x, y, mask_values, config.dp, noise, config.micro_batch)
+        else:
+            loss, grads = _loss_and_gradients(model, params, x, y, config.micro_batch)
         with torch.no_grad():
             norms = torch._foreach_norm(grads)
             total_norm = torch.linalg.vector_norm(torch.stack(norms))

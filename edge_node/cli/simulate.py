@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from edge_node.algorithm.fedp3 import AGGREGATIONS, SCHEDULES
 from edge_node.algorithm.masks import MASK_METHODS
 from edge_node.algorithm.prune_regrow import REGROW_RULES
 from edge_node.algorithm.topology import TOPOLOGIES
@@ -160,6 +161,31 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     help="dispfl-s2s: a client votes stable when |D_t - D_t-1| / D_0 <= this "
     f"[default: {_default('s2s_stable_threshold')}].",
 )
+@click.option(
+    "--fedp3-layers",
+    type=_choice(SCHEDULES),
+    help="fedp3: hidden layers each client owns: lowerb (1), opu2/opu3 (2/3 consecutive), opr2 (2 random a "
+    f"round); all also train and upload the final layer [default: {_default('fedp3_layers')}].",
+)
+@click.option(
+    "--fedp3-keep",
+    type=float,
+    help=f"fedp3: fraction of each non-owned weight tensor the server sends [default: {_default('fedp3_keep')}].",
+)
+@click.option(
+    "--fedp3-aggregation",
+    type=_choice(AGGREGATIONS),
+    help=f"fedp3: per-layer mean, or weighted by layers owned [default: {_default('fedp3_aggregation')}].",
+)
+@click.option(
+    "--privacy",
+    type=_choice(("none", "ldp")),
+    help="ldp: LDP-FedP3, every client trains with DP-SGD (per-sample clip + Gaussian noise) at the noise that "
+    "spends --epsilon at --delta by the last round (fedp3 only) [default: none].",
+)
+@click.option("--epsilon", type=float, help="Privacy budget of the whole run, per client's data set.")
+@click.option("--delta", type=float, help=f"Privacy delta [default: {_default('delta')}].")
+@click.option("--dp-clip", type=float, help=f"DP-SGD per-sample gradient clip C [default: {_default('dp_clip')}].")
 @click.option(
     "--screen/--no-screen",
     default=None,

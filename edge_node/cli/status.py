@@ -33,6 +33,7 @@ def format_status(status: dict[str, Any]) -> str:
         ("bytes in", f"{status.get('bytes_in_total', 0) / 1e6:.2f} MB this run"),
         ("energy", f"{status.get('energy_j_this_run', 0):.4g} J this run ({status.get('energy_label') or '-'})"),
         ("capacity", _capacity(status.get("capacity"))),
+        ("privacy", _privacy(status.get("privacy"))),
         ("refused", _refusals(status)),
     ]
     rows += [(f"  {p['node_id']}", _peer(p)) for p in peers]
@@ -48,6 +49,17 @@ def _peer(peer: dict[str, Any]) -> str:
     if peer.get("backoff_s"):
         text += f", backoff {peer['backoff_s']} s"
     return text
+
+
+def _privacy(budget: Any) -> str:
+    """The DP-SGD budget spent so far, or none."""
+    if not isinstance(budget, dict):
+        return "none (models are not differentially private)"
+    left = "" if budget.get("dp_budget_left") else "; SPENT: no new models are published"
+    return (
+        f"dp-sgd, epsilon {budget.get('dp_epsilon_spent', 0):.3f} of {budget.get('dp_epsilon_target')} spent at "
+        f"delta {budget.get('dp_delta')} (noise multiplier {budget.get('dp_noise_multiplier', 0):.3f}){left}"
+    )
 
 
 def _capacity(decision: Any) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_node.algorithm.dispfl import DisPFLParams
+from edge_node.algorithm.dp import DPConfig, check_budget
 from edge_node.algorithm.heterogeneous import TIER_DENSITIES
 from edge_node.data import check_dataset_name, parse_partition
 from edge_node.energy.detect import BACKENDS
@@ -31,6 +32,7 @@ DEFAULT_PORT = 7878
 DISCOVERY_MODES = ("mdns", "static", "both")
 DEVICES = ("cpu", "cuda")
 VALUE_TYPES = ("float32", "float16", "bfloat16")
+PRIVACY_CHOICES = ("none", "dp-sgd")
 _DISPFL = DisPFLParams()  # the one default of each hyper-parameter of the client round (the simulation's too)
 
 
@@ -127,6 +129,14 @@ class NodeConfig:
     energy_backend: str = _key("auto", "Energy meter: auto, nvml, rapl, jetson, rpi5 or estimate.")
     value_type: str = _key("float32", "How published values travel: float32, float16 or bfloat16.")
     export_onnx: bool = _key(True, "Keep the latest personalized model as model.onnx.")
+    privacy: str = _key(
+        "none",
+        "dp-sgd: train with per-sample clipping and Gaussian noise so that what the node publishes is "
+        "(epsilon, delta)-DP for its local samples; it stops publishing when the budget is spent.",
+    )
+    epsilon: float | None = _key(None, "Privacy budget (dp-sgd), spent by planned_rounds rounds.")
+    delta: float = _key(1e-5, "Privacy delta (dp-sgd).")
+    dp_clip: float = _key(1.0, "DP-SGD per-sample gradient clip C.")
     metrics_listen: str = _key(
         "", "HOST:PORT of the Prometheus metrics endpoint [default: off]; 127.0.0.1:9478 keeps it on the device."
     )
@@ -202,6 +212,13 @@ class NodeConfig:
                 f" {', '.join(bare)} has none"
             )
         self.dispfl_params()  # the round's own checks: epochs, batch size, lr, schedule, regrow, mask init
+        if self.privacy not in PRIVACY_CHOICES:
+            raise ConfigError(f"privacy={self.privacy!r} must be one of {', '.join(PRIVACY_CHOICES)}")
+        if self.privacy == "dp-sgd":
+            check_budget(self.epsilon, self.delta)
+            DPConfig(self.dp_clip, 1.0)  # checks dp_clip
+            if self.regrow == "gradient":
+                raise ConfigError("privacy dp-sgd needs regrow = random: gradient regrowth reads a batch without noise")
 
     def server_limits(self) -> ServerLimits:
         """The peer service's limits from the ``server_*`` keys (the rest at their defaults)."""

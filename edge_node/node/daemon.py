@@ -72,6 +72,7 @@ from edge_node.node.metrics import start_metrics
 from edge_node.node.notify import Watchdog, sd_notify, watchdog_interval_s
 from edge_node.node.parallel import Stopped
 from edge_node.node.peers import Caller, PeerFinder, PeerTracker
+from edge_node.node.privacy import PrivacyBudget
 from edge_node.node.state import (
     CHECKPOINT_FILE,
     Checkpoint,
@@ -125,6 +126,7 @@ class Node:
         self.node_id = config.resolved_node_id
         self.client_index = config.client_index if config.client_index is not None else client_index_of(self.node_id)
         self.params: DisPFLParams = config.dispfl_params()
+        self.budget: PrivacyBudget | None = None  # set once the local data is known (privacy dp-sgd)
         self.phase = "starting"
         self.rounds_done = 0
         self.port: int | None = None
@@ -210,6 +212,12 @@ class Node:
         with self.interruptible():
             self.local: LocalData = load_local_data(config, self.client_index, self.device)
         release_free_memory()  # the whole data set it was sliced from, decoded
+        if config.privacy == "dp-sgd":
+            assert config.epsilon is not None  # NodeConfig refused dp-sgd without one
+            self.budget = PrivacyBudget.calibrate(
+                config.epsilon, config.delta, config.dp_clip, self.params, self.local.data.num_train
+            )
+            self.params = self.budget.params(self.params)
         input_shape = self.local.data.pool.input_shape
         self.model = build_checked_model(config.model, self.local.num_classes, input_shape, config.seed).to(self.device)
         init_weights = read_weights(self.model)
@@ -277,12 +285,30 @@ class Node:
             if self.config.rounds and self.rounds_done >= self.config.rounds:
                 _LOGGER.info("%s, stopping", rounds_done_text(self.rounds_done))
                 break
+            if self.budget is not None and not self.budget.allows(self.rounds_done):
+                self._budget_spent()
+                break
             try:
                 self.run_round(self.rounds_done)
             except Stopped:
                 _LOGGER.info("stopping: %s abandoned, the checkpoint holds %s", round_label(self.rounds_done),
                              rounds_done_text(self.rounds_done))  # fmt: skip
                 break
+
+    def _budget_spent(self) -> None:
+        """Stop training and publishing for good; keep serving the last (private) model until stopped."""
+        assert self.budget is not None
+        self.phase = "budget-spent"
+        _LOGGER.warning(
+            "privacy budget spent: epsilon %.3f of %g at delta %g after %s; one more round would exceed it. No new"
+            " model will be published; the last one stays served until the node is stopped",
+            self.budget.spent(self.rounds_done), self.budget.epsilon, self.budget.delta,
+            rounds_done_text(self.rounds_done),
+        )  # fmt: skip
+        sd_notify(f"STATUS=privacy budget spent, serving the model of {rounds_done_text(self.rounds_done)}")
+        write_status_file(self.config.state_dir, self.status())
+        while not self.should_exit.wait(1.0):
+            self.beat()
 
     def shutdown(self) -> None:
         """Goodbye on mDNS, stop serving (in-flight transfers get ``SERVER_GRACE_S``, none after a second
@@ -443,6 +469,8 @@ class Node:
             "energy_label": energy["label"],
             "energy_source": energy["source"],
         }
+        if self.budget is not None:
+            record.update(self.budget.to_json(next_round))
         if next_round > t + 1:
             record["caught_up_from"], record["caught_up_to"] = t + 1, next_round
             _LOGGER.info("%s: peers are ahead; continuing at %s instead of %s", round_label(t), round_label(next_round),
@@ -623,6 +651,7 @@ class Node:
             "server_refusals": self.server_state.refusals() if hasattr(self, "server_state") else {},
             "streams_unfinished_total": self.server_state.unfinished_streams() if hasattr(self, "server_state") else 0,
             "discovery_refusals": self.discovery_refusals(),
+            "privacy": self.budget.to_json(self.rounds_done) if self.budget is not None else None,
             "rounds_this_run": totals.rounds_run,
             "energy_j_this_run": round(totals.energy_j, 3),
             "energy_label": totals.energy_label,

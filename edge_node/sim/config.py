@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edge_node.algorithm.dispfl import DisPFLParams
+from edge_node.algorithm.dp import PRIVACY_MODES
+from edge_node.algorithm.fedp3 import AGGREGATIONS, SCHEDULES
 from edge_node.algorithm.masks import MASK_METHODS, check_density
 from edge_node.algorithm.prune_regrow import REGROW_RULES
 from edge_node.algorithm.topology import TOPOLOGIES, check_topology
@@ -30,7 +33,8 @@ RESUMABLE_CHANGES = frozenset({"rounds", "device", "output", "data_dir", "progre
 # "partition_variant" predates the reference partitions: see saved_settings.
 LEGACY_DEFAULTS: dict[str, Any] = {
     "fedavg_clients": 10, "target_density": 0.2, "s2s_stable_threshold": 0.02, "screen": False,
-    "micro_batch": 0,
+    "micro_batch": 0, "fedp3_layers": "opu2", "fedp3_keep": 0.9, "fedp3_aggregation": "mean", "privacy": "none",
+    "epsilon": None, "delta": 1e-5, "dp_clip": 1.0,
 }  # fmt: skip
 # A resume keeps the saved value of these when the command leaves them at their default (a note says so):
 # they change how a step is computed (memory), not what it computes, and their default changed.
@@ -81,6 +85,13 @@ class SimConfig:
     fedavg_clients: int = 10  # clients a FedAvg server trains per round (paper: 10)
     target_density: float = 0.2  # dispfl-s2s: prune further down to this density, never below (paper: 0.2)
     s2s_stable_threshold: float = 0.02  # dispfl-s2s: a client votes "stable" when s_t <= this (paper: 0.02)
+    fedp3_layers: str = "opu2"  # fedp3: which hidden layers a client owns (lowerb, opu2, opu3, opr2)
+    fedp3_keep: float = 0.9  # fedp3: fraction of each non-owned weight tensor the server sends (paper: 0.9)
+    fedp3_aggregation: str = "mean"  # fedp3: Algorithm 3's mean or weighted (by layers owned) average
+    privacy: str = "none"  # "ldp": LDP-FedP3 (DP-SGD on every client at the budget below)
+    epsilon: float | None = None  # the whole run's budget per client's data set, at delta
+    delta: float = 1e-5
+    dp_clip: float = 1.0  # DP-SGD's per-sample gradient clip C
     screen: bool = True  # DisPFL's methods: screen peers' models before aggregating, as a device does (robust.py)
     seed: int = 0
     device: str = "cpu"
@@ -107,6 +118,17 @@ class SimConfig:
         choice("topology", TOPOLOGIES)
         choice("regrow", REGROW_RULES)
         choice("mask_init", MASK_METHODS)
+        choice("fedp3_layers", SCHEDULES)
+        choice("fedp3_aggregation", AGGREGATIONS)
+        choice("privacy", PRIVACY_MODES)
+        if not 0 < self.fedp3_keep <= 1:
+            raise ConfigError(f"fedp3_keep={self.fedp3_keep!r} must be in (0, 1]")
+        if not math.isfinite(self.dp_clip) or self.dp_clip <= 0:
+            raise ConfigError(f"dp_clip={self.dp_clip!r} must be a positive number")
+        if self.privacy != "none" and "privacy" not in self.method_spec.uses:
+            # Never a warning: a run believed private that is not would be worse than no run.
+            users = ", ".join(users_of("privacy"))
+            raise ConfigError(f"privacy {self.privacy!r} is not implemented for method {self.method} (only {users})")
         check_density(self.density)
         for name in ("clients", "rounds", "eval_batch_size", "fedavg_clients"):
             if getattr(self, name) < 1:

@@ -63,7 +63,8 @@ RECORD_KEYS = (
     "server_bytes_sent", "bytes_received_mean", "busiest_node", "busiest_node_bytes", "paper_comm_mb_mean",
     "paper_comm_mb_busiest", "flops_per_client_mean", "flops_per_client_max", "density_mean", "densities_target",
     "forward_flops_dense", "s2s_pruned", "s2s_start_round", "s2s_stable_fraction", "s2s_stability_median",
-    "screen", "screen_refusals", "screen_refused", "modelled_energy", "wall_s",
+    "screen", "screen_refusals", "screen_refused", "privacy", "dp_epsilon_spent", "dp_epsilon_target", "dp_delta",
+    "dp_noise_multiplier", "modelled_energy", "wall_s",
 )  # fmt: skip
 
 
