@@ -23,6 +23,7 @@ A host of another CPU (``build_rootfs(arch="arm64")``, a Raspberry Pi's) runs un
 emulation: inside :func:`foreign_cpu` the kernel hands that CPU's programs to ``qemu-<cpu>-static``
 (Debian's qemu-user-static) through a binfmt_misc entry of ours with the F flag (the interpreter is
 opened once, here, so it works inside the hosts' own root), removed when the context manager exits.
+qemu 8 or newer: 7.2 (Debian bookworm's) refuses the IP_MULTICAST_IF option of the daemon's mDNS sockets.
 """
 
 from __future__ import annotations
@@ -170,13 +171,31 @@ QEMU_CPUS = {"arm64": ("aarch64", "7f454c460201010000000000000000000200b700",
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 
 
+QEMU_MIN_VERSION = (8, 0)  # 7.2 (Debian bookworm) refuses IP_MULTICAST_IF, which the daemon's mDNS sockets set
+
+
+def qemu_binary(arch: str) -> str | None:
+    """The user-mode qemu for ``arch``: ``EDGE_NODE_QEMU_<CPU>`` (a path), else ``qemu-<cpu>-static`` on PATH."""
+    cpu = QEMU_CPUS[arch][0]
+    return os.environ.get(f"EDGE_NODE_QEMU_{cpu.upper()}") or shutil.which(f"qemu-{cpu}-static")
+
+
 def qemu_problem(arch: str) -> str | None:
     """Why hosts of ``arch`` cannot run here (None: they can)."""
     if arch not in QEMU_CPUS:
         return f"no emulation set up for {arch} (known: {', '.join(QEMU_CPUS)})"
-    qemu = shutil.which(f"qemu-{QEMU_CPUS[arch][0]}-static")
-    if qemu is None:
-        return f"needs qemu-{QEMU_CPUS[arch][0]}-static (apt-get install qemu-user-static)"
+    cpu = QEMU_CPUS[arch][0]
+    qemu = qemu_binary(arch)
+    if qemu is None or not os.access(qemu, os.X_OK):
+        return f"needs qemu-{cpu}-static >= 8 (Debian trixie's qemu-user), or EDGE_NODE_QEMU_{cpu.upper()}=PATH"
+    text = _run([qemu, "--version"], check=False).stdout
+    match = re.search(r"version (\d+)\.(\d+)", text)
+    if match is None or (int(match.group(1)), int(match.group(2))) < QEMU_MIN_VERSION:
+        return (
+            f"{qemu} is {text.splitlines()[0] if text else 'of unknown version'}: qemu before 8.0 refuses "
+            f"IP_MULTICAST_IF (the daemon's mDNS sockets); use Debian trixie's qemu-user "
+            f"or EDGE_NODE_QEMU_{cpu.upper()}"
+        )
     return None
 
 
@@ -191,7 +210,7 @@ def foreign_cpu(arch: str) -> Iterator[str]:
     if problem:
         raise RuntimeError(problem)
     cpu, magic, mask = QEMU_CPUS[arch]
-    qemu = shutil.which(f"qemu-{cpu}-static")
+    qemu = qemu_binary(arch)
     mounted = False
     if not (BINFMT / "register").exists():
         _run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)])

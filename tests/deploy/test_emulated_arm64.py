@@ -12,8 +12,9 @@ Not in the default run: it takes several minutes (arm64 debootstrap about 3 minu
 installing torch and the rest under emulation, the daemon's start), so pyproject's ``addopts`` deselect
 the marker ``emulated``. Run it with::
 
-    apt-get install qemu-user-static      # besides what the other deployment tests need
-    pytest -m emulated tests/deploy/test_emulated_arm64.py
+    # qemu 8 or newer, e.g. the static binary of Debian trixie's qemu-user (bookworm's 7.2 refuses
+    # IP_MULTICAST_IF, which the daemon's mDNS sockets set): on PATH as qemu-aarch64-static, or
+    EDGE_NODE_QEMU_AARCH64=/path/to/qemu-aarch64 pytest -m emulated tests/deploy/test_emulated_arm64.py
 """
 
 from __future__ import annotations
