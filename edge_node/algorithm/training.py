@@ -48,11 +48,23 @@ def read_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def train_masked(model: nn.Module, masks: TensorDict, batches: Iterable[Batch], config: SGDConfig) -> TrainStats:
-    """Run masked SGD over ``batches`` on ``model`` in place; returns step/sample counts and mean loss."""
+def train_masked(
+    model: nn.Module,
+    masks: TensorDict,
+    batches: Iterable[Batch],
+    config: SGDConfig,
+    *,
+    proximal: tuple[TensorDict, float] | None = None,
+) -> TrainStats:
+    """Run masked SGD over ``batches`` on ``model`` in place; returns step/sample counts and mean loss.
+
+    ``proximal=(anchor, lam)`` adds ``lam * (w - anchor)`` to each clipped gradient, as weight decay is
+    added (Ditto's personal update: the gradient of ``lam/2 * ||w - anchor||^2``).
+    """
     names = [name for name, _ in model.named_parameters()]
     params: list[torch.Tensor] = [p for _, p in model.named_parameters()]
     mask_values = [masks[name].to(params[i].dtype) for i, name in enumerate(names)]
+    anchor = [proximal[0][name].to(params[i].dtype) for i, name in enumerate(names)] if proximal else []
     with torch.no_grad():
         torch._foreach_mul_(params, mask_values)  # start on the mask
     loss_sum = torch.zeros((), device=params[0].device)
@@ -67,6 +79,8 @@ def train_masked(model: nn.Module, masks: TensorDict, batches: Iterable[Batch], 
             torch._foreach_mul_(grads, scale)
             if config.weight_decay:
                 torch._foreach_add_(grads, params, alpha=config.weight_decay)
+            if proximal is not None and proximal[1]:
+                torch._foreach_add_(grads, torch._foreach_sub(params, anchor), alpha=proximal[1])
             torch._foreach_add_(params, grads, alpha=-config.lr)
             torch._foreach_mul_(params, mask_values)
             loss_sum += loss.detach() * y.shape[0]
