@@ -230,7 +230,7 @@ def simulate(
     print_config: bool,
     **flags: Any,
 ) -> None:
-    """Simulate N clients of DisPFL (or a baseline of the paper's table) and report what the paper reports.
+    """Simulate N clients of DisPFL (or another method: FedSpa, a baseline) and report what the paper reports.
 
     Writes per-round JSONL (accuracy, bytes per node, busiest node, paper-convention MB, FLOPs, wall time),
     energy.jsonl, summary.json and PNG plots to the run directory; a run resumes from its last completed

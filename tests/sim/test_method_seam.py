@@ -54,7 +54,7 @@ def test_a_new_method_is_one_class_and_one_registry_entry(monkeypatch, tmp_path)
     assert config.density == 1.0  # not sparse: dense, whatever was given
     warnings = config.ignored({"density", "fedavg_clients", "neighbours"})
     assert warnings == [
-        "density is ignored by method hermit (used by dispfl, dispfl-s2s)",
+        "density is ignored by method hermit (used by dispfl, dispfl-s2s, fedspa, fedspa-rsm, sub-fedavg)",
         "neighbours is ignored by method hermit (used by dispfl, dispfl-s2s, dpsgd, dpsgd-ft)",
     ]
     out = run_simulation(config, load_dataset("demo"))
