@@ -2,7 +2,8 @@
 
 The simulation (``edge_node.sim``) and the device daemon (``edge_node.node``) call exactly these. One
 client's round is :mod:`edge_node.algorithm.dispfl`; the paper's baselines (:mod:`.dense`, :mod:`.dpsgd`,
-:mod:`.fedavg`) and DA-DPFL's further pruning (:mod:`.sparse_to_sparser`) are built from it.
+:mod:`.fedavg`) and DA-DPFL's further pruning (:mod:`.sparse_to_sparser`) are built from it, and so are the
+server methods the FedSpa paper compares (:mod:`.fedspa`, :mod:`.ditto`, :mod:`.sub_fedavg`; simulation only).
 """
 
 from edge_node.algorithm.aggregation import aggregate

@@ -205,16 +205,21 @@ def train_local(
     noise = dp_noise_generator(seed, client, round_index, secret=params.secret_noise) if params.dp else None
     stats = train_masked(model, state.train_mask, batches(params.epochs, generator), sgd, noise)
     trained = read_weights(model)
-    finite_weights = all_finite(trained)
-    if (stats.samples and not math.isfinite(stats.mean_loss)) or not finite_weights:
-        raise TrainingDiverged(
-            f"training diverged in round {round_index + 1}: client {client} has loss {stats.mean_loss:.4g}"
-            f"{'' if finite_weights else ' and non-finite weights'} (lr={sgd.lr:g})"
-        )
+    check_trained(stats, trained, round_index, client, sgd.lr)
     gradients = None
     if params.regrow == "gradient":  # RigL-style: the dense gradient of one mini-batch
         gradients = dense_gradients(model, next(iter(batches(1, generator))))
     return TrainResult(replace(state, weights=trained), stats, sgd.lr, gradients)
+
+
+def check_trained(stats: TrainStats, trained: TensorDict, round_index: int, client: int, lr: float) -> None:
+    """Raise TrainingDiverged when the mean loss or a trained weight is not finite (nothing may be kept)."""
+    finite_weights = all_finite(trained)
+    if (stats.samples and not math.isfinite(stats.mean_loss)) or not finite_weights:
+        raise TrainingDiverged(
+            f"training diverged in round {round_index + 1}: client {client} has loss {stats.mean_loss:.4g}"
+            f"{'' if finite_weights else ' and non-finite weights'} (lr={lr:g})"
+        )
 
 
 def update_mask(

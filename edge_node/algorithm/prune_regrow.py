@@ -36,6 +36,21 @@ def select_k(score: torch.Tensor, k: int, *, largest: bool) -> torch.Tensor:
     return torch.cat([strict, tied[: k - strict.numel()]])
 
 
+def drop_smallest(weight: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tensor:
+    """``mask`` (a new tensor) without its ``k`` active positions of smallest ``|weight|``.
+
+    Inactive positions can never be picked; a NaN weight (diverged training) ranks below every
+    magnitude, so it is dropped first. ``k`` must be in [0, active count].
+    """
+    flat_mask = mask.reshape(-1)
+    new_mask = flat_mask.clone()
+    if k <= 0:
+        return new_mask.view_as(mask)
+    magnitude = weight.detach().reshape(-1).abs().float().nan_to_num(nan=-1.0).masked_fill(~flat_mask, float("inf"))
+    new_mask[select_k(magnitude, k, largest=False)] = False
+    return new_mask.view_as(mask)
+
+
 def _update_tensor(
     weight: torch.Tensor,
     mask: torch.Tensor,
@@ -50,12 +65,7 @@ def _update_tensor(
     k = math.ceil(rate * nnz)
     if nnz == numel or k == 0:
         return mask.clone()
-    # Prune: the k active positions of smallest |w| (inactive positions can never be picked).
-    # A NaN weight (diverged training) ranks below every magnitude, so it is pruned first.
-    magnitude = weight.detach().reshape(-1).abs().float().nan_to_num(nan=-1.0).masked_fill(~flat_mask, float("inf"))
-    pruned = select_k(magnitude, k, largest=False)
-    new_mask = flat_mask.clone()
-    new_mask[pruned] = False
+    new_mask = drop_smallest(weight, mask, k).reshape(-1)
     # Regrow: k positions among all inactive ones now (just-pruned included).
     if rule == "gradient":
         assert gradient is not None

@@ -43,7 +43,7 @@ import torch
 
 from edge_node.algorithm.dispfl import ClientState
 from edge_node.algorithm.masks import check_density
-from edge_node.algorithm.prune_regrow import select_k
+from edge_node.algorithm.prune_regrow import drop_smallest
 from edge_node.errors import ConfigError
 
 TensorDict = Mapping[str, torch.Tensor]
@@ -133,13 +133,7 @@ def further_prune(weights: TensorDict, masks: TensorDict, params: S2SParams) -> 
             scaled[name] += 1
         counts = scaled
     for name, count in counts.items():
-        if count <= 0:
-            continue
-        flat = masks[name].reshape(-1)
-        magnitude = weights[name].detach().reshape(-1).abs().float().nan_to_num(nan=-1.0)
-        magnitude = magnitude.masked_fill(~flat, float("inf"))  # inactive positions are never picked
-        new = out[name].reshape(-1)
-        new[select_k(magnitude, count, largest=False)] = False
+        out[name] = drop_smallest(weights[name], masks[name], count)
     return out
 
 

@@ -59,15 +59,21 @@ def train_masked(
     batches: Iterable[Batch],
     config: SGDConfig,
     noise: torch.Generator | None = None,
+    *,
+    proximal: tuple[TensorDict, float] | None = None,
 ) -> TrainStats:
     """Run masked SGD over ``batches`` on ``model`` in place; returns step/sample counts and mean loss.
 
-    With ``config.dp`` each step's gradient is DP-SGD's, its noise drawn from ``noise`` (required then)."""
+    With ``config.dp`` each step's gradient is DP-SGD's, its noise drawn from ``noise`` (required then).
+    ``proximal=(anchor, lam)`` adds ``lam * (w - anchor)`` to each clipped gradient, as weight decay is
+    added (Ditto's personal update: the gradient of ``lam/2 * ||w - anchor||^2``).
+    """
     if config.dp is not None and noise is None:
         raise ValueError("DP-SGD training needs a noise generator")
     names = [name for name, _ in model.named_parameters()]
     params: list[torch.Tensor] = [p for _, p in model.named_parameters()]
     mask_values = [masks[name].to(params[i].dtype) for i, name in enumerate(names)]
+    anchor = [proximal[0][name].to(params[i].dtype) for i, name in enumerate(names)] if proximal else []
     with torch.no_grad():
         torch._foreach_mul_(params, mask_values)  # start on the mask
     loss_sum = torch.zeros((), device=params[0].device)
@@ -85,6 +91,8 @@ def train_masked(
             torch._foreach_mul_(grads, scale)
             if config.weight_decay:
                 torch._foreach_add_(grads, params, alpha=config.weight_decay)
+            if proximal is not None and proximal[1]:
+                torch._foreach_add_(grads, torch._foreach_sub(params, anchor), alpha=proximal[1])
             torch._foreach_add_(params, grads, alpha=-config.lr)
             torch._foreach_mul_(params, mask_values)
             loss_sum += loss.detach() * y.shape[0]

@@ -130,7 +130,12 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     f"memory; the same default as edge-node start); 0: the whole batch [default: {_default('micro_batch')}].",
 )
 @click.option("--lr", type=float, help=f"Initial learning rate, x0.998 per round [default: {_default('lr')}].")
-@click.option("--density", type=float, help="DisPFL model density in (0, 1] [default: 0.5; the dense baselines use 1].")
+@click.option(
+    "--density",
+    type=float,
+    help="Model density in (0, 1] of the sparse methods (sub-fedavg: the density it prunes down to) "
+    "[default: 0.5; the dense baselines use 1].",
+)
 @click.option(
     "--setting",
     type=_choice(SETTINGS),
@@ -148,7 +153,38 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
 )
 @click.option("--samples-per-client", type=int, help="Quota per client [default: training set size // clients].")
 @click.option(
-    "--fedavg-clients", type=int, help=f"fedavg: clients trained per round [default: {_default('fedavg_clients')}]."
+    "--fedavg-clients",
+    type=int,
+    help="fedavg, fedspa, ditto, sub-fedavg: clients a server trains per round "
+    f"[default: {_default('fedavg_clients')}].",
+)
+@click.option(
+    "--ditto-lambda",
+    type=float,
+    help=f"ditto: pull of the personal model towards the global one [default: {_default('ditto_lambda')}].",
+)
+@click.option(
+    "--ditto-personal-share",
+    type=float,
+    help="ditto: share of a round's E epochs of steps that train the personal model, the rest the global one "
+    f"[default: {_default('ditto_personal_share')}: 3 of 5 epochs].",
+)
+@click.option(
+    "--subfedavg-prune-rate",
+    type=float,
+    help=f"sub-fedavg: fraction of active weights one prune removes [default: {_default('subfedavg_prune_rate')}].",
+)
+@click.option(
+    "--subfedavg-dist-threshold",
+    type=float,
+    help="sub-fedavg: prune only when the first and last epochs' candidate masks differ by more than this "
+    f"[default: {_default('subfedavg_dist_threshold')}].",
+)
+@click.option(
+    "--subfedavg-acc-threshold",
+    type=float,
+    help="sub-fedavg: keep a prune only when the pruned model's accuracy is at least this "
+    f"[default: {_default('subfedavg_acc_threshold')}].",
 )
 @click.option(
     "--target-density",
@@ -221,7 +257,7 @@ def simulate(
     print_config: bool,
     **flags: Any,
 ) -> None:
-    """Simulate N clients of DisPFL (or a baseline of the paper's table) and report what the paper reports.
+    """Simulate N clients of DisPFL (or another method: FedSpa, a baseline) and report what the paper reports.
 
     Writes per-round JSONL (accuracy, bytes per node, busiest node, paper-convention MB, FLOPs, wall time),
     energy.jsonl, summary.json and PNG plots to the run directory; a run resumes from its last completed

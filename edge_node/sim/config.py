@@ -9,10 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from edge_node.algorithm.dispfl import DisPFLParams
+from edge_node.algorithm.ditto import LAMBDA as DITTO_LAMBDA
+from edge_node.algorithm.ditto import PERSONAL_SHARE as DITTO_PERSONAL_SHARE
 from edge_node.algorithm.dp import PRIVACY_MODES
 from edge_node.algorithm.fedp3 import AGGREGATIONS, SCHEDULES
 from edge_node.algorithm.masks import MASK_METHODS, check_density
 from edge_node.algorithm.prune_regrow import REGROW_RULES
+from edge_node.algorithm.sub_fedavg import ACC_THRESHOLD as SUBFEDAVG_ACC
+from edge_node.algorithm.sub_fedavg import DIST_THRESHOLD as SUBFEDAVG_DIST
+from edge_node.algorithm.sub_fedavg import PRUNE_RATE as SUBFEDAVG_PRUNE_RATE
 from edge_node.algorithm.topology import TOPOLOGIES, check_topology
 from edge_node.data import PartitionSpec, check_dataset_name, parse_partition_spec
 from edge_node.energy.detect import BACKENDS
@@ -29,12 +34,15 @@ DEVICES = ("cpu", "cuda")
 RESUMABLE_CHANGES = frozenset({"rounds", "device", "output", "data_dir", "progress", "energy_backend"})
 # Values of settings added after runs were saved, for a saved config that lacks them (what those runs did): the
 # baselines' and sparse-to-sparser's settings came with them (the DisPFL runs before used none of them: today's
-# defaults), the receive-path screen later (runs before ran without). A saved config without
-# "partition_variant" predates the reference partitions: see saved_settings.
+# defaults; so did Ditto's and Sub-FedAvg's), the receive-path screen later (runs before ran without). A saved
+# config without "partition_variant" predates the reference partitions: see saved_settings.
 LEGACY_DEFAULTS: dict[str, Any] = {
     "fedavg_clients": 10, "target_density": 0.2, "s2s_stable_threshold": 0.02, "screen": False,
     "micro_batch": 0, "fedp3_layers": "opu2", "fedp3_keep": 0.9, "fedp3_aggregation": "mean", "privacy": "none",
     "epsilon": None, "delta": 1e-5, "dp_clip": 1.0,
+    "ditto_lambda": DITTO_LAMBDA, "ditto_personal_share": DITTO_PERSONAL_SHARE,
+    "subfedavg_prune_rate": SUBFEDAVG_PRUNE_RATE, "subfedavg_dist_threshold": SUBFEDAVG_DIST,
+    "subfedavg_acc_threshold": SUBFEDAVG_ACC,
 }  # fmt: skip
 # A resume keeps the saved value of these when the command leaves them at their default (a note says so):
 # they change how a step is computed (memory), not what it computes, and their default changed.
@@ -92,6 +100,11 @@ class SimConfig:
     epsilon: float | None = None  # the whole run's budget per client's data set, at delta
     delta: float = 1e-5
     dp_clip: float = 1.0  # DP-SGD's per-sample gradient clip C
+    ditto_lambda: float = DITTO_LAMBDA  # ditto: the proximal pull of the personal model (FedSpa paper: 0.5)
+    ditto_personal_share: float = DITTO_PERSONAL_SHARE  # ditto: share of E epochs' steps on the personal model (3/5)
+    subfedavg_prune_rate: float = SUBFEDAVG_PRUNE_RATE  # sub-fedavg: fraction of active weights a prune removes
+    subfedavg_dist_threshold: float = SUBFEDAVG_DIST  # sub-fedavg: prune when the candidate masks differ by more
+    subfedavg_acc_threshold: float = SUBFEDAVG_ACC  # sub-fedavg: keep a prune when the pruned model's accuracy >= this
     screen: bool = True  # DisPFL's methods: screen peers' models before aggregating, as a device does (robust.py)
     seed: int = 0
     device: str = "cpu"

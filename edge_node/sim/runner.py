@@ -294,7 +294,7 @@ def build_record(config: SimConfig, params: DisPFLParams, ctx: SimContext, t: in
         "partition": config.partition,
         "partition_variant": config.partition_variant,
         "lr": params.sgd(t).lr,
-        "prune_rate": params.prune_rate(t) if method.sparse else None,
+        "prune_rate": method.prune_rate(config, params, t),
         "acc_mean": headline,
         "acc_metric": method.acc_after_is if after else method.acc_before_is,
         "acc_before_mean": acc_before_mean,

@@ -97,3 +97,13 @@ def test_nan_weights_are_pruned_first_and_counts_hold():
     grads = {"a": torch.tensor([0.0, 0.0, 0.0, 0.0, float("nan"), 1.0])}
     new = update_masks(w, mask, 0.25, "gradient", gradients=grads)  # prune 1: the NaN; regrow 1: position 5
     assert new["a"].tolist() == [False, True, True, True, False, True]
+
+
+def test_drop_smallest_removes_exactly_k_active_positions_of_smallest_magnitude():
+    from edge_node.algorithm.prune_regrow import drop_smallest
+
+    weight = torch.tensor([[0.5, -0.1, 3.0], [0.05, 2.0, -0.2]])
+    mask = torch.tensor([[True, True, True], [False, True, True]])  # 0.05 is inactive: never picked
+    assert drop_smallest(weight, mask, 2).tolist() == [[True, False, True], [False, True, False]]
+    assert torch.equal(drop_smallest(weight, mask, 0), mask) and drop_smallest(weight, mask, 0) is not mask
+    assert int(drop_smallest(weight, mask, 5).sum()) == 0

@@ -121,3 +121,22 @@ def test_micro_batch_must_be_a_count():
     assert DisPFLParams(micro_batch=32).sgd(0).micro_batch == 32
     with pytest.raises(ConfigError, match="micro_batch=-1 must be an integer >= 0"):
         DisPFLParams(micro_batch=-1)
+
+
+def test_a_proximal_term_pulls_the_weights_towards_its_anchor_and_lambda_zero_changes_nothing():
+    """Ditto's personal step: ``lam * (w - anchor)`` added to each gradient; a larger ``lam`` ends closer."""
+    batches = _toy_batches(10)
+    anchor = read_weights(build_model("cnn", seed=1))
+    dense = {n: torch.ones_like(w, dtype=torch.bool) for n, w in anchor.items()}
+
+    def trained(proximal) -> dict[str, torch.Tensor]:
+        model = build_model("cnn", seed=0)
+        train_masked(model, dense, batches, SGDConfig(lr=0.05), proximal=proximal)
+        return read_weights(model)
+
+    def distance(weights: dict[str, torch.Tensor]) -> float:
+        return float(sum(torch.linalg.vector_norm(w - anchor[n]) ** 2 for n, w in weights.items()) ** 0.5)
+
+    plain, zero, pulled = trained(None), trained((anchor, 0.0)), trained((anchor, 5.0))
+    assert all(torch.equal(plain[n], zero[n]) for n in plain)
+    assert distance(pulled) < 0.5 * distance(plain)

@@ -21,10 +21,10 @@ FIELDS = {f.name for f in dataclasses.fields(SimConfig)}
 
 
 def test_every_registered_method_declares_what_the_runner_reads():
-    assert list(REGISTRY) == ["dispfl", "dispfl-s2s", "local", "dpsgd", "dpsgd-ft", "fedavg", "fedavg-ft", "fedp3"]
-    assert METHOD_ORDER == (
-        "local", "dpsgd", "dpsgd-ft", "fedavg", "fedavg-ft", "fedp3", "dispfl", "dispfl-s2s"
-    )  # rows  # fmt: skip
+    assert list(REGISTRY) == ["dispfl", "dispfl-s2s", "local", "dpsgd", "dpsgd-ft", "fedavg", "fedavg-ft", "fedp3",
+                              "ditto", "fedspa", "fedspa-rsm", "sub-fedavg"]  # fmt: skip
+    assert METHOD_ORDER == ("local", "dpsgd", "dpsgd-ft", "fedavg", "fedavg-ft", "fedp3", "ditto", "dispfl",
+                            "dispfl-s2s", "fedspa", "fedspa-rsm", "sub-fedavg")  # rows  # fmt: skip
     for name, method in REGISTRY.items():
         assert method.name == name and method.label and method.acc_before_is
         assert method.headline in ("before", "after"), name
@@ -54,7 +54,7 @@ def test_a_new_method_is_one_class_and_one_registry_entry(monkeypatch, tmp_path)
     assert config.density == 1.0  # not sparse: dense, whatever was given
     warnings = config.ignored({"density", "fedavg_clients", "neighbours"})
     assert warnings == [
-        "density is ignored by method hermit (used by dispfl, dispfl-s2s)",
+        "density is ignored by method hermit (used by dispfl, dispfl-s2s, fedspa, fedspa-rsm, sub-fedavg)",
         "neighbours is ignored by method hermit (used by dispfl, dispfl-s2s, dpsgd, dpsgd-ft)",
     ]
     out = run_simulation(config, load_dataset("demo"))

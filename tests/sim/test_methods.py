@@ -4,9 +4,6 @@ dense models, sparse-to-sparser reaches its target density and never goes below 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -21,16 +18,9 @@ from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from edge_node.sim.config import METHODS, SimConfig
 from edge_node.sim.methods import s2s
 from edge_node.sim.runner import RECORD_KEYS, accuracy, partition, run_simulation
+from tests.sim.tiny import TINY, read_records
 
-TINY = dict(
-    clients=4, neighbours=2, epochs=1, samples_per_client=60, batch_size=32, rounds=2, fedavg_clients=2,
-    progress=False, energy_backend="estimate", seed=5,
-)  # fmt: skip
 CNN_PARAMS = 797_962
-
-
-def _records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +34,7 @@ def runs(demo, tmp_path_factory) -> dict[str, list[dict]]:
     out = {}
     for method in METHODS:
         config = SimConfig(method=method, output=root / method, **TINY)
-        out[method] = _records(run_simulation(config, demo))
+        out[method] = read_records(run_simulation(config, demo))
     return out
 
 
@@ -106,7 +96,7 @@ def test_sparse_to_sparser_reaches_its_target_density_and_never_goes_below(demo,
         s2s_stable_threshold=1e9,  # every client votes "stable" in round 1: pruning starts in round 2
         **{**TINY, "rounds": 5},
     )  # fmt: skip
-    records = _records(run_simulation(config, demo))
+    records = read_records(run_simulation(config, demo))
     # vote in round 1: prunes from T0 = 2 at gaps f0 = 1, round(1/1.3) = 1, ... (the authors' code; f0 = T0 = 2
     # would prune in rounds 2 and 4 only)
     assert [r["s2s_pruned"] for r in records] == [False, False, True, True, True]
@@ -136,7 +126,7 @@ def test_sparse_to_sparser_reports_the_pruned_model_the_client_keeps(demo, tmp_p
         method="dispfl-s2s", output=tmp_path / "s2s", density=0.5, target_density=0.2, s2s_stable_threshold=1e9,
         **{**TINY, "rounds": 3},
     )  # fmt: skip
-    records = _records(run_simulation(config, demo))
+    records = read_records(run_simulation(config, demo))
     assert [r["s2s_pruned"] for r in records] == [False, False, True]
     last = records[-1]
     saved = load_checkpoint(config.run_dir / CHECKPOINT_NAME, torch.device("cpu"))

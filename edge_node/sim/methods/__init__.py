@@ -10,14 +10,31 @@ from __future__ import annotations
 from edge_node.errors import ConfigError
 from edge_node.sim.methods.base import Method, RoundResult, RunState, SimContext
 from edge_node.sim.methods.dispfl import DISPFL
+from edge_node.sim.methods.ditto import DITTO
 from edge_node.sim.methods.dpsgd import DPSGD_FT, DPSGD_PLAIN
 from edge_node.sim.methods.fedavg import FEDAVG, FEDAVG_FT
 from edge_node.sim.methods.fedp3 import FEDP3
+from edge_node.sim.methods.fedspa import FEDSPA, FEDSPA_RSM
 from edge_node.sim.methods.local import LOCAL
 from edge_node.sim.methods.s2s import DISPFL_S2S
+from edge_node.sim.methods.sub_fedavg import SUB_FEDAVG
 
 REGISTRY: dict[str, Method] = {
-    m.name: m for m in (DISPFL, DISPFL_S2S, LOCAL, DPSGD_PLAIN, DPSGD_FT, FEDAVG, FEDAVG_FT, FEDP3)
+    m.name: m
+    for m in (
+        DISPFL,
+        DISPFL_S2S,
+        LOCAL,
+        DPSGD_PLAIN,
+        DPSGD_FT,
+        FEDAVG,
+        FEDAVG_FT,
+        FEDP3,
+        DITTO,
+        FEDSPA,
+        FEDSPA_RSM,
+        SUB_FEDAVG,
+    )
 }
 # Settings some method uses and others ignore (warned about when given to one that does not use them).
 METHOD_SETTINGS = frozenset().union(*(m.uses for m in REGISTRY.values()))

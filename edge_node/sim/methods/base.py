@@ -12,6 +12,7 @@ records, energy phases and progress bars.
 
 from __future__ import annotations
 
+import math
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -43,15 +44,19 @@ PAPER_BYTES_PER_VALUE = 4  # the paper's Comm (MB): fp32 values of the received 
 # Settings only some methods use (a method lists those it uses in ``Method.uses``; the others warn).
 NEIGHBOURHOOD = frozenset({"neighbours", "topology", "max_in_degree"})  # pulls from seeded neighbours
 MASKS = frozenset({"density", "regrow", "mask_init", "prune_alpha", "planned_rounds"})  # trains sparse masks
+# A server round's bytes: per-client received, sent, paper MB, and the server's (received, sent, paper MB).
+Traffic = tuple[list[int], list[int], list[float], tuple[int, int, float]]
 
 
 @dataclass
 class RunState:
     """The state carried from round to round: the method's client models (a server's global model as the
-    one entry for a centralised method), and its own bookkeeping, checkpointed with them."""
+    one entry for a centralised method whose clients keep nothing), its own bookkeeping, and the server's model
+    of a method whose clients keep personal models beside it; all checkpointed."""
 
     clients: list[ClientState]
     extra: dict[str, Any] = field(default_factory=dict)
+    server: ClientState | None = None  # a server's model kept beside the clients' (``Method.keeps_server``)
 
 
 @dataclass
@@ -90,6 +95,8 @@ class Method(ABC):
             this method reads; giving another one warns that it is ignored.
         shardable: its round touches client ``i``'s state only through round-start models, so the clients
             may be split over processes (the sharded runner of issue 22 refuses the others by name).
+        keeps_server: ``RunState.server`` holds a server's model beside the clients' personal ones
+            (checkpointed after them).
     """
 
     name: str
@@ -100,6 +107,7 @@ class Method(ABC):
     sparse: bool = False
     uses: frozenset[str] = frozenset()
     shardable: bool = False
+    keeps_server: bool = False
 
     def check(self, config: SimConfig) -> None:
         """Method-specific checks of ``config`` (ConfigError in one line); the shared ones are SimConfig's."""
@@ -113,19 +121,23 @@ class Method(ABC):
         """The state before round 0: by default every client dense on the fleet's initial weights."""
         return RunState([dense_state(ctx.init_weights) for _ in ctx.densities])
 
+    def prune_rate(self, config: SimConfig, params: DisPFLParams, t: int) -> float | None:
+        """The records' ``prune_rate`` of round ``t``: the cosine schedule of a sparse method, else None."""
+        return params.prune_rate(t) if self.sparse else None
+
     def restore(self, ctx: SimContext, saved: dict[str, Any]) -> RunState:
         """The state a checkpoint holds (written by :meth:`checkpoint`)."""
-        clients = [
+        densities = self.state_densities(ctx) + ([1.0] if self.keeps_server else [])
+        entries = [
             ClientState(w, tm, nm, d)
-            for w, tm, nm, d in zip(
-                saved["weights"], saved["train_masks"], saved["next_masks"], self.state_densities(ctx), strict=True
-            )
+            for w, tm, nm, d in zip(saved["weights"], saved["train_masks"], saved["next_masks"], densities, strict=True)
         ]
-        return RunState(clients, dict(saved.get("extra") or {}))
+        server = entries.pop() if self.keeps_server else None
+        return RunState(entries, dict(saved.get("extra") or {}), server)
 
     def checkpoint(self, state: RunState) -> dict[str, Any]:
-        """What the checkpoint saves of ``state``: every entry's weights and masks, and ``extra``."""
-        clients = state.clients
+        """What the checkpoint saves of ``state``: each entry's weights and masks (a server's last), ``extra``."""
+        clients = state.clients + ([state.server] if state.server is not None else [])
         return {
             "weights": [c.weights for c in clients],
             "train_masks": [c.train_mask for c in clients],
@@ -201,6 +213,27 @@ class SimContext:
         sent = [served[j] * model_bytes[j] for j in range(n)]
         paper_mb = [PAPER_BYTES_PER_VALUE * sum(model_active[j] for j in nbrs[i]) / 1e6 for i in range(n)]
         return {"received": received, "sent": sent, "paper_mb": paper_mb}
+
+    def mask_bytes(self) -> int:
+        """Bytes of a whole-model mask sent as a raw bitmap (1 bit per position, per tensor rounded up to bytes)."""
+        return sum(math.ceil(n / 8) for n in self.dense.values())
+
+    def server_traffic(self, t: int, chosen: Sequence[int], down: Sequence[dict[str, int]],
+                       up: Sequence[dict[str, int]], up_extra: int = 0) -> Traffic:  # fmt: skip
+        """Bytes of a server round: sampled client ``chosen[k]`` receives a model of ``down[k]`` active values per
+        tensor and sends one of ``up[k]`` (plus ``up_extra`` bytes, a mask); the others move nothing.
+
+        Returns per-client received, sent, paper MB (4 B per received value), and the server's (received,
+        sent, paper MB).
+        """
+        n = self.config.clients
+        received, sent, paper_mb = [0] * n, [0] * n, [0.0] * n
+        for i, down_nnz, up_nnz in zip(chosen, down, up, strict=True):
+            received[i] = self.model_bytes(down_nnz, SERVER_ID, t)
+            sent[i] = self.model_bytes(up_nnz, f"client-{i}", t) + up_extra
+            paper_mb[i] = PAPER_BYTES_PER_VALUE * sum(down_nnz.values()) / 1e6
+        server_mb = sum(PAPER_BYTES_PER_VALUE * sum(nnz.values()) / 1e6 for nnz in up)
+        return received, sent, paper_mb, (sum(sent), sum(received), server_mb)
 
     def training_flops(self, nnz: dict[str, int], samples: int, regrow: bool) -> float:
         return round_training_flops(

@@ -13,15 +13,7 @@ from edge_node.algorithm.dense import dense_state
 from edge_node.algorithm.dispfl import ClientState, train_local
 from edge_node.algorithm.fedavg import sample_clients, weighted_average
 from edge_node.seeding import Stream, torch_generator
-from edge_node.sim.methods.base import (
-    PAPER_BYTES_PER_VALUE,
-    SERVER_ID,
-    Method,
-    RoundResult,
-    RunState,
-    SimContext,
-    accuracy,
-)
+from edge_node.sim.methods.base import Method, RoundResult, RunState, SimContext, accuracy
 
 
 @dataclass(frozen=True)
@@ -61,15 +53,8 @@ class FedAvg(Method):
                 acc_before.append(accuracy(ctx.model, ctx.data[i], config.eval_batch_size))
                 if acc_after is not None:
                     acc_after.append(_fine_tuned_accuracy(ctx, t, i, server))
-        dense_nnz = dict(ctx.dense)
-        down = ctx.model_bytes(dense_nnz, SERVER_ID, t)  # the global model, to each sampled client
-        received, sent, paper_mb = [0] * n, [0] * n, [0.0] * n
-        dense_mb = PAPER_BYTES_PER_VALUE * sum(ctx.dense.values()) / 1e6
-        for i in chosen:
-            received[i] = down
-            sent[i] = ctx.model_bytes(dense_nnz, f"client-{i}", t)
-            paper_mb[i] = dense_mb
-        server_traffic = (sum(sent), down * len(chosen), dense_mb * len(chosen))
+        dense = [dict(ctx.dense)] * len(chosen)  # the global model down, each trained one up
+        received, sent, paper_mb, server_traffic = ctx.server_traffic(t, chosen, dense, dense)
         result = RoundResult(acc_before, acc_after, losses, flops, received, sent, paper_mb, server=server_traffic)
         return RunState([server], state.extra), result
 
