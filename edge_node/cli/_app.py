@@ -46,7 +46,7 @@ SHORT_HELP = {
     "loopback": "Run N real edge-node daemons on this machine (127.0.0.1 or namespaces) and summarise the fleet.",
     "peers": "Browse for edge-node peers over mDNS and print the live peer table.",
     "report": "The paper's table and plots across runs; --masks: mask distance vs data similarity of a run.",
-    "simulate": "Simulate N clients of DisPFL (or a baseline of the paper's table) and report what the paper reports.",
+    "simulate": "Simulate N clients of DisPFL or another method (FedSpa, FedP3, a baseline): the paper's figures.",
     "start": "Run this device's DisPFL node: discover peers, pull their models, train, publish, log.",
     "status": "Ask the running node how it is: id, tier, round, phase, peers, accuracy, bytes, energy.",
 }

@@ -257,7 +257,7 @@ def simulate(
     print_config: bool,
     **flags: Any,
 ) -> None:
-    """Simulate N clients of DisPFL (or another method: FedSpa, a baseline) and report what the paper reports.
+    """Simulate N clients of DisPFL or another method (FedSpa, FedP3, a baseline): the paper's figures.
 
     Writes per-round JSONL (accuracy, bytes per node, busiest node, paper-convention MB, FLOPs, wall time),
     energy.jsonl, summary.json and PNG plots to the run directory; a run resumes from its last completed
