@@ -79,9 +79,9 @@ def test_a_host_that_fails_to_boot_leaves_nothing(monkeypatch: pytest.MonkeyPatc
     during: set[str] = set()
     wait_for_ssh = deploy_hosts._wait_for_ssh
 
-    def watched_wait(fleet: deploy_hosts.Fleet) -> None:
+    def watched_wait(fleet: deploy_hosts.Fleet, boot_timeout: float) -> None:
         during.update(set(deploy_hosts.leftovers()) - before)
-        wait_for_ssh(fleet)
+        wait_for_ssh(fleet, boot_timeout)
 
     monkeypatch.setattr(deploy_hosts, "_wait_for_ssh", watched_wait)
     with pytest.raises(RuntimeError, match="nspawn exited"), deploy_hosts.test_fleet(not_an_os, 2, tmp_path / "work"):
