@@ -283,6 +283,7 @@ class Node:
     def main_loop(self) -> None:
         while not self.should_exit.is_set():
             if self.config.rounds and self.rounds_done >= self.config.rounds:
+                self._serve_until_peers_finish()
                 _LOGGER.info("%s, stopping", rounds_done_text(self.rounds_done))
                 break
             if self.budget is not None and not self.budget.allows(self.rounds_done):
@@ -294,6 +295,20 @@ class Node:
                 _LOGGER.info("stopping: %s abandoned, the checkpoint holds %s", round_label(self.rounds_done),
                              rounds_done_text(self.rounds_done))  # fmt: skip
                 break
+
+    def _serve_until_peers_finish(self) -> None:
+        """Lock-step: keep serving until every peer has published its last round.
+
+        A peer's last round pulls this node's last model; a node that exits at once leaves a slower peer
+        waiting out its round budget for a model that is gone (a 3-node fleet hung 300 s in CI). A peer that
+        no longer answers has passed this same barrier (or died): it counts as done.
+        """
+        if self.lockstep is None:
+            return
+        try:
+            self.lockstep.wait_for(self.rounds_done, gone_is_done=True)
+        except Stopped:
+            return
 
     def _budget_spent(self) -> None:
         """Stop training and publishing for good; keep serving the last (private) model until stopped."""

@@ -61,8 +61,11 @@ class Lockstep:
         lists = round_neighbours("random", len(self.fleet), self.k, self.seed, t)
         return [self.fleet[j] for j in lists[self.client_index]]
 
-    def wait_for(self, t: int) -> None:
+    def wait_for(self, t: int, gone_is_done: bool = False) -> None:
         """Wait until every other node has published snapshot ``t``; after ``round_budget_s`` go on (logged).
+
+        ``gone_is_done``: a peer that does not answer counts as done (the barrier after the last round: a
+        peer leaves only once every node has published its last round, so one that left needs nothing).
 
         Raises:
             Stopped: the daemon was told to stop while waiting.
@@ -74,7 +77,7 @@ class Lockstep:
             try:
                 reply = self.caller.hello(waiting[node_id])
             except PeerUnreachable:
-                return False
+                return gone_is_done
             return reply.has_model and reply.round >= t
 
         while waiting:
