@@ -23,7 +23,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 _LOGGER = logging.getLogger(__name__)
@@ -45,27 +45,38 @@ def host_of(family: int, peer: tuple[object, ...]) -> str:
     return f"ipv4:{address}" if address.version == 4 else f"ipv6:[{address}]"
 
 
-def _connection(fd: int, inode: int, port: int) -> Connection | None:
-    """The connection on ``fd`` when it is still that socket and a TCP connection to ``port``."""
+@contextlib.contextmanager
+def _same_socket(fd: int, inode: int) -> Iterator[socket.socket | None]:
+    """A socket on a duplicate of ``fd`` while it is still socket ``inode`` (grpc may have closed and reused the
+    number); None otherwise. The duplicate is closed on exit."""
     try:
         duplicate = os.dup(fd)
     except OSError:
-        return None
+        yield None
+        return
     try:
-        if os.fstat(duplicate).st_ino != inode:
-            return None
-        with socket.socket(fileno=duplicate) as sock:
-            duplicate = -1  # the socket object owns it now
-            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+        sock = socket.socket(fileno=duplicate) if os.fstat(duplicate).st_ino == inode else None
+    except OSError:
+        sock = None
+    if sock is None:
+        os.close(duplicate)
+        yield None
+        return
+    with sock:
+        yield sock
+
+
+def _connection(fd: int, inode: int, port: int) -> Connection | None:
+    """The connection on ``fd`` when it is still that socket and a TCP connection to ``port``."""
+    try:
+        with _same_socket(fd, inode) as sock:
+            if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
                 return None
-            if sock.getsockname()[1] != port:
+            if sock.type != socket.SOCK_STREAM or sock.getsockname()[1] != port:
                 return None
             return Connection(inode, host_of(sock.family, sock.getpeername()))
     except (OSError, ValueError):  # not connected (the listening socket), or gone
         return None
-    finally:
-        if duplicate >= 0:
-            os.close(duplicate)
 
 
 def over_cap(connections: Iterable[Connection], cap: int) -> dict[str, list[Connection]]:
@@ -94,21 +105,13 @@ def socket_inodes(fd_dir: str = "/proc/self/fd") -> dict[int, int]:
 def _cut(fd: int, inode: int) -> bool:
     """Shut the socket down if ``fd`` is still that socket (grpc may have closed and reused it)."""
     try:
-        duplicate = os.dup(fd)
-    except OSError:
-        return False
-    try:
-        if os.fstat(duplicate).st_ino != inode:
-            return False
-        with socket.socket(fileno=duplicate) as sock:
-            duplicate = -1  # the socket object owns it now
+        with _same_socket(fd, inode) as sock:
+            if sock is None:
+                return False
             sock.shutdown(socket.SHUT_RDWR)  # ends the connection for grpc too; grpc closes its fd
-        return True
+            return True
     except OSError:
         return False
-    finally:
-        if duplicate >= 0:
-            os.close(duplicate)
 
 
 class ConnectionGuard:
