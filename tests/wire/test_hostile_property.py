@@ -55,6 +55,49 @@ def _tensors(messages: list[ProtoModelChunk]) -> list:
     return [t for m in messages[1:] for t in m.tensors]
 
 
+def _mutate_fields(draw, kind: str, messages: list[ProtoModelChunk]) -> None:
+    """The edits of decoded fields (values, bitmaps, shapes, counts, header): only while messages are parsed."""
+    tensors = _tensors(messages)
+    if kind in ("values", "bitmap", "shape", "nnz") and tensors:
+        tensor = tensors[draw(st.integers(0, len(tensors) - 1))]
+        if kind == "values" and tensor.values:
+            dtype = {1: "<f4", 2: "<f2", 3: "<u2"}.get(tensor.value_type, "<f4")
+            values = np.frombuffer(tensor.values, dtype).copy()
+            picks = draw(st.lists(st.integers(0, values.size - 1), min_size=1, max_size=values.size))
+            special = draw(st.sampled_from(SPECIAL))
+            with np.errstate(over="ignore"):
+                if dtype == "<u2":  # bfloat16: the upper half of the float32
+                    values[picks] = (np.array([special], "<f4").view("<u4") >> 16).astype("<u2")[0]
+                else:
+                    values[picks] = np.array([special]).astype(dtype)[0]
+            tensor.values = values.tobytes()
+        elif kind == "bitmap" and tensor.bitmap:
+            bitmap = bytearray(tensor.bitmap)
+            bitmap[draw(st.integers(0, len(bitmap) - 1))] = draw(st.integers(0, 255))
+            tensor.bitmap = bytes(bitmap)
+        elif kind == "shape":
+            del tensor.shape[:]
+            tensor.shape.extend(draw(st.lists(st.integers(-3, 50), max_size=4)))
+        elif kind == "nnz":
+            tensor.nnz = draw(st.integers(0, 2**40))
+        if draw(st.booleans()):
+            _rehash(messages)  # a consistent liar: the digest matches what it sends
+    elif kind == "counts" and messages[0].HasField("header"):
+        messages[0].header.message_count = draw(st.integers(0, 2**40))
+        messages[0].header.chunk_count = draw(st.integers(0, 2**40))
+    elif kind == "header" and messages[0].HasField("header"):
+        header = messages[0].header
+        field = draw(st.sampled_from(["density", "round", "node_id", "protocol_version"]))
+        if field == "density":
+            header.density = draw(st.floats(allow_nan=True, allow_infinity=True))
+        elif field == "round":
+            header.round = draw(st.integers(0, 2**64 - 1))
+        elif field == "node_id":
+            header.node_id = draw(st.text(max_size=70))
+        else:
+            header.protocol_version = draw(st.text(max_size=12))
+
+
 @st.composite
 def hostile_streams(draw) -> list[bytes]:
     seed = draw(st.integers(0, 2**16))
@@ -73,53 +116,18 @@ def hostile_streams(draw) -> list[bytes]:
                  "truncate", "unknown", "header"]
             )
         )  # fmt: skip
-        tensors = _tensors(messages)
-        if kind in ("values", "bitmap", "shape", "nnz") and tensors:
-            tensor = tensors[draw(st.integers(0, len(tensors) - 1))]
-            if kind == "values" and tensor.values:
-                dtype = {1: "<f4", 2: "<f2", 3: "<u2"}.get(tensor.value_type, "<f4")
-                values = np.frombuffer(tensor.values, dtype).copy()
-                picks = draw(st.lists(st.integers(0, values.size - 1), min_size=1, max_size=values.size))
-                special = draw(st.sampled_from(SPECIAL))
-                with np.errstate(over="ignore"):
-                    if dtype == "<u2":  # bfloat16: the upper half of the float32
-                        values[picks] = (np.array([special], "<f4").view("<u4") >> 16).astype("<u2")[0]
-                    else:
-                        values[picks] = np.array([special]).astype(dtype)[0]
-                tensor.values = values.tobytes()
-            elif kind == "bitmap" and tensor.bitmap:
-                bitmap = bytearray(tensor.bitmap)
-                bitmap[draw(st.integers(0, len(bitmap) - 1))] = draw(st.integers(0, 255))
-                tensor.bitmap = bytes(bitmap)
-            elif kind == "shape":
-                del tensor.shape[:]
-                tensor.shape.extend(draw(st.lists(st.integers(-3, 50), max_size=4)))
-            elif kind == "nnz":
-                tensor.nnz = draw(st.integers(0, 2**40))
-            if draw(st.booleans()):
-                _rehash(messages)  # a consistent liar: the digest matches what it sends
-        elif kind == "counts" and messages[0].HasField("header"):
-            messages[0].header.message_count = draw(st.integers(0, 2**40))
-            messages[0].header.chunk_count = draw(st.integers(0, 2**40))
-        elif kind == "header" and messages[0].HasField("header"):
-            header = messages[0].header
-            field = draw(st.sampled_from(["density", "round", "node_id", "protocol_version"]))
-            if field == "density":
-                header.density = draw(st.floats(allow_nan=True, allow_infinity=True))
-            elif field == "round":
-                header.round = draw(st.integers(0, 2**64 - 1))
-            elif field == "node_id":
-                header.node_id = draw(st.text(max_size=70))
-            else:
-                header.protocol_version = draw(st.text(max_size=12))
-        elif kind == "order" and len(messages) > 2:
-            i, j = draw(st.integers(0, len(messages) - 1)), draw(st.integers(0, len(messages) - 1))
-            messages[i], messages[j] = messages[j], messages[i]
-        elif kind == "drop" and messages:
-            del messages[draw(st.integers(0, len(messages) - 1))]
-        elif kind == "duplicate" and messages:
-            i = draw(st.integers(0, len(messages) - 1))
-            messages.insert(i, ProtoModelChunk.FromString(messages[i].SerializeToString()))
+        if raw is None and messages:
+            _mutate_fields(draw, kind, messages)
+        stream: list = messages if raw is None else raw  # after a byte-level edit the bytes are the stream
+        if kind == "order" and len(stream) > 2:
+            i, j = draw(st.integers(0, len(stream) - 1)), draw(st.integers(0, len(stream) - 1))
+            stream[i], stream[j] = stream[j], stream[i]
+        elif kind == "drop" and stream:
+            del stream[draw(st.integers(0, len(stream) - 1))]
+        elif kind == "duplicate" and stream:
+            i = draw(st.integers(0, len(stream) - 1))
+            copy = stream[i] if raw is not None else ProtoModelChunk.FromString(stream[i].SerializeToString())
+            stream.insert(i, copy)
         elif kind in ("bytes", "truncate", "unknown"):
             raw = [m.SerializeToString() for m in messages] if raw is None else raw
             if not raw:
@@ -134,7 +142,6 @@ def hostile_streams(draw) -> list[bytes]:
             else:
                 data += bytes([draw(st.sampled_from([0x78, 0x7A, 0x82]))]) + bytes(draw(st.binary(max_size=8)))
             raw[i] = bytes(data)
-            messages = [ProtoModelChunk() for _ in raw]  # from here on the raw bytes are the stream
     return raw if raw is not None else [m.SerializeToString() for m in messages]
 
 
