@@ -46,17 +46,13 @@ def capacity(as_json: bool, config_file: Path | None, **flags: Any) -> None:
     seed) like ``start`` and measures through the same code as ``start --capacity auto``; starts
     nothing. A dense-kernel device's tiers differ only in the bytes on the wire (see the README).
     """
-    from edge_node.models import arch_name, build_checked_model
     from edge_node.node import capacity as cap
-    from edge_node.node.daemon import client_index_of
     from edge_node.node.local_data import load_local_data
-    from edge_node.wire import ModelSpec
+    from edge_node.node.local_model import node_model
 
     config = load_node_config(config_file, flags)
     device = cap.runtime_device(config)  # --threads and --device as the daemon applies them
-    client = config.client_index if config.client_index is not None else client_index_of(config.resolved_node_id)
-    local = load_local_data(config, client, device)
-    model = build_checked_model(config.model, local.num_classes, local.data.pool.input_shape, config.seed)
-    spec = ModelSpec.from_tensors(arch_name(config.model), local.num_classes, dict(model.named_parameters()))
+    local = load_local_data(config, config.resolved_client_index, device)
+    _, spec = node_model(config, local)
     decision = cap.measure(config, local, spec, device)
     click.echo(json.dumps(decision.to_json(), indent=1) if as_json else format_decision(decision))

@@ -26,21 +26,18 @@ def export(onnx_path: Path, config_file: Path | None, **flags: Any) -> None:
     """
     import torch
 
-    from edge_node.models import arch_name, build_checked_model
-    from edge_node.node.daemon import client_index_of
     from edge_node.node.export import check_onnx, write_onnx
     from edge_node.node.local_data import load_local_data
+    from edge_node.node.local_model import node_model
     from edge_node.node.state import CHECKPOINT_FILE, Identity, load_checkpoint
     from edge_node.node.status import round_label
-    from edge_node.wire import ModelSpec
 
     config = load_saved_node_config(config_file, flags)
     node_id = config.resolved_node_id
-    client = config.client_index if config.client_index is not None else client_index_of(node_id)
+    client = config.resolved_client_index
     device = torch.device("cpu")
     local = load_local_data(config, client, device)
-    model = build_checked_model(config.model, local.num_classes, local.data.pool.input_shape, config.seed)
-    spec = ModelSpec.from_tensors(arch_name(config.model), local.num_classes, dict(model.named_parameters()))
+    model, spec = node_model(config, local)
     path = config.state_dir / CHECKPOINT_FILE
     saved = load_checkpoint(path, Identity(node_id, config.fleet, spec.arch_id, config.seed, client), device)
     if saved is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import socket
+import zlib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,11 @@ DEVICES = ("cpu", "cuda")
 VALUE_TYPES = ("float32", "float16", "bfloat16")
 PRIVACY_CHOICES = ("none", "dp-sgd")
 _DISPFL = DisPFLParams()  # the one default of each hyper-parameter of the client round (the simulation's too)
+
+
+def client_index_of(node_id: str) -> int:
+    """The client index a node without one configured uses: a stable hash of its id."""
+    return zlib.crc32(node_id.encode()) & 0x7FFFFFFF
 
 
 def node_id_from_hostname(hostname: str | None = None) -> str:
@@ -259,6 +265,13 @@ class NodeConfig:
     def resolved_node_id(self) -> str:
         """``node_id``, or the one derived from the host name."""
         return self.node_id or node_id_from_hostname()
+
+    @property
+    def resolved_client_index(self) -> int:
+        """``client_index``, or a stable hash of the node id (which slice of the data set and which draws are its)."""
+        if self.client_index is not None:
+            return self.client_index
+        return client_index_of(self.resolved_node_id)
 
     def dispfl_params(self) -> DisPFLParams:
         """The shared client round's hyper-parameters."""

@@ -43,7 +43,6 @@ import os
 import socket
 import threading
 import time
-import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -58,7 +57,6 @@ from edge_node.algorithm.dispfl import ClientRound, DisPFLParams, RoundHooks, cl
 from edge_node.algorithm.training import Batch
 from edge_node.energy import EnergyAccountant, open_meter
 from edge_node.errors import ConfigError, ListenError, TlsError, TrainingDiverged
-from edge_node.models import arch_name, build_checked_model
 from edge_node.net import PeerAddress, PeerServer, TlsConfig, create_server, pull_models
 from edge_node.net.discovery import Discovery, MdnsDiscovery, StaticDiscovery, resolve_interfaces
 from edge_node.net.server import ModelSnapshot, check_fd_limit
@@ -66,6 +64,7 @@ from edge_node.node import capacity
 from edge_node.node.config import NodeConfig
 from edge_node.node.export import ONNX_FILE, write_onnx
 from edge_node.node.local_data import LocalData, load_local_data
+from edge_node.node.local_model import node_model
 from edge_node.node.lockstep import Lockstep
 from edge_node.node.memory import release_free_memory
 from edge_node.node.metrics import start_metrics
@@ -85,7 +84,7 @@ from edge_node.node.state import (
 from edge_node.node.status import StatusServer, round_label, rounds_done_text, write_status_file
 from edge_node.seeding import Stream, numpy_generator
 from edge_node.storage import append_line, truncate_jsonl
-from edge_node.wire import DecodedModel, ModelSpec, ValueType
+from edge_node.wire import DecodedModel, ValueType
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -95,12 +94,7 @@ MAX_DIVERGED_IN_A_ROW = 3
 SERVER_GRACE_S = 1.0  # in-flight transfers get this long at shutdown
 IDLE_WITHOUT_PEERS_S = 1.0  # a node that found nobody pauses this long before its next (local) round
 
-__all__ = ["Node", "Stopped", "catch_up", "check_listen_free", "client_index_of"]
-
-
-def client_index_of(node_id: str) -> int:
-    """The client index a node without one configured uses: a stable hash of its id."""
-    return zlib.crc32(node_id.encode()) & 0x7FFFFFFF
+__all__ = ["Node", "Stopped", "catch_up", "check_listen_free"]
 
 
 @dataclass
@@ -124,7 +118,7 @@ class Node:
         self.should_exit = threading.Event()
         self.force_exit = threading.Event()
         self.node_id = config.resolved_node_id
-        self.client_index = config.client_index if config.client_index is not None else client_index_of(self.node_id)
+        self.client_index = config.resolved_client_index
         self.params: DisPFLParams = config.dispfl_params()
         self.budget: PrivacyBudget | None = None  # set once the local data is known (privacy dp-sgd)
         self.phase = "starting"
@@ -218,10 +212,9 @@ class Node:
                 config.epsilon, config.delta, config.dp_clip, self.params, self.local.data.num_train
             )
             self.params = self.budget.params(self.params)
-        input_shape = self.local.data.pool.input_shape
-        self.model = build_checked_model(config.model, self.local.num_classes, input_shape, config.seed).to(self.device)
+        model, self.spec = node_model(config, self.local)
+        self.model = model.to(self.device)
         init_weights = read_weights(self.model)
-        self.spec = ModelSpec.from_tensors(arch_name(config.model), self.local.num_classes, init_weights)
         identity = Identity(self.node_id, config.fleet, self.spec.arch_id, config.seed, self.client_index)
         self.checkpoint_path = config.state_dir / CHECKPOINT_FILE
         saved = load_checkpoint(self.checkpoint_path, identity, self.device)

@@ -9,6 +9,7 @@ import sys
 import click
 
 from edge_node.cli._app import SHORT_HELP, SUBCOMMANDS, app
+from edge_node.plugins import entry_point_names
 
 
 def test_help_lists_every_command_without_importing_any_of_them():
@@ -43,6 +44,7 @@ def _complete(words: str) -> list[str]:
 
 def test_shell_completion_offers_commands_and_choices():
     assert {"simulate", "report", "energy"} <= set(_complete("edge-node "))
-    assert _complete("edge-node simulate --model ") == ["cnn", "resnet18", "vgg11"]
+    installed = entry_point_names("edge_node.models")  # a plug-in package in this environment adds its names
+    assert _complete("edge-node simulate --model ") == ["cnn", "resnet18", "vgg11", *installed]
     assert "dispfl-s2s" in _complete("edge-node simulate --method ")
     assert "path-balanced:2" in _complete("edge-node simulate --partition ")
