@@ -63,6 +63,7 @@ from edge_node.algorithm import (
     tier_name,
     train_masked,
 )
+from edge_node.algorithm.dp import DPConfig
 from edge_node.data.batches import ClientData
 from edge_node.errors import ConfigError
 from edge_node.models import build_model
@@ -205,6 +206,7 @@ def probe(
     interfaces: Sequence[str] = (),
     probe_s: float = DEFAULT_PROBE_S,
     micro_batch: int = 0,
+    dp: DPConfig | None = None,
     generator: torch.Generator | None = None,
     check_stop: Callable[[], None] | None = None,
 ) -> Measurements:
@@ -214,18 +216,21 @@ def probe(
     samples, then steps of ``batch_size`` samples (fewer when the warm-up says one such step would
     not fit in ``probe_s``), each started only while the previous one's duration still fits in the
     ``probe_s`` window; at least one, at most ``MAX_PROBE_STEPS``. ``check_stop`` is called before
-    every step (the daemon raises from it when it is told to stop).
+    every step (the daemon raises from it when it is told to stop). With ``dp`` the steps are DP-SGD's
+    (per-sample gradients cost several times a plain step: a private node timed on plain steps would
+    take a tier it cannot train in its round budget).
     """
     started_total = time.perf_counter()
     check = check_stop or (lambda: None)
     generator = generator or torch.Generator().manual_seed(0)
     masks = {name: torch.ones_like(w, dtype=torch.bool) for name, w in read_weights(model).items()}
-    sgd = SGDConfig(lr=1e-3, micro_batch=micro_batch)  # steps as the node's training takes them
+    sgd = SGDConfig(lr=1e-3, micro_batch=micro_batch, dp=dp)  # steps as the node's training takes them
     device = next(model.parameters()).device
+    noise = torch.Generator(device=device).manual_seed(0) if dp is not None else None  # only timed, never published
 
     def step(x: torch.Tensor, y: torch.Tensor) -> float:
         began = time.perf_counter()
-        train_masked(model, masks, [(x, y)], sgd)
+        train_masked(model, masks, [(x, y)], sgd, noise)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return time.perf_counter() - began
@@ -400,6 +405,11 @@ def runtime_device(config: NodeConfig) -> torch.device:
     return torch.device(config.device)
 
 
+def _timing_dp(config: NodeConfig) -> DPConfig | None:
+    """A DP-SGD step's settings for timing a node that will train privately (the noise scale costs nothing)."""
+    return DPConfig(config.dp_clip, 1.0) if config.privacy == "dp-sgd" else None
+
+
 def measure(
     config: NodeConfig,
     local: LocalData,
@@ -423,7 +433,8 @@ def measure(
     scratch = build_model(config.model, local.num_classes, seed=config.seed, input_shape=input_shape).to(device)
     measured = probe(
         scratch, local.data, config.batch_size, interfaces=config.interfaces, micro_batch=config.micro_batch,
-        generator=torch.Generator().manual_seed(config.seed), check_stop=check_stop,
+        dp=_timing_dp(config), generator=torch.Generator().manual_seed(config.seed),
+        check_stop=check_stop,
     )  # fmt: skip
     decision = choose_tier(
         measured, spec, epochs=config.epochs, samples=local.data.num_train, neighbours=config.neighbours,
