@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -127,10 +128,28 @@ def app(verbose: int) -> None:
     set_verbosity(verbose)
 
 
+def _say_error(message: str, code: ExitCode) -> None:
+    """Print ``edge-node: error: message``.
+
+    Under torchrun every process parses the same settings, so a refusal of bad input is said once, by
+    process 0; any other error names the process it came from (the launcher reports each failed rank).
+    """
+    rank = os.environ.get("RANK", "0") if "TORCHELASTIC_RUN_ID" in os.environ else "0"
+    if rank == "0":
+        print(f"edge-node: error: {message}", file=sys.stderr)
+    elif code != ExitCode.BAD_INPUT:
+        print(f"edge-node: error: [process {rank}] {message}", file=sys.stderr)
+
+
 def fail(message: str, code: ExitCode = ExitCode.BAD_INPUT) -> click.exceptions.Exit:
     """Print a one-line error and return the Exit to raise (in a command: ``raise fail(...)``)."""
-    print(f"edge-node: error: {message}", file=sys.stderr)
+    _say_error(message, code)
     return click.exceptions.Exit(int(code))
+
+
+def _exit_with(message: str, code: ExitCode) -> NoReturn:
+    _say_error(message, code)
+    sys.exit(int(code))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -140,21 +159,16 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.exceptions.ClickException as exc:  # usage errors: bad flag values, missing arguments
-        print(f"edge-node: error: {exc.format_message()}", file=sys.stderr)
-        sys.exit(int(ExitCode.BAD_INPUT))
+        _exit_with(exc.format_message(), ExitCode.BAD_INPUT)
     except (click.exceptions.Abort, KeyboardInterrupt):
         print("edge-node: interrupted", file=sys.stderr)
         sys.exit(int(ExitCode.INTERRUPTED))
     except (PeerUnreachable, ListenError, DiscoveryError) as exc:
-        print(f"edge-node: error: {exc}", file=sys.stderr)
-        sys.exit(int(ExitCode.NETWORK))
+        _exit_with(str(exc), ExitCode.NETWORK)
     except StorageError as exc:
-        print(f"edge-node: error: {exc}", file=sys.stderr)
-        sys.exit(int(ExitCode.STORAGE))
+        _exit_with(str(exc), ExitCode.STORAGE)
     except TrainingDiverged as exc:
-        print(f"edge-node: error: {exc}", file=sys.stderr)
-        sys.exit(int(ExitCode.DIVERGED))
+        _exit_with(str(exc), ExitCode.DIVERGED)
     except EdgeNodeError as exc:
-        print(f"edge-node: error: {exc}", file=sys.stderr)
-        sys.exit(int(ExitCode.BAD_INPUT))
+        _exit_with(str(exc), ExitCode.BAD_INPUT)
     sys.exit(result if isinstance(result, int) else 0)

@@ -94,6 +94,17 @@ def test_a_refused_method_under_torchrun_is_one_line_and_writes_nothing(tmp_path
     assert not out.exists()
 
 
+def test_under_torchrun_a_refusal_is_said_once(tmp_path):
+    """Every process refuses the same settings; only process 0 prints it (the launcher names failed ranks)."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command = [*launcher, "-m", "edge_node", "simulate", *TINY, "--method", "fedavg", "--output", str(tmp_path / "run")]
+    done = subprocess.run(command, capture_output=True, text=True, env=ONE_THREAD, timeout=120)
+    assert done.returncode != 0
+    said = [line for line in done.stderr.splitlines() if line.startswith("edge-node: error:")]
+    assert len(said) == 1 and "method 'fedavg' cannot run over 2 processes" in said[0], done.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_fewer_clients_than_processes_is_refused():
     with pytest.raises(Exception, match="clients=1 must be at least the number of processes"):
         check_shardable("dispfl", True, 1, 2)
