@@ -105,6 +105,25 @@ def issue_tls_material(tls_dir: Path, fleet: str, node_ids: list[str]) -> None:
             (tls_dir / f"{node_id}.pem").write_bytes(cert)
 
 
+def shared_host_limits(nodes: int) -> dict[str, int]:
+    """The peer service's per-host caps for a fleet whose peers all connect from 127.0.0.1.
+
+    The caps bound what one host may hold (``server_max_calls_per_host`` 8, ``..._connections_per_host``
+    32); on one machine every peer is that one host, so a fleet of more than a few nodes would be refused
+    by its own members. Scaled to the fleet, never beyond the service's totals (64 calls, 512 connections).
+    """
+    from edge_node.net.server import ServerLimits  # the node's modules, only when a fleet starts
+    from edge_node.node.config import NodeConfig
+
+    defaults, total_calls = NodeConfig(), ServerLimits().max_concurrent_rpcs
+    return {
+        "server_max_calls_per_host": min(total_calls, max(defaults.server_max_calls_per_host, 2 * nodes)),
+        "server_max_connections_per_host": min(
+            defaults.server_max_connections, max(defaults.server_max_connections_per_host, 4 * nodes)
+        ),
+    }
+
+
 class Fleet:
     """N ``edge-node start`` daemons on this machine; a context manager that always cleans up."""
 
@@ -292,6 +311,7 @@ class Fleet:
         else:
             address, port = self.endpoints[i] if host is None else ("127.0.0.1", free_ports(1)[0])
             settings["listen"] = f"{address}:{port}"
+            settings.update(shared_host_limits(config.nodes))
         if self.net is not None and not config.lockstep:
             settings["discovery"] = "mdns"
             settings["interfaces"] = [self.net.addresses[where]]

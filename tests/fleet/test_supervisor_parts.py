@@ -16,7 +16,9 @@ import matplotlib.image
 from rich.console import Console
 
 from edge_node.fleet import supervise
+from edge_node.fleet.config import FleetConfig
 from edge_node.fleet.daemons import ROUNDS_LOG, DaemonProcess, exit_description
+from edge_node.fleet.fleet import Fleet
 from edge_node.fleet.progress import LiveTable, NodeView
 from edge_node.fleet.summary import SUMMARY_PLOT, format_markdown, summarize, write_summary
 from edge_node.storage import append_line, truncate_jsonl
@@ -210,3 +212,17 @@ def test_live_table_shows_round_phase_and_accuracy_per_node_within_80_columns():
     assert re.fullmatch(r"node0 +42/100 +train +41\.0% +55\.5% +2 +1 +1234\.5 +300\.0 +running", screen[4]), text
     assert re.fullmatch(r"node1 +0/100 +communicate +- +- +0 +0 +0\.0 +0\.0 +running", screen[5]), text
     assert re.fullmatch(r"node11 +0/100 +stopped +- +- +0 +0 +0\.0 +0\.0 +SIGKILL", screen[-1]), text
+
+
+def test_a_loopback_fleet_scales_the_per_host_caps_its_own_peers_share(tmp_path):
+    """Every peer of a fleet on 127.0.0.1 is one host to the server's guard; a 40-node fleet must fit."""
+    big = Fleet(FleetConfig(output=tmp_path / "big", nodes=40))
+    big.endpoints = [("127.0.0.1", 20000 + i) for i in range(40)]
+    flags = big.node_flags(0)
+    assert flags[flags.index("--server-max-calls-per-host") + 1] == "64"  # 2 per peer, at most the 64 in all
+    assert flags[flags.index("--server-max-connections-per-host") + 1] == "160"
+    small = Fleet(FleetConfig(output=tmp_path / "small", nodes=3))
+    small.endpoints = [("127.0.0.1", 20000 + i) for i in range(3)]
+    flags = small.node_flags(0)  # the defaults hold for a small fleet
+    assert flags[flags.index("--server-max-calls-per-host") + 1] == "8"
+    assert flags[flags.index("--server-max-connections-per-host") + 1] == "32"
