@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from edge_node.errors import ConfigError
-from edge_node.net import PeerAddress, PeerServer, ServerLimits, create_server, hello, pull_model
+from edge_node.net import PeerAddress, PeerServer, ServerLimits, hello, pull_model
 from edge_node.net.server import FD_RESERVE, check_fd_limit
 from edge_node.wire.messages import PEER_SERVICE_NAME, GetModelRequest
 
@@ -28,7 +28,7 @@ if str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))
 
 from tests.net.grpc_attack import IdleConnections, UnreadStreams, WithheldCalls  # noqa: E402
-from tests.net.test_grpc_peer import FLEET, SPEC, snapshot  # noqa: E402
+from tests.net.test_grpc_peer import FLEET, SPEC, serving, snapshot  # noqa: E402
 
 ATTACKER = "127.0.0.2"
 GET_MODEL = f"/{PEER_SERVICE_NAME}/GetModel"
@@ -58,29 +58,35 @@ def _honest(port: int) -> tuple[Callable[[], object], Callable[[], object]]:
     return do_hello, do_pull
 
 
+def _published(round: int = 3) -> PeerServer:
+    peer = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
+    peer.publish(snapshot("srv", 1, round=round))
+    return peer
+
+
+def _kept_latency(quiet: tuple[float, float], busy: tuple[float, float]) -> bool:
+    """Honest Hello and pull (ms) during an attack within 5x their quiet latency (floors for a loaded machine)."""
+    return busy[0] < max(50.0, 5 * quiet[0]) and busy[1] < max(100.0, 5 * quiet[1])
+
+
 @pytest.mark.parametrize("method", [GET_MODEL, HELLO])
 def test_withheld_requests_from_one_host_cannot_starve_honest_calls(method: str) -> None:
     """The probe sent 8 (then 16) such calls from one connection; here 64 over 8 connections."""
     limits = ServerLimits(max_calls_per_host=4, request_timeout_s=2.0)
-    peer = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
-    peer.publish(snapshot("srv", 1))
-    server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
-    server.start()
-    try:
+    peer = _published()
+    with serving(peer, limits=limits) as port:
         do_hello, do_pull = _honest(port)
-        quiet_hello, quiet_pull = _latency_ms(do_hello), _latency_ms(do_pull)
+        quiet = _latency_ms(do_hello), _latency_ms(do_pull)
         with WithheldCalls(ATTACKER, port, method, calls=64, connections=8) as attack:
             time.sleep(0.3)  # every call has arrived
             held = peer.open_calls().get(f"ipv4:{ATTACKER}", 0)
-            busy_hello, busy_pull = _latency_ms(do_hello), _latency_ms(do_pull)
+            busy = _latency_ms(do_hello), _latency_ms(do_pull)
             time.sleep(limits.request_timeout_s + 0.5)
             after_timeout = peer.open_calls().get(f"ipv4:{ATTACKER}", 0)
             ended = attack.ended()
         refusals = peer.refusals()
-    finally:
-        server.stop(None).wait(5)
     print(
-        f"\n{method}: honest Hello {quiet_hello:.1f} -> {busy_hello:.1f} ms, pull {quiet_pull:.1f} -> {busy_pull:.1f}"
+        f"\n{method}: honest Hello {quiet[0]:.1f} -> {busy[0]:.1f} ms, pull {quiet[1]:.1f} -> {busy[1]:.1f}"
         f" ms; attacker held {held} calls, {after_timeout} after {limits.request_timeout_s:g} s; ended {ended};"
         f" refusals {refusals}"
     )
@@ -90,7 +96,7 @@ def test_withheld_requests_from_one_host_cannot_starve_honest_calls(method: str)
     assert refusals["host-busy"] == 64 - limits.max_calls_per_host
     assert refusals["slow-request"] == limits.max_calls_per_host
     assert ended == 64  # every withheld call was ended by the server, none left hanging
-    assert busy_hello < max(50.0, 5 * quiet_hello) and busy_pull < max(100.0, 5 * quiet_pull)
+    assert _kept_latency(quiet, busy)
 
 
 def _raise_fd_limit(needed: int) -> tuple[int, int]:
@@ -119,21 +125,17 @@ def test_idle_connections_cannot_exhaust_descriptors_and_are_closed_in_bounded_t
     ``handshake_timeout_s``; the node's descriptors stay bounded and the server serves afterwards."""
     soft, hard = _raise_fd_limit(4096)
     limits = ServerLimits(max_connections=200, handshake_timeout_s=2.0, max_connections_per_host=200)
-    peer = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
-    peer.publish(snapshot("srv", 1))
-    server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
-    server.start()
     try:
-        do_hello, _ = _honest(port)
-        with IdleConnections(ATTACKER, port, 1100) as idle:
-            time.sleep(0.5)
-            held = idle.open_count()
-            time.sleep(limits.handshake_timeout_s + 1.0)
-            left = idle.open_count()
-            recovered_ms = _latency_ms(do_hello, n=3)
-        print(f"\n1,100 idle connections: {held} held by the server, {left} after the handshake timeout")
+        with serving(_published(), limits=limits) as port:
+            do_hello, _ = _honest(port)
+            with IdleConnections(ATTACKER, port, 1100) as idle:
+                time.sleep(0.5)
+                held = idle.open_count()
+                time.sleep(limits.handshake_timeout_s + 1.0)
+                left = idle.open_count()
+                recovered_ms = _latency_ms(do_hello, n=3)
+            print(f"\n1,100 idle connections: {held} held by the server, {left} after the handshake timeout")
     finally:
-        server.stop(None).wait(5)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert held <= limits.max_connections + 8  # + the listen backlog's in-flight accepts
     assert left == 0
@@ -146,67 +148,59 @@ def test_one_host_holding_idle_connections_leaves_room_for_honest_calls() -> Non
     honest Hellos and pulls from another host keep their latency while the attacker holds its cap."""
     soft, hard = _raise_fd_limit(4096)
     limits = ServerLimits(max_connections=200, max_connections_per_host=16, handshake_timeout_s=60.0)
-    peer = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
-    peer.publish(snapshot("srv", 1))
-    server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
-    server.start()
+    peer = _published()
     try:
-        do_hello, do_pull = _honest(port)
-        quiet_hello, quiet_pull = _latency_ms(do_hello), _latency_ms(do_pull)
-        with IdleConnections(ATTACKER, port, 1100) as idle:
-            first_s = _first_success_s(do_hello, 10.0)
-            busy_hello, busy_pull = _latency_ms(do_hello), _latency_ms(do_pull)
-            held = idle.open_count()
-        refusals = peer.refusals()
+        with serving(peer, limits=limits) as port:
+            do_hello, do_pull = _honest(port)
+            quiet = _latency_ms(do_hello), _latency_ms(do_pull)
+            with IdleConnections(ATTACKER, port, 1100) as idle:
+                first_s = _first_success_s(do_hello, 10.0)
+                busy = _latency_ms(do_hello), _latency_ms(do_pull)
+                held = idle.open_count()
+            refusals = peer.refusals()
     finally:
-        server.stop(None).wait(5)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     print(
         f"\n1,100 idle connections from one host: first honest Hello {first_s:.2f} s into the attack; honest Hello"
-        f" {quiet_hello:.1f} -> {busy_hello:.1f} ms, pull {quiet_pull:.1f} -> {busy_pull:.1f} ms; attacker holds"
+        f" {quiet[0]:.1f} -> {busy[0]:.1f} ms, pull {quiet[1]:.1f} -> {busy[1]:.1f} ms; attacker holds"
         f" {held}; refusals {refusals}"
     )
     assert held <= limits.max_connections_per_host
     assert refusals["host-connections"] >= limits.max_connections - limits.max_connections_per_host
     assert first_s < 3.0  # a sweep every 0.2 s; generous for a loaded 2-core machine
-    assert busy_hello < max(50.0, 5 * quiet_hello) and busy_pull < max(100.0, 5 * quiet_pull)
+    assert _kept_latency(quiet, busy)
 
 
 def test_unread_model_streams_are_ended_at_the_connection_age() -> None:
     """A caller that asks for a model and never reads holds its slots only until its connection's
     age plus grace (grpc core closes the connection, ending its streams); honest calls go on meanwhile."""
     limits = ServerLimits(max_connection_age_s=1.0, connection_age_grace_s=1.0)
-    peer = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
-    peer.publish(snapshot("srv", 1))
-    server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
-    server.start()
     request = GetModelRequest(protocol_version="1.0", node_id="reader", fleet_id=FLEET, arch_id=SPEC.arch_id)
-    try:
+    peer = _published()
+    with serving(peer, limits=limits) as port:
         do_hello, do_pull = _honest(port)
-        quiet_hello, quiet_pull = _latency_ms(do_hello), _latency_ms(do_pull)
+        quiet = _latency_ms(do_hello), _latency_ms(do_pull)
         start = time.monotonic()
         with UnreadStreams(ATTACKER, port, request.SerializeToString(), calls=2) as attack:
             time.sleep(0.3)
             held = peer.open_calls().get(f"ipv4:{ATTACKER}", 0)
-            busy_hello, busy_pull = _latency_ms(do_hello, n=5), _latency_ms(do_pull, n=5)
+            busy = _latency_ms(do_hello, n=5), _latency_ms(do_pull, n=5)
             bound_s = 1.1 * limits.max_connection_age_s + limits.connection_age_grace_s  # grpc jitters the age 10 %
             while attack.ended() < attack.sent and time.monotonic() - start < bound_s + 5:
                 time.sleep(0.05)
             ended_s = time.monotonic() - start
             ended, left = attack.ended(), peer.open_calls().get(f"ipv4:{ATTACKER}", 0)
         unfinished = peer.unfinished_streams()
-    finally:
-        server.stop(None).wait(5)
     print(
         f"\nunread streams: attacker held {held} calls, ended {ended} of {attack.sent} after {ended_s:.2f} s"
-        f" (bound {bound_s:.1f} s); honest Hello {quiet_hello:.1f} -> {busy_hello:.1f} ms, pull {quiet_pull:.1f} ->"
-        f" {busy_pull:.1f} ms; unfinished streams {unfinished}"
+        f" (bound {bound_s:.1f} s); honest Hello {quiet[0]:.1f} -> {busy[0]:.1f} ms, pull {quiet[1]:.1f} ->"
+        f" {busy[1]:.1f} ms; unfinished streams {unfinished}"
     )
     assert held == 2  # the streams were open, their writes held by flow control
     assert ended == 2 and left == 0
     assert ended_s < bound_s + 1.5  # the loop's slack on a loaded machine
     assert unfinished == 2
-    assert busy_hello < max(50.0, 5 * quiet_hello) and busy_pull < max(100.0, 5 * quiet_pull)
+    assert _kept_latency(quiet, busy)
 
 
 def test_the_fd_limit_is_raised_to_the_hard_limit_and_refused_when_too_low() -> None:
@@ -234,19 +228,16 @@ def test_a_lockstep_wait_outlives_several_connection_ages() -> None:
     """An honest pull that polls for a round not published yet keeps polling across the server's
     GOAWAYs (connection age 0.5 s + grace 0.5 s) and gets the round when it comes, 3 s later."""
     limits = ServerLimits(max_connection_age_s=0.5, connection_age_grace_s=0.5)
-    peer = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
-    peer.publish(snapshot("srv", 1, round=1))
-    server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
-    server.start()
+    peer = _published(round=1)
     publisher = threading.Timer(3.0, lambda: peer.publish(snapshot("srv", 2, round=2)))
-    try:
-        publisher.start()
-        start = time.monotonic()
-        model = pull_model(PeerAddress("srv", "127.0.0.1", port), SPEC, FLEET, round=2, deadline_s=15, **PLAIN)
-        waited_s = time.monotonic() - start
-    finally:
-        publisher.cancel()
-        publisher.join()
-        server.stop(None).wait(5)
+    with serving(peer, limits=limits) as port:
+        try:
+            publisher.start()
+            start = time.monotonic()
+            model = pull_model(PeerAddress("srv", "127.0.0.1", port), SPEC, FLEET, round=2, deadline_s=15, **PLAIN)
+            waited_s = time.monotonic() - start
+        finally:
+            publisher.cancel()
+            publisher.join()
     assert model.header.round == 2
     assert 2.5 < waited_s < 15
