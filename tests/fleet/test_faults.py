@@ -95,8 +95,9 @@ def test_node_killed_while_serving_resumes_and_is_pulled_again(require_root, tmp
         assert victim.wait(10) == -signal.SIGKILL
         kept = len(records(fleet, "node2"))
 
-        def others_went_on() -> bool:  # each finished a round after the kill, with the peers that answered
-            return all(any(r["time_unix"] > killed_unix and r["peers_answered"] for r in records(fleet, n))
+        def others_went_on() -> bool:  # each finished a round begun after the kill, with the peers that answered
+            # (begun after: a round in flight at the kill may have pulled node2 before it and asked it nothing since)
+            return all(any(_start_s(r) > killed_unix and r["peers_answered"] for r in records(fleet, n))
                        for n in ("node0", "node1"))  # fmt: skip
 
         wait_until(fleet, others_went_on, EVENT_S, "the others past the kill")
