@@ -32,6 +32,7 @@ written down), and compare arms of one fleet only.
 from __future__ import annotations
 
 import argparse
+import calendar
 import json
 import os
 import subprocess
@@ -81,8 +82,10 @@ def started_of(out: Path, arm: dict[str, Any]) -> float:
     """When an arm's command started (saved; for arms saved before that, from a timeline point)."""
     if "started_unix" in arm:
         return float(arm["started_unix"])
-    first = timeline(records(out), len(arm["tiers"]), 0.0)[0]["wall_s"]  # started at 0: the point's own time
-    return first - arm["timeline"][0]["wall_s"]
+    points = timeline(records(out), len(arm["tiers"]), 0.0)  # started at 0: each point's own time
+    if points and arm["timeline"]:
+        return points[0]["wall_s"] - arm["timeline"][0]["wall_s"]
+    return float(calendar.timegm(time.strptime(arm["started_utc"], "%Y-%m-%dT%H:%M:%SZ")))  # to the second
 
 
 def reanalyse(arms: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, dict[str, Any]]:

@@ -189,6 +189,21 @@ def test_hetero_fleet_bench_runs_an_arm_and_the_slowest_tier_after_it(tmp_path: 
                            text=True, timeout=60)  # fmt: skip
     assert other.returncode == 2 and "holds arms of other settings" in other.stderr
     assert (out / "hetero.json").read_text() == before
+    # --reanalyse runs nothing and recomputes each arm from its nodes' records: the same timeline, also for
+    # an arm saved without its start time (found again from its first timeline point).
+    saved = json.loads(before)
+    del saved["arms"]["slowest"]["started_unix"]
+    (out / "hetero.json").write_text(json.dumps(saved))
+    again = subprocess.run([*fleet, "--target", "0.25", "--reanalyse"], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr[-2000:]
+    redone = json.loads((out / "hetero.json").read_text())
+    assert redone["settings"]["target"] == 0.25 and "target mean accuracy 25%" in (out / "hetero.md").read_text()
+    for arm, old in json.loads(before)["arms"].items():
+        new = redone["arms"][arm]
+        assert new["wall_s"] == old["wall_s"] and new["tiers"] == old["tiers"]
+        assert new["started_unix"] == pytest.approx(old["started_unix"], abs=1e-3)
+        assert [p["bytes_in"] for p in new["timeline"]] == [p["bytes_in"] for p in old["timeline"]]
+        assert [p["wall_s"] for p in new["timeline"]] == pytest.approx([p["wall_s"] for p in old["timeline"]])
 
 
 def test_reference_round_bench_tiny_run(tmp_path: Path):
