@@ -3,6 +3,9 @@
     sudo .venv/bin/python bench/hetero_fleet.py --output runs/hetero [--nodes 8] [--rounds 10] \\
         [--devices 'pi4:3,pi5:3,orin-nano:2'] [--data-dir ../shared/datasets/cifar10-jpeg.tar.gz] \\
         [--target 0.4] [--round-budget-s 600] [--arms auto,dense,slowest,lockstep,stale1] [--dry-run]
+    # or one arm per command (each its own quiet window), merged into the same --output:
+    sudo .venv/bin/python bench/hetero_fleet.py --output runs/hetero --arms auto
+    sudo .venv/bin/python bench/hetero_fleet.py --output runs/hetero --arms slowest   # uses auto's tiers
 
 Runs the same fleet (``--nodes`` daemons with ``--devices`` profiles in network namespaces, CIFAR-10
 Dir(0.3), each node its slice, one seed, ``--rounds`` rounds) once per arm:
@@ -19,14 +22,19 @@ the capacity probe count) and the bytes received by the whole fleet until the fl
 still runs (a node that has done its rounds exits, and slower nodes then find fewer peers); the final mean
 accuracy; each node's tier; how stale the pulled models were (this node's round minus the peer's).
 Writes ``hetero.json``, ``hetero.md`` and ``hetero.png`` (mean accuracy against wall time and against
-bytes) to ``--output``. Nothing is asserted. Wall times depend on the machine: run it on an otherwise
-idle one (the machine and its load average are written down), and compare arms of one run only.
+bytes) to ``--output``. Arms already in ``hetero.json`` are kept (a later command adds or replaces arms),
+so each arm can run in its own window; the fleet's settings must be the same as theirs (else one line and
+exit 2), and ``slowest`` takes the tiers of the saved ``auto`` arm. Nothing is asserted. Wall times depend
+on the machine: run each arm on an otherwise idle one (the load average before and after each arm is
+written down), and compare arms of one fleet only.
 """
 
 from __future__ import annotations
 
 import argparse
+import calendar
 import json
+import os
 import subprocess
 import sys
 import time
@@ -43,6 +51,53 @@ ARMS = ("auto", "dense", "slowest", "lockstep", "stale1")
 DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "cifar10-jpeg.tar.gz"
 
 
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What must be the same for arms to be compared (arms of other settings are not merged)."""
+    return {"nodes": args.nodes, "rounds": args.rounds, "devices": args.devices, "seed": args.seed,
+            "dataset": "demo" if args.demo else "cifar10", "round_budget_s": args.round_budget_s,
+            "pull_timeout_s": args.pull_timeout_s}  # fmt: skip
+
+
+def saved_arms(path: Path, wanted: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The arms of an earlier command on the same fleet, or none; SystemExit(2) for another fleet's file."""
+    if not path.exists():
+        return {}
+    saved = json.loads(path.read_text())
+    fleet = {k: v for k, v in saved.get("settings", {}).items() if k != "target"}  # the target only analyses
+    if fleet != wanted:
+        print(f"{path} holds arms of other settings ({saved.get('settings')}); use another --output",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
+    return dict(saved["arms"])
+
+
+def slowest_of(arm: dict[str, Any] | None) -> str | None:
+    """The lowest tier any node took in an arm (the ``slowest`` arm's capacity)."""
+    if not arm or not arm["tiers"]:
+        return None
+    return str(min(arm["tiers"].values(), key=float))
+
+
+def started_of(out: Path, arm: dict[str, Any]) -> float:
+    """When an arm's command started (saved; for arms saved before that, from a timeline point)."""
+    if "started_unix" in arm:
+        return float(arm["started_unix"])
+    points = timeline(records(out), len(arm["tiers"]), 0.0)  # started at 0: each point's own time
+    if points and arm["timeline"]:
+        return points[0]["wall_s"] - arm["timeline"][0]["wall_s"]
+    return float(calendar.timegm(time.strptime(arm["started_utc"], "%Y-%m-%dT%H:%M:%SZ")))  # to the second
+
+
+def reanalyse(arms: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The saved arms analysed again from their nodes' records, for this ``--target`` (nothing runs)."""
+    again = {}
+    for arm, saved in arms.items():
+        started = started_of(args.output / arm, saved)
+        fresh = analyse(args.output / arm, args.nodes, started, args.target, saved["wall_s"], saved["exit_code"])
+        again[arm] = {**saved, **fresh, "started_unix": started}
+    return again
+
+
 def arm_flags(arm: str, slowest_tier: str | None) -> list[str]:
     """The ``edge-node loopback`` flags that make an arm differ from the others."""
     if arm == "auto":
@@ -51,7 +106,7 @@ def arm_flags(arm: str, slowest_tier: str | None) -> list[str]:
         return ["--capacity", "1.0"]
     if arm == "slowest":
         if slowest_tier is None:
-            raise SystemExit("the slowest arm needs the auto arm's tiers: run --arms auto,slowest")
+            raise SystemExit("the slowest arm needs the auto arm's tiers: run --arms auto first (same --output)")
         return ["--capacity", slowest_tier]
     if arm == "lockstep":
         return ["--capacity", "auto", "--lockstep"]
@@ -135,11 +190,11 @@ def markdown(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> st
     lines = [
         f"Fleet: {args.nodes} nodes, devices `{args.devices}`, {'demo' if args.demo else 'CIFAR-10'} Dir(0.3), "
         f"{args.rounds} rounds, seed {args.seed}, round budget {args.round_budget_s:g} s; target mean accuracy "
-        f"{100 * args.target:.0f}%. Commit {commit()}; {machine()}.",
+        f"{100 * args.target:.0f}%. {machine()}.",
         "",
         "| arm | exit | tiers | wall s | to target s | MB to target | MB in all | final mean acc | staleness "
-        "mean/max |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---|",
+        "mean/max | started (UTC), commit | load before/after |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for arm, r in results.items():
         tiers = ",".join(sorted(set(r["tiers"].values()))) or "-"
@@ -149,7 +204,9 @@ def markdown(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> st
         st = r["staleness"]
         stale = "-" if st["mean"] is None else f"{st['mean']:.2f} / {st['max']}"
         lines.append(f"| {arm} | {r['exit_code']} | {tiers} | {r['wall_s']:.0f} | {to_target} | {mb} | "
-                     f"{r['bytes_total'] / 1e6:.1f} | {acc} | {stale} |")  # fmt: skip
+                     f"{r['bytes_total'] / 1e6:.1f} | {acc} | {stale} | {r.get('started_utc', '-')}, "
+                     f"{r.get('commit', '-')} | {r.get('load_before', '-')} / "
+                     f"{r.get('load_after', '-')} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -174,6 +231,12 @@ def plot(results: dict[str, dict[str, Any]], path: Path, target: float) -> None:
     plt.close(fig)
 
 
+def save(store: Path, args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.write_text(json.dumps({"settings": {**settings(args), "target": args.target}, "arms": results,
+                                 "machine": machine()}, indent=1) + "\n")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", type=Path, required=True)
@@ -188,29 +251,41 @@ def main() -> None:
     parser.add_argument("--pull-timeout-s", type=float, default=120.0)
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--dry-run", action="store_true", help="Print the commands only.")
+    parser.add_argument("--reanalyse", action="store_true",
+                        help="Run nothing: analyse the saved arms again for --target.")  # fmt: skip
     args = parser.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    results: dict[str, dict[str, Any]] = {}
-    slowest_tier = None
     for arm in arms:
-        argv = command(args, arm, slowest_tier if arm == "slowest" else "<the auto arm's slowest tier>")
+        if arm not in ARMS:
+            raise SystemExit(f"unknown arm {arm!r}; arms are {', '.join(ARMS)}")
+    store = args.output / "hetero.json"
+    results = saved_arms(store, settings(args))
+    if args.reanalyse:
+        arms, results = [], reanalyse(results, args)
+    for arm in arms:
+        planned = slowest_of(results.get("auto")) or "<the auto arm's slowest tier>"
+        argv = command(args, arm, planned if args.dry_run else slowest_of(results.get("auto")))
         print("$ " + " ".join(argv), flush=True)
         if args.dry_run:
             continue
+        load_before = round(os.getloadavg()[0], 2)
         started = time.time()
         code = subprocess.run(argv, stdout=subprocess.DEVNULL, check=False).returncode
-        results[arm] = analyse(args.output / arm, args.nodes, started, args.target, time.time() - started, code)
-        if arm == "auto" and results[arm]["tiers"]:
-            slowest_tier = min(results[arm]["tiers"].values(), key=float)
-        print(f"{arm}: exit {code}, {results[arm]['wall_s']:.0f} s, tiers {results[arm]['tiers']}", flush=True)
+        result = analyse(args.output / arm, args.nodes, started, args.target, time.time() - started, code)
+        result.update(started_unix=started, commit=commit(),
+                      started_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                      load_before=load_before, load_after=round(os.getloadavg()[0], 2))  # fmt: skip
+        results[arm] = result
+        print(f"{arm}: exit {code}, {result['wall_s']:.0f} s, tiers {result['tiers']}", flush=True)
+        save(store, args, results)
     if args.dry_run or not results:
         return
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "hetero.json").write_text(json.dumps({"arms": results, "machine": machine(), "commit": commit()},
-                                                        indent=1) + "\n")  # fmt: skip
-    text = markdown(results, args)
+    if args.reanalyse:
+        save(store, args, results)
+    ordered = {arm: results[arm] for arm in ARMS if arm in results}
+    text = markdown(ordered, args)
     (args.output / "hetero.md").write_text(text)
-    plot(results, args.output / "hetero.png", args.target)
+    plot(ordered, args.output / "hetero.png", args.target)
     print(text)
 
 

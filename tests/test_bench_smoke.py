@@ -171,18 +171,39 @@ def test_hetero_fleet_bench_runs_an_arm_and_the_slowest_tier_after_it(tmp_path: 
     if system_hierarchy() is None:
         pytest.skip("no cgroup hierarchy with the cpu and memory controllers")
     out = tmp_path / "hetero"
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "hetero_fleet.py"), "--output", str(out), "--demo", "--nodes", "2", "--rounds",
-         "1", "--devices", "name=a,cpu=0.5,mem=1g;name=b,cpu=0.25,mem=1g", "--arms", "auto,slowest",
-         "--pull-timeout-s", "15"],
-        capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    fleet = [sys.executable, str(BENCH / "hetero_fleet.py"), "--output", str(out), "--demo", "--nodes", "2",
+             "--rounds", "1", "--devices", "name=a,cpu=0.5,mem=1g;name=b,cpu=0.25,mem=1g",
+             "--pull-timeout-s", "15"]  # fmt: skip
+    # One arm per command, as in separate quiet windows: the second finds the first's tiers in hetero.json.
+    for arm in ("auto", "slowest"):
+        proc = subprocess.run([*fleet, "--arms", arm], capture_output=True, text=True, timeout=400)
+        assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((out / "hetero.json").read_text())["arms"]
     assert set(result) == {"auto", "slowest"} and all(a["exit_code"] == 0 for a in result.values())
     slowest = min(result["auto"]["tiers"].values(), key=float)
     assert set(result["slowest"]["tiers"].values()) == {slowest}  # every node at the auto arm's slowest tier
     assert (out / "hetero.md").read_text().count("| auto | 0 |") == 1 and (out / "hetero.png").exists()
+    # Another fleet's arms are not mixed into these: one line, exit 2, the file unchanged.
+    before = (out / "hetero.json").read_text()
+    other = subprocess.run([*fleet[:-2], "--pull-timeout-s", "16", "--arms", "dense"], capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert other.returncode == 2 and "holds arms of other settings" in other.stderr
+    assert (out / "hetero.json").read_text() == before
+    # --reanalyse runs nothing and recomputes each arm from its nodes' records: the same timeline, also for
+    # an arm saved without its start time (found again from its first timeline point).
+    saved = json.loads(before)
+    del saved["arms"]["slowest"]["started_unix"]
+    (out / "hetero.json").write_text(json.dumps(saved))
+    again = subprocess.run([*fleet, "--target", "0.25", "--reanalyse"], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr[-2000:]
+    redone = json.loads((out / "hetero.json").read_text())
+    assert redone["settings"]["target"] == 0.25 and "target mean accuracy 25%" in (out / "hetero.md").read_text()
+    for arm, old in json.loads(before)["arms"].items():
+        new = redone["arms"][arm]
+        assert new["wall_s"] == old["wall_s"] and new["tiers"] == old["tiers"]
+        assert new["started_unix"] == pytest.approx(old["started_unix"], abs=1e-3)
+        assert [p["bytes_in"] for p in new["timeline"]] == [p["bytes_in"] for p in old["timeline"]]
+        assert [p["wall_s"] for p in new["timeline"]] == pytest.approx([p["wall_s"] for p in old["timeline"]])
 
 
 def test_reference_round_bench_tiny_run(tmp_path: Path):
