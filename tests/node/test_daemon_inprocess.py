@@ -3,6 +3,7 @@ and the bounded parallel calls it makes Hellos with."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -90,3 +91,35 @@ def test_a_parallel_call_that_raises_gives_none():
         return x
 
     assert run_parallel(call, [1, 2, 3], workers=2, stop=threading.Event()) == [1, None, 3]
+
+
+def test_a_kill_between_a_rounds_record_and_its_checkpoint_runs_the_round_again(tmp_path, monkeypatch):
+    """The record is appended before the checkpoint is saved (a kill between them must not lose a record);
+    a node restarted after such a kill drops the record the checkpoint does not hold and runs the round again."""
+    from edge_node.node import daemon
+
+    def killed(*_args, **_kwargs) -> None:
+        raise KeyboardInterrupt("killed between the record and the checkpoint")
+
+    node = _node(tmp_path)
+    monkeypatch.setattr(daemon, "save_checkpoint", killed)
+    try:
+        node.startup()
+        with pytest.raises(KeyboardInterrupt):
+            node.run_round(0)
+    finally:
+        node.shutdown()
+    rounds_log = tmp_path / "state" / "rounds.jsonl"
+    assert len(rounds_log.read_text().splitlines()) == 1  # the record was written
+    assert not (tmp_path / "state" / "checkpoint.pt").exists()
+    monkeypatch.undo()
+    again = _node(tmp_path)
+    try:
+        again.startup()
+        assert not again.resumed and again.rounds_done == 0
+        assert rounds_log.read_text() == ""  # the record the checkpoint does not hold is gone
+        again.run_round(0)
+        records = [json.loads(line) for line in rounds_log.read_text().splitlines()]
+        assert [r["round"] for r in records] == [0] and again.rounds_done == 1  # run again, once
+    finally:
+        again.shutdown()
