@@ -8,13 +8,8 @@ tensor and the problem, having touched nothing of the caller's.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
-import queue
-import threading
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,11 +33,13 @@ from edge_node.wire.spec import (
     PROTOCOL_VERSION,
     DecodedModel,
     ModelSpec,
+    PayloadHasher,
     StreamHeader,
     ValueType,
     WireLimits,
     numpy_value_dtype,
     parse_protocol_version,
+    payload_hasher,
 )
 
 
@@ -69,7 +66,7 @@ def _header_proto(
         arch_id=arch_id,
         round=round,
         density=density,
-        payload_sha256=digest,
+        payload_digest=digest,
         message_count=len(plan.messages),
         chunk_count=plan.chunk_count,
     )
@@ -124,7 +121,8 @@ def encoded_model_size(
             raise ValueError(f"nnz_per_tensor[{name!r}]={nnz} must be in [0, {numel}]")
         counts[name] = nnz
     plan = plan_stream(spec, counts, value_type, max_message_bytes)
-    header = _header_proto(node_id, fleet_id, spec.arch_id, round, density, bytes(32), plan)
+    digest_size = payload_hasher(PROTOCOL_VERSION).digest_size
+    header = _header_proto(node_id, fleet_id, spec.arch_id, round, density, bytes(digest_size), plan)
     return _header_message_bytes(header) + plan.payload_bytes
 
 
@@ -234,7 +232,7 @@ def encode_model(
             f" masks' (within {spec.density_tolerance:.2g}, ERK's rounding), receivers refuse any other"
         )
     plan = plan_stream(spec, nnz, value_type, max_message_bytes)
-    digest = hashlib.sha256()
+    digest = payload_hasher(PROTOCOL_VERSION)
     messages: list[ProtoModelChunk] = []
     for planned in plan.messages:
         tensors = []
@@ -248,13 +246,30 @@ def encode_model(
     return [ProtoModelChunk(header=header), *messages]
 
 
+def header_for_version(messages: list[ProtoModelChunk], protocol_version: str) -> ProtoModelChunk:
+    """The header of ``encode_model``'s stream ``messages`` as a caller of ``protocol_version`` expects it.
+
+    Servers answer in the caller's version: a 1.0 or 1.1 caller checks a SHA-256 payload digest, so it
+    gets the header with that version and digest; the tensor messages are the same in every version.
+    """
+    header = ProtoModelChunk()
+    header.CopyFrom(messages[0])
+    digest = payload_hasher(protocol_version)
+    for message in messages[1:]:
+        for tensor in message.tensors:
+            digest.update(tensor.bitmap)
+            digest.update(tensor.values)
+    header.header.protocol_version = protocol_version
+    header.header.payload_digest = digest.digest()
+    return header
+
+
 @dataclass
 class _TensorState:
     """What has arrived of one tensor so far: raw bytes until its last chunk, then its built arrays.
 
     A tensor is built (checked and expanded) as soon as its last chunk arrives, so decoding overlaps
-    the transfer of the next messages (numpy releases the GIL; gRPC receives in C), while the
-    payload's digest is computed on ``_DIGEST_POOL``.
+    the transfer of the next messages (numpy releases the GIL; gRPC receives in C).
     """
 
     dense: bool
@@ -285,74 +300,6 @@ def _check_known_fields(index: int, chunk: ProtoModelChunk) -> None:
                 break
     if found:
         raise WireDecodeError(f"{where}: unknown field number(s) {found[:8]} (not in protocol {PROTOCOL_VERSION})")
-
-
-class _DigestPool:
-    """FIFO daemon threads that hash received payloads while the receiving thread builds tensors.
-
-    hashlib releases the GIL, so the digest is computed in full but off the path that waits for the
-    network. Daemon threads, started on first use: idle, they hold nothing and never delay an exit.
-    """
-
-    def __init__(self, workers: int) -> None:
-        self._workers = workers
-        self._queue: queue.SimpleQueue[tuple[Future[None], Callable[[], None]]] = queue.SimpleQueue()
-        self._started = False
-        self._lock = threading.Lock()
-
-    def submit(self, job: Callable[[], None]) -> Future[None]:
-        with self._lock:
-            if not self._started:
-                for i in range(self._workers):
-                    threading.Thread(target=self._work, name=f"edge-node-digest-{i}", daemon=True).start()
-                self._started = True
-        future: Future[None] = Future()
-        self._queue.put((future, job))
-        return future
-
-    def _work(self) -> None:
-        while True:
-            future, job = self._queue.get()
-            try:
-                job()
-            except BaseException as exc:  # handed to whoever waits on the future
-                future.set_exception(exc)
-            else:
-                future.set_result(None)
-
-
-_DIGEST_POOL = _DigestPool(max(2, os.cpu_count() or 2))
-
-
-class _Digest:
-    """sha256 of everything ``update`` was given, in order, computed on ``_DIGEST_POOL``.
-
-    Each update waits for the one before it (queued earlier in a FIFO pool, so it is running or
-    done: no deadlock), which keeps the order without a thread per stream. ``digest`` waits for all.
-    """
-
-    def __init__(self) -> None:
-        self._hash = hashlib.sha256()
-        self._tail: Future[None] | None = None
-
-    def update(self, *parts: bytes) -> None:
-        previous = self._tail
-
-        def job() -> None:
-            if previous is not None:
-                previous.result()
-            for part in parts:
-                self._hash.update(part)
-
-        self._tail = _DIGEST_POOL.submit(job)
-
-    def digest(self) -> bytes:
-        if self._tail is not None:
-            self._tail.result()
-        return self._hash.digest()
-
-    def hexdigest(self) -> str:
-        return self.digest().hex()
 
 
 class ModelDecoder:
@@ -392,7 +339,7 @@ class ModelDecoder:
         self._next_tensor = 0  # index into the spec's names of the next tensor to start
         self._current: _TensorState | None = None
         self._tensors: dict[str, _TensorState] = {}
-        self._digest = _Digest()
+        self._digest: PayloadHasher | None = None  # the header's version says which, once it arrives
 
     @property
     def complete(self) -> bool:
@@ -479,8 +426,12 @@ class ModelDecoder:
             raise HeaderMismatch(f"header: stream is of round {proto.round}, round {self.expected_round} was asked for")
         if not math.isfinite(proto.density) or not 0.0 <= proto.density <= 1.0:
             raise HeaderMismatch(f"header: density {proto.density!r} is not in [0, 1]")
-        if len(proto.payload_sha256) != 32:
-            raise HeaderMismatch(f"header: payload digest has {len(proto.payload_sha256)} bytes, expected 32")
+        digest = payload_hasher(proto.protocol_version)
+        if len(proto.payload_digest) != digest.digest_size:
+            raise HeaderMismatch(
+                f"header: payload digest has {len(proto.payload_digest)} bytes, protocol"
+                f" {proto.protocol_version} has {digest.digest_size} ({digest.name.lower()})"
+            )
         if proto.chunk_count > self.limits.max_chunks:
             raise WireLimitError(
                 f"header announces {proto.chunk_count} chunks, over the limit of {self.limits.max_chunks}"
@@ -494,6 +445,7 @@ class ModelDecoder:
             raise HeaderMismatch(
                 f"header announces {proto.message_count} messages but only {proto.chunk_count} chunks to fill them"
             )
+        self._digest = digest
         return StreamHeader(
             protocol_version=proto.protocol_version,
             node_id=proto.node_id,
@@ -501,7 +453,7 @@ class ModelDecoder:
             arch_id=proto.arch_id,
             round=proto.round,
             density=proto.density,
-            payload_sha256=proto.payload_sha256,
+            payload_digest=proto.payload_digest,
             message_count=proto.message_count,
             chunk_count=proto.chunk_count,
         )
@@ -561,30 +513,32 @@ class ModelDecoder:
             raise WireDecodeError(f"{where}: chunk range [{chunk.start}, {end}) is empty or beyond numel {numel}")
         if end < numel and chunk.count % 8:
             raise WireDecodeError(f"{where}: a chunk that is not the tensor's last must cover a multiple of 8 elements")
+        bitmap, values = chunk.bitmap, chunk.values  # each read copies the bytes: read them once
         if chunk.dense:
-            if chunk.bitmap:
+            if bitmap:
                 raise WireDecodeError(f"{where}: a dense chunk carries a bitmap")
             if chunk.value_start != chunk.start or chunk.nnz != chunk.count:
                 raise WireDecodeError(
                     f"{where}: dense chunk of elements [{chunk.start}, {end}) declares values"
                     f" [{chunk.value_start}, {chunk.value_start + chunk.nnz})"
                 )
-        elif len(chunk.bitmap) != (chunk.count + 7) // 8:
+        elif len(bitmap) != (chunk.count + 7) // 8:
             raise WireDecodeError(
-                f"{where}: bitmap has {len(chunk.bitmap)} bytes, expected {(chunk.count + 7) // 8}"
+                f"{where}: bitmap has {len(bitmap)} bytes, expected {(chunk.count + 7) // 8}"
                 f" for {chunk.count} elements (truncated or padded bitmap)"
             )
         if chunk.value_start != state.next_value:
             raise WireDecodeError(f"{where}: values start at index {chunk.value_start}, expected {state.next_value}")
         if state.next_value + chunk.nnz > numel:
             raise WireDecodeError(f"{where}: {state.next_value + chunk.nnz} values for a tensor of {numel} elements")
-        if len(chunk.values) != chunk.nnz * value_type.itemsize:
+        if len(values) != chunk.nnz * value_type.itemsize:
             raise WireDecodeError(
-                f"{where}: nnz={chunk.nnz} but {len(chunk.values)} value bytes arrived"
+                f"{where}: nnz={chunk.nnz} but {len(values)} value bytes arrived"
                 f" (expected {chunk.nnz * value_type.itemsize} for {value_type.name})"
             )
-        bitmap, values = chunk.bitmap, chunk.values
-        self._digest.update(bitmap, values)
+        assert self._digest is not None  # set with the header
+        self._digest.update(bitmap)
+        self._digest.update(values)
         state.bitmaps.append(bitmap)
         state.values.append(values)
         state.next_element = end
@@ -625,9 +579,12 @@ class ModelDecoder:
                 torch.from_numpy(mask).reshape(shape) if mask is not None else torch.ones(shape, dtype=torch.bool)
             )
             active += state.next_value
-        if self._digest.digest() != header.payload_sha256:
+        assert self._digest is not None  # set with the header
+        digest = self._digest.digest()
+        if digest != header.payload_digest:
             raise WireDecodeError(
-                f"payload digest sha256:{self._digest.hexdigest()} does not match the header's {header.payload_digest}"
+                f"payload digest {self._digest.name.lower()}:{digest.hex()} does not match the header's"
+                f" {header.payload_digest_text}"
             )
         total = self.spec.total_numel
         kept = active / total if total else 0.0
@@ -640,32 +597,47 @@ class ModelDecoder:
         return DecodedModel(header, weights, masks, self.value_type, self.total_bytes)
 
 
+def _float32_values(raw: bytes, value_type: ValueType) -> np.ndarray:
+    """One chunk's values as float32: a read-only view of ``raw`` for fp32, a converted copy otherwise."""
+    values = np.frombuffer(raw, dtype=numpy_value_dtype(value_type))
+    if value_type is ValueType.BFLOAT16:
+        return (values.astype(np.uint32) << 16).view(np.float32)
+    if value_type is ValueType.FLOAT16:
+        return values.astype(np.float32)
+    return values
+
+
 def _build_tensor(
     name: str, numel: int, state: _TensorState, value_type: ValueType
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Float32 weights (zero where inactive) and the bool mask (None when dense) of one tensor."""
-    raw = b"".join(state.values)
-    values = np.frombuffer(raw, dtype=numpy_value_dtype(value_type))
-    if value_type is ValueType.BFLOAT16:
-        values = (values.astype(np.uint32) << 16).view(np.float32)
-    elif value_type is ValueType.FLOAT16:
-        values = values.astype(np.float32)
-    finite = np.isfinite(values)
-    if not finite.all():
-        raise WireDecodeError(f"tensor {name!r}: {int(values.size - finite.sum())} values are NaN or Inf")
+    """Float32 weights (zero where inactive) and the bool mask (None when dense) of one tensor.
+
+    Each chunk's values are copied once, straight to their places (no joined copy of the tensor's).
+    """
+    chunks = [_float32_values(raw, value_type) for raw in state.values]
+    bad = sum(int(v.size - np.count_nonzero(np.isfinite(v))) for v in chunks)
+    if bad:
+        raise WireDecodeError(f"tensor {name!r}: {bad} values are NaN or Inf")
+    weight = np.empty(numel, dtype=np.float32) if state.dense else np.zeros(numel, dtype=np.float32)
     if state.dense:
-        return values.astype(np.float32, copy=True), None  # copy: frombuffer of bytes is read-only
+        start = 0
+        for values in chunks:
+            weight[start : start + values.size] = values
+            start += values.size
+        return weight, None
     bits = np.frombuffer(b"".join(state.bitmaps), dtype=np.uint8)
     if numel % 8 and int(bits[-1]) >> (numel % 8):
         raise WireDecodeError(f"tensor {name!r}: bitmap has bits set beyond its {numel} elements")
     mask = np.unpackbits(bits, count=numel, bitorder="little").view(np.bool_)
     where = np.flatnonzero(mask)  # then an integer scatter: 3-4x faster than weight[mask] = values
-    if where.size != values.size:
+    if where.size != state.next_value:
         raise WireDecodeError(
-            f"tensor {name!r}: bitmap has {where.size} active elements but {values.size} values arrived"
+            f"tensor {name!r}: bitmap has {where.size} active elements but {state.next_value} values arrived"
         )
-    weight = np.zeros(numel, dtype=np.float32)
-    weight[where] = values
+    start = 0
+    for values in chunks:
+        weight[where[start : start + values.size]] = values
+        start += values.size
     return weight, mask
 
 
