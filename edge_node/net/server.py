@@ -273,7 +273,7 @@ class PeerServer:
         self._refusals: collections.Counter[str] = collections.Counter()
         self._served_bytes = 0  # model stream bytes handed to gRPC, all callers
         self._served_streams = 0  # GetModel streams answered (complete or not)
-        self._unfinished = 0  # of them, ended before their last message was written
+        self._unfinished = 0  # of them, ended before their last message was handed to grpc
         self._limits = ServerLimits()  # set by rpc_handler (create_server passes its limits)
 
     @property
@@ -452,8 +452,10 @@ class PeerServer:
         sent = 0
         try:
             for message in messages:
-                await context.write(message)
+                # counted when handed to grpc: a reader that has the last message may cancel the call
+                # before this write's await returns (pull_models does, not waiting for the trailers)
                 sent += 1
+                await context.write(message)
                 with self._lock:
                     self._served_bytes += len(message)
         finally:
@@ -462,7 +464,7 @@ class PeerServer:
                     self._unfinished += 1
 
     def unfinished_streams(self) -> int:
-        """GetModel streams that ended before their last message was written (any cause)."""
+        """GetModel streams that ended before their last message was handed to grpc (any cause)."""
         with self._lock:
             return self._unfinished
 

@@ -401,3 +401,15 @@ def test_header_digest_of_another_size_than_its_version_names_is_refused(
     reason = f"payload digest has {size} bytes, protocol {version} has {expected}"
     with pytest.raises(HeaderMismatch, match=re.escape(reason)):
         decode_model(messages, SPEC, "fleet-1")
+
+
+def test_fp16_widening_is_exact_for_every_finite_half_and_counts_the_rest() -> None:
+    """The integer widening of fp16 values gives numpy's float32 for each of the 63,488 finite halves."""
+    from edge_node.wire.codec import _float32_values
+
+    halves = np.arange(1 << 16, dtype="<u2")
+    expected = halves.view(np.float16).astype(np.float32)
+    finite = np.isfinite(expected)
+    values, bad = _float32_values(halves.tobytes(), ValueType.FLOAT16)
+    assert bad == int((~finite).sum()) == 2048  # every Inf and NaN, counted on the raw bits
+    assert np.array_equal(values[finite].view(np.uint32), expected[finite].view(np.uint32))  # -0.0 and subnormals too
