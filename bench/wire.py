@@ -10,20 +10,26 @@ overhead over ceil(numel/8) bitmap bytes for each tensor sent sparse plus nnz*4 
 whose mask is all true travels dense, without a bitmap). Encode/decode throughput on one CPU
 thread. Time to pull ResNet18 d = 0.5 over loopback gRPC (transport alone, and the whole
 ``pull_models`` with validation and decoding) against a plain TCP socket moving the same message
-bytes, as ratios measured in the same run. Prints a table; writes JSON with ``--json``.
+bytes, as ratios measured in the same run; the serving peer runs in a process of its own, as another
+node does (``--server same``: in the bench's process, where its event loop shares the puller's GIL).
+Prints a table; writes JSON with ``--json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import multiprocessing
 import platform
 import socket
 import statistics
 import struct
 import threading
 import time
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import grpc
@@ -32,7 +38,7 @@ import torch
 from edge_node.algorithm.masks import init_masks
 from edge_node.models import build_model
 from edge_node.net import ModelSnapshot, PeerAddress, PeerServer, create_server, pull_models
-from edge_node.wire import ModelSpec, ValueType, decode_model, encode_model, encoded_model_size
+from edge_node.wire import PROTOCOL_VERSION, ModelSpec, ValueType, decode_model, encode_model, encoded_model_size
 from edge_node.wire.messages import GET_MODEL_METHOD, GetModelRequest
 
 DENSITIES = (0.1, 0.2, 0.5, 0.8, 1.0)
@@ -166,27 +172,71 @@ def _grpc_transport_time(port: int, spec: ModelSpec) -> tuple[float, int]:
         call = ch.unary_stream(
             GET_MODEL_METHOD, request_serializer=GetModelRequest.SerializeToString, response_deserializer=bytes
         )
-        request = GetModelRequest(protocol_version="1.0", fleet_id=FLEET, arch_id=spec.arch_id)
+        request = GetModelRequest(protocol_version=PROTOCOL_VERSION, fleet_id=FLEET, arch_id=spec.arch_id)
         grpc.channel_ready_future(ch).result(timeout=10)
         start = time.perf_counter()
         size = sum(len(m) for m in call(request, timeout=60))
         return time.perf_counter() - start, size
 
 
+def _start_server(name: str, density: float, value_type: ValueType) -> tuple[grpc.Server, int]:
+    weights, spec = model_and_spec(name)
+    peer = PeerServer(spec, node_id="bench-node", fleet_id=FLEET, value_type=value_type)
+    peer.publish(ModelSnapshot(weights, masks_for(weights, density), 1, density, "bench-node", FLEET, spec.arch_id))
+    server, port = create_server("127.0.0.1:0", peer, insecure=True)
+    server.start()
+    return server, port
+
+
+def _serve(name: str, density: float, value_type: ValueType, conn: Connection) -> None:
+    """The peer in a process of its own, as another node is: send the port, serve until told to stop."""
+    server, port = _start_server(name, density, value_type)
+    conn.send(port)
+    conn.recv()
+    server.stop(None).wait(10)
+
+
+@contextlib.contextmanager
+def serving(name: str, density: float, value_type: ValueType, separate: bool) -> Iterator[int]:
+    """A peer serving the bench model: in a child process (``separate``), or in this one."""
+    if not separate:
+        server, port = _start_server(name, density, value_type)
+        try:
+            yield port
+        finally:
+            server.stop(None).wait(10)
+        return
+    ours, theirs = multiprocessing.get_context("spawn").Pipe()
+    child = multiprocessing.get_context("spawn").Process(target=_serve, args=(name, density, value_type, theirs))
+    child.start()
+    try:
+        if not ours.poll(300):
+            raise RuntimeError("the serving process did not start within 300 s")
+        yield ours.recv()
+    finally:
+        ours.send("stop")
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+            child.join(5)
+
+
 def pull_speed(
-    repeats: int, name: str = "resnet18", density: float = 0.5, value_type: ValueType = ValueType.FLOAT32
+    repeats: int,
+    name: str = "resnet18",
+    density: float = 0.5,
+    value_type: ValueType = ValueType.FLOAT32,
+    separate: bool = True,
 ) -> dict:
+    """Raw TCP, the bare gRPC transport and ``pull_models``, interleaved; the gRPC peer in a process of
+    its own (``separate``, as another node is) or in this one (its event loop then shares our GIL)."""
     weights, spec = model_and_spec(name)
     masks = masks_for(weights, density)
-    peer = PeerServer(spec, node_id="bench-node", fleet_id=FLEET, value_type=value_type)
-    peer.publish(ModelSnapshot(weights, masks, 1, density, "bench-node", FLEET, spec.arch_id))
     frames = [
         m.SerializeToString()
         for m in encode_model(spec, weights, masks, value_type=value_type, **header_kwargs(density))
     ]
-    server, port = create_server("127.0.0.1:0", peer, insecure=True)
-    server.start()
-    try:
+    with serving(name, density, value_type, separate) as port:
         raw, transport, full = [], [], []
         for _ in range(repeats):  # interleaved so that machine load hits all three alike
             raw.append(_raw_socket_time(frames))
@@ -196,13 +246,12 @@ def pull_speed(
             result = pull_models([PeerAddress("bench-node", "127.0.0.1", port)], spec, FLEET, insecure=True)
             full.append(time.perf_counter() - start)
             assert not result.failures, result.failures
-    finally:
-        server.stop(None).wait(10)
     raw_s, transport_s, full_s = statistics.median(raw), statistics.median(transport), statistics.median(full)
     return {
         "model": name,
         "density": density,
         "value_type": value_type.name.lower(),
+        "server": "separate process" if separate else "same process",
         "wire_bytes": size,
         "raw_socket_s": raw_s,
         "grpc_transport_s": transport_s,
@@ -218,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--quick", action="store_true", help="cnn only, fewer repeats (a CI smoke run)")
     parser.add_argument("--repeats", type=int, default=15, help="timed repeats (medians; 15 keep the ratio stable)")
+    parser.add_argument(
+        "--server", choices=("separate", "same", "both"), default="both",
+        help="the gRPC peer of the pull rows: in a process of its own (as another node is), in this one, or both",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     names = ["cnn"] if args.quick else ["cnn", "resnet18"]
     repeats = 1 if args.quick else args.repeats
@@ -241,11 +294,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"  decode {s[f'{key}_decode_MBps']:7.1f} MB/s ({s[f'{key}_decode_s']:.3f} s)"
                 f"  encode+decode {s[f'{key}_encode_plus_decode_s']:.3f} s"
             )
-    pulls = [pull_speed(repeats, name, 0.5, vt) for name in names for vt in (ValueType.FLOAT32, ValueType.FLOAT16)]
+    modes = {"separate": (True,), "same": (False,), "both": (True, False)}[args.server]
+    pulls = [
+        pull_speed(repeats, name, 0.5, vt, separate)
+        for name in names
+        for vt in (ValueType.FLOAT32, ValueType.FLOAT16)
+        for separate in modes
+    ]
     print(f"\nloopback pulls, d = 0.5, median of {repeats} (each row: the three measured interleaved, one run)")
     for pull in pulls:
         print(
-            f"{pull['model']:9} {pull['value_type']:8} {pull['wire_bytes']:12,d} bytes:"
+            f"{pull['model']:9} {pull['value_type']:8} {pull['wire_bytes']:12,d} bytes, peer in {pull['server']}:"
             f" raw TCP {pull['raw_socket_s'] * 1e3:7.1f} ms, gRPC transport {pull['grpc_transport_s'] * 1e3:7.1f} ms"
             f" ({pull['grpc_transport_over_raw']:.2f}x), pull_models incl. validation+decode"
             f" {pull['pull_models_s'] * 1e3:7.1f} ms ({pull['pull_models_over_raw']:.2f}x)"

@@ -7,6 +7,9 @@ The protocol version is shared by the wire format (stream header, Hello) and dis
 Peers with another MAJOR version cannot talk to each other and ignore each other; a MINOR bump stays
 compatible. 1.1 added ``GetModelRequest.round`` (pull one exact published round); servers of 1.0
 ignore it and serve their latest snapshot, which the 1.1 client then refuses for its round.
+1.2 checks a stream's payload with XXH3-128 instead of SHA-256 (``wire.spec.payload_hasher``): a 1.2
+server sends a caller of 1.0 or 1.1 the header with the SHA-256 it expects, and a 1.2 receiver checks
+a stream with the digest its header's version names.
 
 Servers answer in the caller's version: they never send a field the caller's MINOR does not define,
 so receivers refuse unknown fields in what peers send them (stream messages, Hello replies).
@@ -17,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 
-PROTOCOL_VERSION = "1.1"
+PROTOCOL_VERSION = "1.2"
 
 # ASCII digits only ([0-9], not \d, which also matches other scripts' digits), matched in full (no
 # trailing newline, which ``$`` would let through).

@@ -68,6 +68,7 @@ from edge_node.wire import (
     encode_model,
     parse_protocol_version,
 )
+from edge_node.wire.codec import header_for_version
 from edge_node.wire.messages import (
     PEER_SERVICE_NAME,
     GetModelRequest,
@@ -76,7 +77,9 @@ from edge_node.wire.messages import (
     ProtoModelChunk,
     value_type_to_proto,
 )
-from edge_node.wire.spec import MIN_MAX_MESSAGE_BYTES
+from edge_node.wire.spec import DIGEST_XXH3_SINCE, MIN_MAX_MESSAGE_BYTES
+
+LEGACY_DIGEST_VERSION = "1.1"  # callers before 1.2 get a header of this version, with its SHA-256
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -180,10 +183,17 @@ class _Published:
     density: float
     tier: str
     messages: tuple[bytes, ...]  # serialized ModelChunk messages, header first
+    legacy_header: bytes | None = None  # the header for callers before 1.2 (SHA-256 digest); None: as is
 
     @property
     def wire_bytes(self) -> int:
         return sum(len(m) for m in self.messages)
+
+    def for_minor(self, minor: int) -> tuple[bytes, ...]:
+        """The stream in the caller's version (``PROTOCOL_MAJOR``, ``minor``)."""
+        if self.legacy_header is None or (PROTOCOL_MAJOR, minor) >= DIGEST_XXH3_SINCE:
+            return self.messages
+        return (self.legacy_header, *self.messages[1:])
 
 
 REFUSAL_KINDS = (
@@ -263,7 +273,7 @@ class PeerServer:
         self._refusals: collections.Counter[str] = collections.Counter()
         self._served_bytes = 0  # model stream bytes handed to gRPC, all callers
         self._served_streams = 0  # GetModel streams answered (complete or not)
-        self._unfinished = 0  # of them, ended before their last message was written
+        self._unfinished = 0  # of them, ended before their last message was handed to grpc
         self._limits = ServerLimits()  # set by rpc_handler (create_server passes its limits)
 
     @property
@@ -313,7 +323,10 @@ class PeerServer:
             value_type=self.value_type,
             max_message_bytes=self.max_message_bytes,
         )
-        published = _Published(snapshot.round, snapshot.density, tier, tuple(m.SerializeToString() for m in messages))
+        legacy = header_for_version(messages, LEGACY_DIGEST_VERSION).SerializeToString()
+        published = _Published(
+            snapshot.round, snapshot.density, tier, tuple(m.SerializeToString() for m in messages), legacy
+        )
         self._keep(published)
         _LOGGER.info(
             "published round %s (density %.3f): %d messages, %d bytes",
@@ -425,9 +438,9 @@ class PeerServer:
         except _Refusal as refusal:
             await _abort(context, refusal)
         try:
-            caller, published = self._open_stream(await self._request(context, "GetModel"), context)
+            caller, messages = self._open_stream(await self._request(context, "GetModel"), context)
             try:
-                await self._send(published, context)
+                await self._send(messages, context)
             finally:
                 self._close_stream(caller)
         except _Refusal as refusal:
@@ -435,21 +448,23 @@ class PeerServer:
         finally:
             self._leave(host)
 
-    async def _send(self, published: _Published, context: grpc.aio.ServicerContext) -> None:
+    async def _send(self, messages: tuple[bytes, ...], context: grpc.aio.ServicerContext) -> None:
         sent = 0
         try:
-            for message in published.messages:
-                await context.write(message)
+            for message in messages:
+                # counted when handed to grpc: a reader that has the last message may cancel the call
+                # before this write's await returns (pull_models does, not waiting for the trailers)
                 sent += 1
+                await context.write(message)
                 with self._lock:
                     self._served_bytes += len(message)
         finally:
-            if sent < len(published.messages):  # the reader left, was cancelled or cut at the connection's age
+            if sent < len(messages):  # the reader left, was cancelled or cut at the connection's age
                 with self._lock:
                     self._unfinished += 1
 
     def unfinished_streams(self) -> int:
-        """GetModel streams that ended before their last message was written (any cause)."""
+        """GetModel streams that ended before their last message was handed to grpc (any cause)."""
         with self._lock:
             return self._unfinished
 
@@ -518,10 +533,10 @@ class PeerServer:
             f"round {wanted} is no longer kept (kept rounds: {', '.join(str(p.round) for p in kept)})",
         )
 
-    def _open_stream(self, request: GetModelRequest, context: grpc.ServicerContext) -> tuple[str, _Published]:
-        """Check a GetModel request and take one of its caller's stream slots; refusal otherwise."""
+    def _open_stream(self, request: GetModelRequest, context: grpc.ServicerContext) -> tuple[str, tuple[bytes, ...]]:
+        """Check a GetModel request and take one of its caller's stream slots (its stream in its version)."""
         try:
-            major, _minor = parse_protocol_version(request.protocol_version)
+            major, minor = parse_protocol_version(request.protocol_version)
         except ValueError as exc:
             self._refuse(context, "protocol", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if major != PROTOCOL_MAJOR:
@@ -559,7 +574,7 @@ class PeerServer:
                 f"caller {caller!r} already has {self._limits.max_streams_per_caller} model streams open (the limit)",
             )
         _LOGGER.debug("serving round %s to %s (%s)", published.round, request.node_id, context.peer())
-        return caller, published
+        return caller, published.for_minor(minor)
 
     def _close_stream(self, caller: str) -> None:
         with self._lock:

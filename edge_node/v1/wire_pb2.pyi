@@ -43,14 +43,14 @@ class SparseTensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., value_type: _Optional[_Union[ValueType, str]] = ..., bitmap: _Optional[bytes] = ..., values: _Optional[bytes] = ..., nnz: _Optional[int] = ..., dense: _Optional[bool] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., value_start: _Optional[int] = ...) -> None: ...
 
 class StreamHeader(_message.Message):
-    __slots__ = ("protocol_version", "node_id", "fleet_id", "arch_id", "round", "density", "payload_sha256", "message_count", "chunk_count")
+    __slots__ = ("protocol_version", "node_id", "fleet_id", "arch_id", "round", "density", "payload_digest", "message_count", "chunk_count")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     FLEET_ID_FIELD_NUMBER: _ClassVar[int]
     ARCH_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     DENSITY_FIELD_NUMBER: _ClassVar[int]
-    PAYLOAD_SHA256_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_DIGEST_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
     CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
@@ -59,10 +59,10 @@ class StreamHeader(_message.Message):
     arch_id: str
     round: int
     density: float
-    payload_sha256: bytes
+    payload_digest: bytes
     message_count: int
     chunk_count: int
-    def __init__(self, protocol_version: _Optional[str] = ..., node_id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., arch_id: _Optional[str] = ..., round: _Optional[int] = ..., density: _Optional[float] = ..., payload_sha256: _Optional[bytes] = ..., message_count: _Optional[int] = ..., chunk_count: _Optional[int] = ...) -> None: ...
+    def __init__(self, protocol_version: _Optional[str] = ..., node_id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., arch_id: _Optional[str] = ..., round: _Optional[int] = ..., density: _Optional[float] = ..., payload_digest: _Optional[bytes] = ..., message_count: _Optional[int] = ..., chunk_count: _Optional[int] = ...) -> None: ...
 
 class ModelChunk(_message.Message):
     __slots__ = ("header", "tensors")

@@ -148,7 +148,7 @@ def _max_header_bytes(arch_id: str, message_count: int, chunk_count: int) -> int
         + _len_field(len(arch_id.encode()))
         + _varint_field(MAX_ROUND)
         + 1 + 8  # density: a double
-        + _len_field(32)  # payload_sha256
+        + _len_field(32)  # payload_digest: SHA-256 in 1.0 and 1.1 streams, the longer one
         + _varint_field(message_count)
         + _varint_field(chunk_count)
     )  # fmt: skip

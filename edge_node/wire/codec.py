@@ -8,7 +8,8 @@ tensor and the problem, having touched nothing of the caller's.
 
 from __future__ import annotations
 
-import hashlib
+import collections
+import functools
 import math
 import os
 import queue
@@ -38,11 +39,13 @@ from edge_node.wire.spec import (
     PROTOCOL_VERSION,
     DecodedModel,
     ModelSpec,
+    PayloadHasher,
     StreamHeader,
     ValueType,
     WireLimits,
     numpy_value_dtype,
     parse_protocol_version,
+    payload_hasher,
 )
 
 
@@ -69,7 +72,7 @@ def _header_proto(
         arch_id=arch_id,
         round=round,
         density=density,
-        payload_sha256=digest,
+        payload_digest=digest,
         message_count=len(plan.messages),
         chunk_count=plan.chunk_count,
     )
@@ -124,7 +127,8 @@ def encoded_model_size(
             raise ValueError(f"nnz_per_tensor[{name!r}]={nnz} must be in [0, {numel}]")
         counts[name] = nnz
     plan = plan_stream(spec, counts, value_type, max_message_bytes)
-    header = _header_proto(node_id, fleet_id, spec.arch_id, round, density, bytes(32), plan)
+    digest_size = payload_hasher(PROTOCOL_VERSION).digest_size
+    header = _header_proto(node_id, fleet_id, spec.arch_id, round, density, bytes(digest_size), plan)
     return _header_message_bytes(header) + plan.payload_bytes
 
 
@@ -234,7 +238,7 @@ def encode_model(
             f" masks' (within {spec.density_tolerance:.2g}, ERK's rounding), receivers refuse any other"
         )
     plan = plan_stream(spec, nnz, value_type, max_message_bytes)
-    digest = hashlib.sha256()
+    digest = payload_hasher(PROTOCOL_VERSION)
     messages: list[ProtoModelChunk] = []
     for planned in plan.messages:
         tensors = []
@@ -248,13 +252,34 @@ def encode_model(
     return [ProtoModelChunk(header=header), *messages]
 
 
+def header_for_version(messages: list[ProtoModelChunk], protocol_version: str) -> ProtoModelChunk:
+    """The header of ``encode_model``'s stream ``messages`` as a caller of ``protocol_version`` expects it.
+
+    Servers answer in the caller's version: a 1.0 or 1.1 caller checks a SHA-256 payload digest, so it
+    gets the header with that version and digest; the tensor messages are the same in every version.
+    """
+    header = ProtoModelChunk()
+    header.CopyFrom(messages[0])
+    digest = payload_hasher(protocol_version)
+    for message in messages[1:]:
+        for tensor in message.tensors:
+            digest.update(tensor.bitmap)
+            digest.update(tensor.values)
+    header.header.protocol_version = protocol_version
+    header.header.payload_digest = digest.digest()
+    return header
+
+
+_Built = tuple[np.ndarray, np.ndarray | None]  # a tensor's float32 weights and bool mask (None: dense)
+
+
 @dataclass
 class _TensorState:
-    """What has arrived of one tensor so far: raw bytes until its last chunk, then its built arrays.
+    """What has arrived of one tensor so far: raw bytes until its last chunk, then its build.
 
-    A tensor is built (checked and expanded) as soon as its last chunk arrives, so decoding overlaps
-    the transfer of the next messages (numpy releases the GIL; gRPC receives in C), while the
-    payload's digest is computed on ``_DIGEST_POOL``.
+    A tensor is built (checked and expanded) on ``_BUILDERS`` as soon as its last chunk arrives,
+    while the receiving thread goes on with the next messages (numpy releases the GIL for the
+    expansion; gRPC receives in C).
     """
 
     dense: bool
@@ -263,12 +288,47 @@ class _TensorState:
     next_value: int = 0
     bitmaps: list[bytes] = field(default_factory=list)
     values: list[bytes] = field(default_factory=list)
-    weight: np.ndarray | None = None  # float32 weights, once built
-    mask: np.ndarray | None = None  # bool mask once built (None: dense)
+    built: Future[_Built] | None = None  # float32 weights and bool mask (None: dense), once submitted
 
     @property
     def complete(self) -> bool:
         return self.next_element == self.numel
+
+
+class _BuildPool:
+    """Daemon threads, one per CPU, that build the tensors of every stream (started on first use).
+
+    Daemon threads: idle, they hold nothing and never delay an exit; a build is bounded work.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self._workers = workers
+        self._queue: queue.SimpleQueue[tuple[Future[_Built], Callable[[], _Built]]] = queue.SimpleQueue()
+        self._started = False
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], _Built]) -> Future[_Built]:
+        with self._lock:
+            if not self._started:
+                for i in range(self._workers):
+                    threading.Thread(target=self._work, name=f"edge-node-build-{i}", daemon=True).start()
+                self._started = True
+        future: Future[_Built] = Future()
+        self._queue.put((future, job))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            future, job = self._queue.get()
+            try:
+                result = job()
+            except BaseException as exc:  # handed to whoever waits on the future
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+
+_BUILDERS = _BuildPool(os.cpu_count() or 2)
 
 
 def _check_known_fields(index: int, chunk: ProtoModelChunk) -> None:
@@ -285,74 +345,6 @@ def _check_known_fields(index: int, chunk: ProtoModelChunk) -> None:
                 break
     if found:
         raise WireDecodeError(f"{where}: unknown field number(s) {found[:8]} (not in protocol {PROTOCOL_VERSION})")
-
-
-class _DigestPool:
-    """FIFO daemon threads that hash received payloads while the receiving thread builds tensors.
-
-    hashlib releases the GIL, so the digest is computed in full but off the path that waits for the
-    network. Daemon threads, started on first use: idle, they hold nothing and never delay an exit.
-    """
-
-    def __init__(self, workers: int) -> None:
-        self._workers = workers
-        self._queue: queue.SimpleQueue[tuple[Future[None], Callable[[], None]]] = queue.SimpleQueue()
-        self._started = False
-        self._lock = threading.Lock()
-
-    def submit(self, job: Callable[[], None]) -> Future[None]:
-        with self._lock:
-            if not self._started:
-                for i in range(self._workers):
-                    threading.Thread(target=self._work, name=f"edge-node-digest-{i}", daemon=True).start()
-                self._started = True
-        future: Future[None] = Future()
-        self._queue.put((future, job))
-        return future
-
-    def _work(self) -> None:
-        while True:
-            future, job = self._queue.get()
-            try:
-                job()
-            except BaseException as exc:  # handed to whoever waits on the future
-                future.set_exception(exc)
-            else:
-                future.set_result(None)
-
-
-_DIGEST_POOL = _DigestPool(max(2, os.cpu_count() or 2))
-
-
-class _Digest:
-    """sha256 of everything ``update`` was given, in order, computed on ``_DIGEST_POOL``.
-
-    Each update waits for the one before it (queued earlier in a FIFO pool, so it is running or
-    done: no deadlock), which keeps the order without a thread per stream. ``digest`` waits for all.
-    """
-
-    def __init__(self) -> None:
-        self._hash = hashlib.sha256()
-        self._tail: Future[None] | None = None
-
-    def update(self, *parts: bytes) -> None:
-        previous = self._tail
-
-        def job() -> None:
-            if previous is not None:
-                previous.result()
-            for part in parts:
-                self._hash.update(part)
-
-        self._tail = _DIGEST_POOL.submit(job)
-
-    def digest(self) -> bytes:
-        if self._tail is not None:
-            self._tail.result()
-        return self._hash.digest()
-
-    def hexdigest(self) -> str:
-        return self.digest().hex()
 
 
 class ModelDecoder:
@@ -392,7 +384,8 @@ class ModelDecoder:
         self._next_tensor = 0  # index into the spec's names of the next tensor to start
         self._current: _TensorState | None = None
         self._tensors: dict[str, _TensorState] = {}
-        self._digest = _Digest()
+        self._building: collections.deque[Future[_Built]] = collections.deque()
+        self._digest: PayloadHasher | None = None  # the header's version says which, once it arrives
 
     @property
     def complete(self) -> bool:
@@ -441,6 +434,8 @@ class ModelDecoder:
             if self.chunks > self.header.chunk_count:
                 raise WireDecodeError(f"stream has more than the {self.header.chunk_count} chunks its header announced")
             self._take_chunk(index, tensor)
+        while self._building and self._building[0].done():  # a tensor refused by its build stops the stream
+            self._building.popleft().result()
 
     def _check_sizes(self, index: int, size: int) -> None:
         if size > self.limits.max_message_bytes:
@@ -479,8 +474,12 @@ class ModelDecoder:
             raise HeaderMismatch(f"header: stream is of round {proto.round}, round {self.expected_round} was asked for")
         if not math.isfinite(proto.density) or not 0.0 <= proto.density <= 1.0:
             raise HeaderMismatch(f"header: density {proto.density!r} is not in [0, 1]")
-        if len(proto.payload_sha256) != 32:
-            raise HeaderMismatch(f"header: payload digest has {len(proto.payload_sha256)} bytes, expected 32")
+        digest = payload_hasher(proto.protocol_version)
+        if len(proto.payload_digest) != digest.digest_size:
+            raise HeaderMismatch(
+                f"header: payload digest has {len(proto.payload_digest)} bytes, protocol"
+                f" {proto.protocol_version} has {digest.digest_size} ({digest.name.lower()})"
+            )
         if proto.chunk_count > self.limits.max_chunks:
             raise WireLimitError(
                 f"header announces {proto.chunk_count} chunks, over the limit of {self.limits.max_chunks}"
@@ -494,6 +493,7 @@ class ModelDecoder:
             raise HeaderMismatch(
                 f"header announces {proto.message_count} messages but only {proto.chunk_count} chunks to fill them"
             )
+        self._digest = digest
         return StreamHeader(
             protocol_version=proto.protocol_version,
             node_id=proto.node_id,
@@ -501,7 +501,7 @@ class ModelDecoder:
             arch_id=proto.arch_id,
             round=proto.round,
             density=proto.density,
-            payload_sha256=proto.payload_sha256,
+            payload_digest=proto.payload_digest,
             message_count=proto.message_count,
             chunk_count=proto.chunk_count,
         )
@@ -561,38 +561,44 @@ class ModelDecoder:
             raise WireDecodeError(f"{where}: chunk range [{chunk.start}, {end}) is empty or beyond numel {numel}")
         if end < numel and chunk.count % 8:
             raise WireDecodeError(f"{where}: a chunk that is not the tensor's last must cover a multiple of 8 elements")
+        bitmap, values = chunk.bitmap, chunk.values  # each read copies the bytes: read them once
         if chunk.dense:
-            if chunk.bitmap:
+            if bitmap:
                 raise WireDecodeError(f"{where}: a dense chunk carries a bitmap")
             if chunk.value_start != chunk.start or chunk.nnz != chunk.count:
                 raise WireDecodeError(
                     f"{where}: dense chunk of elements [{chunk.start}, {end}) declares values"
                     f" [{chunk.value_start}, {chunk.value_start + chunk.nnz})"
                 )
-        elif len(chunk.bitmap) != (chunk.count + 7) // 8:
+        elif len(bitmap) != (chunk.count + 7) // 8:
             raise WireDecodeError(
-                f"{where}: bitmap has {len(chunk.bitmap)} bytes, expected {(chunk.count + 7) // 8}"
+                f"{where}: bitmap has {len(bitmap)} bytes, expected {(chunk.count + 7) // 8}"
                 f" for {chunk.count} elements (truncated or padded bitmap)"
             )
         if chunk.value_start != state.next_value:
             raise WireDecodeError(f"{where}: values start at index {chunk.value_start}, expected {state.next_value}")
         if state.next_value + chunk.nnz > numel:
             raise WireDecodeError(f"{where}: {state.next_value + chunk.nnz} values for a tensor of {numel} elements")
-        if len(chunk.values) != chunk.nnz * value_type.itemsize:
+        if len(values) != chunk.nnz * value_type.itemsize:
             raise WireDecodeError(
-                f"{where}: nnz={chunk.nnz} but {len(chunk.values)} value bytes arrived"
+                f"{where}: nnz={chunk.nnz} but {len(values)} value bytes arrived"
                 f" (expected {chunk.nnz * value_type.itemsize} for {value_type.name})"
             )
-        bitmap, values = chunk.bitmap, chunk.values
-        self._digest.update(bitmap, values)
+        assert self._digest is not None  # set with the header
+        self._digest.update(bitmap)
+        self._digest.update(values)
         state.bitmaps.append(bitmap)
         state.values.append(values)
         state.next_element = end
         state.next_value += chunk.nnz
         if state.complete:
-            state.weight, state.mask = _build_tensor(name, numel, state, value_type)
-            state.bitmaps.clear()
-            state.values.clear()
+            state.built = _BUILDERS.submit(
+                functools.partial(
+                    _build_tensor, name, numel, state.dense, state.bitmaps, state.values, state.next_value, value_type
+                )
+            )
+            state.bitmaps, state.values = [], []
+            self._building.append(state.built)
 
     def finish(self) -> DecodedModel:
         """Check the stream is complete and consistent, then build float32 weights and bool masks."""
@@ -618,16 +624,19 @@ class ModelDecoder:
                 raise WireDecodeError(
                     f"tensor {name!r} is incomplete: {state.next_element} of {numel} elements arrived"
                 )
-            assert state.weight is not None  # built when its last chunk arrived
-            weights[name] = torch.from_numpy(state.weight).reshape(shape)
-            mask = state.mask
+            assert state.built is not None  # submitted when its last chunk arrived
+            weight, mask = state.built.result()  # raises the tensor's refusal, if any
+            weights[name] = torch.from_numpy(weight).reshape(shape)
             masks[name] = (
                 torch.from_numpy(mask).reshape(shape) if mask is not None else torch.ones(shape, dtype=torch.bool)
             )
             active += state.next_value
-        if self._digest.digest() != header.payload_sha256:
+        assert self._digest is not None  # set with the header
+        digest = self._digest.digest()
+        if digest != header.payload_digest:
             raise WireDecodeError(
-                f"payload digest sha256:{self._digest.hexdigest()} does not match the header's {header.payload_digest}"
+                f"payload digest {self._digest.name.lower()}:{digest.hex()} does not match the header's"
+                f" {header.payload_digest_text}"
             )
         total = self.spec.total_numel
         kept = active / total if total else 0.0
@@ -640,32 +649,65 @@ class ModelDecoder:
         return DecodedModel(header, weights, masks, self.value_type, self.total_bytes)
 
 
-def _build_tensor(
-    name: str, numel: int, state: _TensorState, value_type: ValueType
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Float32 weights (zero where inactive) and the bool mask (None when dense) of one tensor."""
-    raw = b"".join(state.values)
-    values = np.frombuffer(raw, dtype=numpy_value_dtype(value_type))
+_HALF_EXPONENT = 0x7C00  # binary16: all exponent bits set is Inf or NaN
+_HALF_REBIAS = np.float32(2.0**112)  # 2 ** (127 - 15): binary16's exponent bias to binary32's
+
+
+def _float32_values(raw: bytes, value_type: ValueType) -> tuple[np.ndarray, int]:
+    """One chunk's values as float32 (a read-only view of ``raw`` for fp32), and how many are NaN or Inf.
+
+    fp16 is widened with integer operations: the 15 bits below the sign, moved to binary32's place
+    and scaled by 2**112 (exact: a power of two; binary16's subnormals become normal floats), then
+    the sign; numpy's ``astype`` took 4x longer here. Non-finite values are counted on the raw bits.
+    """
+    if value_type is ValueType.FLOAT32:
+        values = np.frombuffer(raw, dtype="<f4")
+        return values, int(values.size - np.count_nonzero(np.isfinite(values)))
+    bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32)
     if value_type is ValueType.BFLOAT16:
-        values = (values.astype(np.uint32) << 16).view(np.float32)
-    elif value_type is ValueType.FLOAT16:
-        values = values.astype(np.float32)
-    finite = np.isfinite(values)
-    if not finite.all():
-        raise WireDecodeError(f"tensor {name!r}: {int(values.size - finite.sum())} values are NaN or Inf")
-    if state.dense:
-        return values.astype(np.float32, copy=True), None  # copy: frombuffer of bytes is read-only
-    bits = np.frombuffer(b"".join(state.bitmaps), dtype=np.uint8)
+        values = (bits << 16).view(np.float32)
+        return values, int(values.size - np.count_nonzero(np.isfinite(values)))
+    bad = int(np.count_nonzero((bits & _HALF_EXPONENT) == _HALF_EXPONENT))
+    magnitude = ((bits & 0x7FFF) << 13).view(np.float32) * _HALF_REBIAS
+    return (magnitude.view(np.uint32) | ((bits & 0x8000) << 16)).view(np.float32), bad
+
+
+def _build_tensor(
+    name: str,
+    numel: int,
+    dense: bool,
+    bitmaps: list[bytes],
+    raw_values: list[bytes],
+    nnz: int,
+    value_type: ValueType,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Float32 weights (zero where inactive) and the bool mask (None when dense) of one tensor.
+
+    Each chunk's values are copied once, straight to their places (no joined copy of the tensor's).
+    """
+    converted = [_float32_values(raw, value_type) for raw in raw_values]
+    chunks = [values for values, _bad in converted]
+    bad = sum(bad for _values, bad in converted)
+    if bad:
+        raise WireDecodeError(f"tensor {name!r}: {bad} values are NaN or Inf")
+    weight = np.empty(numel, dtype=np.float32) if dense else np.zeros(numel, dtype=np.float32)
+    if dense:
+        start = 0
+        for values in chunks:
+            weight[start : start + values.size] = values
+            start += values.size
+        return weight, None
+    bits = np.frombuffer(b"".join(bitmaps), dtype=np.uint8)
     if numel % 8 and int(bits[-1]) >> (numel % 8):
         raise WireDecodeError(f"tensor {name!r}: bitmap has bits set beyond its {numel} elements")
     mask = np.unpackbits(bits, count=numel, bitorder="little").view(np.bool_)
     where = np.flatnonzero(mask)  # then an integer scatter: 3-4x faster than weight[mask] = values
-    if where.size != values.size:
-        raise WireDecodeError(
-            f"tensor {name!r}: bitmap has {where.size} active elements but {values.size} values arrived"
-        )
-    weight = np.zeros(numel, dtype=np.float32)
-    weight[where] = values
+    if where.size != nnz:
+        raise WireDecodeError(f"tensor {name!r}: bitmap has {where.size} active elements but {nnz} values arrived")
+    start = 0
+    for values in chunks:
+        weight[where[start : start + values.size]] = values
+        start += values.size
     return weight, mask
 
 

@@ -9,9 +9,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Protocol
 
 import numpy as np
 import torch
+import xxhash
 
 from edge_node.protocol import PROTOCOL_VERSION, parse_protocol_version, protocol_major  # noqa: F401  (re-exported)
 
@@ -131,14 +133,14 @@ class StreamHeader:
     arch_id: str
     round: int
     density: float
-    payload_sha256: bytes  # sha256 over (bitmap, values) bytes of every chunk in stream order
+    payload_digest: bytes  # payload_hasher(protocol_version) over (bitmap, values) of every chunk in order
     message_count: int = 0  # tensor-bearing messages after the header
     chunk_count: int = 0  # SparseTensor chunks in them
 
     @property
-    def payload_digest(self) -> str:
-        """``"sha256:<hex>"`` form of the payload digest, for logs."""
-        return "sha256:" + self.payload_sha256.hex()
+    def payload_digest_text(self) -> str:
+        """``"xxh3_128:<hex>"`` (``"sha256:<hex>"`` before 1.2) form of the payload digest, for logs."""
+        return f"{payload_hasher(self.protocol_version).name.lower()}:{self.payload_digest.hex()}"
 
 
 DEFAULT_RECEIVE_MESSAGE_BYTES = 4 << 20  # one serialized message a receiver takes (gRPC's default limit)
@@ -199,6 +201,34 @@ class DecodedModel:
     @property
     def nnz(self) -> int:
         return int(sum(int(m.sum()) for m in self.masks.values()))
+
+
+class PayloadHasher(Protocol):
+    """What the decoder needs of a digest: ``hashlib`` objects and ``xxhash``'s both are one."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def digest_size(self) -> int: ...
+    def update(self, data: bytes, /) -> None: ...
+    def digest(self) -> bytes: ...
+
+
+DIGEST_XXH3_SINCE = (1, 2)  # the protocol version whose stream headers carry XXH3-128, not SHA-256
+
+
+def payload_hasher(protocol_version: str) -> PayloadHasher:
+    """A fresh hasher of the payload digest that a stream header of ``protocol_version`` carries.
+
+    The digest guards against accidental corruption (a bit flipped in a buffer, a NIC or a relay that
+    the transport's checks missed), not against an attacker, who can rewrite it with the payload: TLS
+    authenticates streams. A non-cryptographic hash does that job: XXH3-128 hashes at tens of GB/s
+    (0.6 ms for a 23.6 MB ResNet18 stream on one core here, against 11 ms for SHA-256), so checking it
+    costs a pull almost nothing. 1.0 and 1.1 streams carry SHA-256 and are checked with it.
+    """
+    if parse_protocol_version(protocol_version) >= DIGEST_XXH3_SINCE:
+        return xxhash.xxh3_128()
+    return hashlib.sha256()
 
 
 def numpy_value_dtype(value_type: ValueType) -> np.dtype:

@@ -28,7 +28,7 @@ from edge_node.net import (
     pull_models,
 )
 from edge_node.net import tls as tls_module
-from edge_node.wire import DecodedModel, ModelSpec, ValueType, WireLimits, encode_model
+from edge_node.wire import PROTOCOL_VERSION, DecodedModel, ModelSpec, ValueType, WireLimits, decode_model, encode_model
 from edge_node.wire.messages import GET_MODEL_METHOD, GetModelRequest, ProtoModelChunk
 from tests import wire_models
 from tests.wire_models import find_tensor, kept_fraction
@@ -211,7 +211,12 @@ def test_pull_models_in_parallel_with_value_types_and_an_unreachable_peer() -> N
             expected = torch.where(snap.masks[name], snap.weights[name].to(server.value_type.torch_dtype).float(), 0.0)
             assert torch.equal(model.weights[name], expected)
             assert torch.equal(model.masks[name], snap.masks[name])
-    assert (info.node_id, info.fleet_id, info.arch_id, info.protocol_version) == ("n2", FLEET, SPEC.arch_id, "1.1")
+    assert (info.node_id, info.fleet_id, info.arch_id, info.protocol_version) == (
+        "n2",
+        FLEET,
+        SPEC.arch_id,
+        PROTOCOL_VERSION,
+    )
     assert (info.round, info.density, info.tier, info.has_model, info.value_type) == (
         2,
         snaps[2].density,
@@ -252,6 +257,28 @@ def _raw_get_model(port: int, request: GetModelRequest) -> grpc.RpcError:
         with pytest.raises(grpc.RpcError) as caught:
             list(call(request, timeout=5))
     return caught.value
+
+
+VERSIONED = [("1.0", "1.1", "sha256"), ("1.1", "1.1", "sha256"), ("1.2", "1.2", "xxh3_128"), ("1.9", "1.2", "xxh3_128")]
+
+
+@pytest.mark.parametrize(("caller", "served", "digest"), VERSIONED)
+def test_server_answers_each_caller_in_its_version(caller: str, served: str, digest: str) -> None:
+    """Callers before 1.2 get the SHA-256 header they check; the tensors are the same bytes for all."""
+    server = PeerServer(SPEC, node_id="srv", fleet_id=FLEET)
+    server.publish(snapshot("srv", 4))
+    streams = []
+    with serving(server) as port, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_stream(
+            GET_MODEL_METHOD, request_serializer=GetModelRequest.SerializeToString, response_deserializer=bytes
+        )
+        for version in (caller, PROTOCOL_VERSION):
+            request = GetModelRequest(protocol_version=version, node_id="me", fleet_id=FLEET, arch_id=SPEC.arch_id)
+            streams.append(list(call(request, timeout=5)))
+    model = decode_model(streams[0], SPEC, FLEET, expected_node_id="srv")
+    assert model.header.protocol_version == served and model.header.payload_digest_text.startswith(digest + ":")
+    assert streams[0][1:] == streams[1][1:]
+    assert model.header.round == 3 and model.nnz == sum(int(m.sum()) for m in snapshot("srv", 4).masks.values())
 
 
 def test_server_refuses_bad_requests_and_keeps_serving() -> None:

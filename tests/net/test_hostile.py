@@ -313,7 +313,7 @@ def _finely_chunked(node_id: str) -> Iterator[bytes]:
     header = ProtoModelChunk()
     header.header.protocol_version, header.header.node_id, header.header.fleet_id = "1.1", node_id, FLEET
     header.header.arch_id, header.header.round, header.header.density = SPEC.arch_id, 3, 1.0
-    header.header.payload_sha256, header.header.message_count = digest.digest(), len(bodies)
+    header.header.payload_digest, header.header.message_count = digest.digest(), len(bodies)  # 1.1: SHA-256
     header.header.chunk_count = len(bodies)
     yield header.SerializeToString()
     yield from bodies

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
 from edge_node.wire import (
+    PROTOCOL_VERSION,
     ModelDecoder,
     ModelSpec,
     ValueType,
@@ -71,7 +73,7 @@ def test_bitmap_is_little_endian_row_major_and_values_in_order() -> None:
     tensor = body.tensors[0]
     assert tensor.bitmap == bytes([0b0000_1001, 0b1000_0000])
     assert np.frombuffer(tensor.values, "<f4").tolist() == [0.0, 3.0, 15.0]
-    assert tensor.nnz == 3 and not tensor.dense and header.header.protocol_version == "1.1"
+    assert tensor.nnz == 3 and not tensor.dense and header.header.protocol_version == PROTOCOL_VERSION
 
 
 def test_all_true_mask_and_missing_mask_go_dense_without_bitmap() -> None:
@@ -214,7 +216,7 @@ BAD_STREAMS = {
     "dense chunk with bitmap": (_set_field("fc2.bias", bitmap=b"\xff\x03"), "dense chunk carries a bitmap"),
     "corrupt payload": (
         lambda ms: setattr(find_tensor(ms, "fc2.bias"), "values", bytes(40)),
-        "payload digest sha256:[0-9a-f]+ does not match",
+        "payload digest xxh3_128:[0-9a-f]{32} does not match the header's xxh3_128:[0-9a-f]{32}",
     ),
 }
 
@@ -351,19 +353,63 @@ def test_decoder_refuses_what_a_canonical_sender_never_sends() -> None:
         encode(weights, masks, density=0.9)
 
 
-def test_digest_off_thread_keeps_order_across_concurrent_streams() -> None:
-    """The pooled digest of many interleaved streams equals hashlib's over each stream in order."""
+def _payload(messages: list[ProtoModelChunk]) -> bytes:
+    return b"".join(t.bitmap + t.values for m in messages[1:] for t in m.tensors)
+
+
+def test_payload_digest_is_the_one_the_header_version_names() -> None:
+    """1.2 streams carry XXH3-128 of the payload; a 1.1 header (a 1.1 peer's, or served to one) SHA-256."""
     import hashlib
-    import random
 
-    from edge_node.wire.codec import _Digest
+    import xxhash
 
-    rng = random.Random(0)
-    streams = [[rng.randbytes(rng.choice((1, 3000, 70_000))) for _ in range(40)] for _ in range(6)]
-    digests = [_Digest() for _ in streams]
-    for step in range(40):  # interleaved, as parallel pulls feed them
-        for digest, parts in zip(digests, streams, strict=True):
-            digest.update(parts[step], b"|")
-    for digest, parts in zip(digests, streams, strict=True):
-        expected = hashlib.sha256(b"".join(p + b"|" for p in parts)).digest()
-        assert digest.digest() == expected
+    from edge_node.wire.codec import header_for_version
+
+    weights, masks = random_model(8)
+    messages = encode(weights, masks)
+    header = messages[0].header
+    assert header.protocol_version == PROTOCOL_VERSION == "1.2"
+    assert header.payload_digest == xxhash.xxh3_128(_payload(messages)).digest()
+    legacy = [header_for_version(messages, "1.1"), *messages[1:]]
+    assert legacy[0].header.payload_digest == hashlib.sha256(_payload(messages)).digest()
+    assert messages[0].header.protocol_version == "1.2"  # the stream's own header is untouched
+    old = decode_model(legacy, SPEC, "fleet-1")
+    new = decode_model(messages, SPEC, "fleet-1")
+    assert old.header.payload_digest_text.startswith("sha256:") and new.header.payload_digest_text.startswith(
+        "xxh3_128:"
+    )
+    for name in SHAPES:
+        assert torch.equal(old.weights[name], new.weights[name]) and torch.equal(old.masks[name], new.masks[name])
+    corrupt = copies(legacy)
+    find_tensor(corrupt, "fc2.bias").values = bytes(40)
+    with pytest.raises(WireDecodeError, match="payload digest sha256:[0-9a-f]{64} does not match"):
+        decode_model(corrupt, SPEC, "fleet-1")
+
+
+@pytest.mark.parametrize(
+    ("version", "size", "expected"),
+    [("1.2", 32, "16 (xxh3_128)"), ("1.1", 16, "32 (sha256)"), ("1.3", 0, "16 (xxh3_128)")],
+)
+def test_header_digest_of_another_size_than_its_version_names_is_refused(
+    version: str, size: int, expected: str
+) -> None:
+    """A digest is checked only in the length its version's algorithm has: no other algorithm is tried."""
+    weights, masks = random_model(9)
+    messages = copies(encode(weights, masks))
+    messages[0].header.protocol_version = version
+    messages[0].header.payload_digest = bytes(size)
+    reason = f"payload digest has {size} bytes, protocol {version} has {expected}"
+    with pytest.raises(HeaderMismatch, match=re.escape(reason)):
+        decode_model(messages, SPEC, "fleet-1")
+
+
+def test_fp16_widening_is_exact_for_every_finite_half_and_counts_the_rest() -> None:
+    """The integer widening of fp16 values gives numpy's float32 for each of the 63,488 finite halves."""
+    from edge_node.wire.codec import _float32_values
+
+    halves = np.arange(1 << 16, dtype="<u2")
+    expected = halves.view(np.float16).astype(np.float32)
+    finite = np.isfinite(expected)
+    values, bad = _float32_values(halves.tobytes(), ValueType.FLOAT16)
+    assert bad == int((~finite).sum()) == 2048  # every Inf and NaN, counted on the raw bits
+    assert np.array_equal(values[finite].view(np.uint32), expected[finite].view(np.uint32))  # -0.0 and subnormals too
