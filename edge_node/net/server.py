@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import math
 import resource
@@ -183,15 +184,22 @@ class _Published:
     density: float
     tier: str
     messages: tuple[bytes, ...]  # serialized ModelChunk messages, header first
-    legacy_header: bytes | None = None  # the header for callers before 1.2 (SHA-256 digest); None: as is
+    versioned: bool = False  # encode_model's stream: callers before 1.2 get their header (else: verbatim)
 
     @property
     def wire_bytes(self) -> int:
         return sum(len(m) for m in self.messages)
 
+    @functools.cached_property
+    def legacy_header(self) -> bytes:
+        """The header for callers before 1.2 (a SHA-256 digest): made on the first such call, since
+        hashing a ResNet18 stream takes about 11 ms and most fleets never need it."""
+        parsed = [ProtoModelChunk.FromString(m) for m in self.messages]
+        return header_for_version(parsed, LEGACY_DIGEST_VERSION).SerializeToString()
+
     def for_minor(self, minor: int) -> tuple[bytes, ...]:
         """The stream in the caller's version (``PROTOCOL_MAJOR``, ``minor``)."""
-        if self.legacy_header is None or (PROTOCOL_MAJOR, minor) >= DIGEST_XXH3_SINCE:
+        if not self.versioned or (PROTOCOL_MAJOR, minor) >= DIGEST_XXH3_SINCE:
             return self.messages
         return (self.legacy_header, *self.messages[1:])
 
@@ -323,10 +331,8 @@ class PeerServer:
             value_type=self.value_type,
             max_message_bytes=self.max_message_bytes,
         )
-        legacy = header_for_version(messages, LEGACY_DIGEST_VERSION).SerializeToString()
-        published = _Published(
-            snapshot.round, snapshot.density, tier, tuple(m.SerializeToString() for m in messages), legacy
-        )
+        raw = tuple(m.SerializeToString() for m in messages)
+        published = _Published(snapshot.round, snapshot.density, tier, raw, versioned=True)
         self._keep(published)
         _LOGGER.info(
             "published round %s (density %.3f): %d messages, %d bytes",

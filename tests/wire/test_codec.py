@@ -100,6 +100,26 @@ def test_messages_respect_budget_and_large_tensors_split(value_type: ValueType) 
     assert torch.equal(model.weights["fc1.weight"], expected)
 
 
+@pytest.mark.parametrize("where", ["first", "last", "middle"])
+def test_tensors_built_chunk_by_chunk_when_bitmap_and_values_do_not_line_up(where: str) -> None:
+    """A chunk's values need not belong to its own bitmap range (the layout depends only on counts):
+    active elements bunched at one end make positions (first) or values (last) wait for later chunks."""
+    weights, masks = random_model(3)
+    flat = torch.zeros(40 * 72, dtype=torch.bool)
+    active = {"first": slice(0, 2000), "last": slice(-2000, None), "middle": slice(400, 2400)}[where]
+    flat[active] = True
+    masks["fc1.weight"] = flat.reshape(40, 72)
+    messages = encode(weights, masks, max_message_bytes=SMALL)
+    chunks = [t for m in messages for t in m.tensors if t.name == "fc1.weight"]
+    assert len(chunks) > 2, len(chunks)
+    ranges = [(c.start, c.start + c.count, c.value_start, c.value_start + c.nnz) for c in chunks]
+    assert any(sum(bin(b).count("1") for b in c.bitmap) != c.nnz for c in chunks), ranges  # they do not line up
+    model = decode_model(messages, SPEC, "fleet-1")
+    for name in SHAPES:
+        assert torch.equal(model.masks[name], masks[name])
+        assert torch.equal(model.weights[name], torch.where(masks[name], weights[name], 0.0))
+
+
 @pytest.mark.parametrize("value_type", list(ValueType))
 @pytest.mark.parametrize("density", [0.0, 0.01, 0.3, 0.77, 1.0])
 @pytest.mark.parametrize("budget", [SMALL, 9000, 1 << 20])
