@@ -298,7 +298,9 @@ class _TensorState:
 class _BuildPool:
     """Daemon threads, one per CPU, that build the tensors of every stream (started on first use).
 
-    Daemon threads: idle, they hold nothing and never delay an exit; a build is bounded work.
+    Not a ``ThreadPoolExecutor``: its workers are non-daemon threads that live as long as the process
+    and that interpreter exit joins. These are daemon threads: idle, they hold nothing and never delay
+    an exit; a build is bounded work.
     """
 
     def __init__(self, workers: int) -> None:
