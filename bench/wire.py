@@ -38,6 +38,7 @@ import torch
 from edge_node.algorithm.masks import init_masks
 from edge_node.models import build_model
 from edge_node.net import ModelSnapshot, PeerAddress, PeerServer, create_server, pull_models
+from edge_node.node.memory import limit_malloc_arenas, reuse_freed_blocks
 from edge_node.wire import PROTOCOL_VERSION, ModelSpec, ValueType, decode_model, encode_model, encoded_model_size
 from edge_node.wire.messages import GET_MODEL_METHOD, GetModelRequest
 
@@ -179,6 +180,13 @@ def _grpc_transport_time(port: int, spec: ModelSpec) -> tuple[float, int]:
         return time.perf_counter() - start, size
 
 
+def _apply_malloc(malloc: str) -> None:
+    """``daemon``: the allocator settings ``edge-node start`` makes before any thread; ``default``: glibc's own."""
+    if malloc == "daemon":
+        limit_malloc_arenas()
+        reuse_freed_blocks()
+
+
 def _start_server(name: str, density: float, value_type: ValueType) -> tuple[grpc.Server, int]:
     weights, spec = model_and_spec(name)
     peer = PeerServer(spec, node_id="bench-node", fleet_id=FLEET, value_type=value_type)
@@ -188,8 +196,9 @@ def _start_server(name: str, density: float, value_type: ValueType) -> tuple[grp
     return server, port
 
 
-def _serve(name: str, density: float, value_type: ValueType, conn: Connection) -> None:
+def _serve(name: str, density: float, value_type: ValueType, malloc: str, conn: Connection) -> None:
     """The peer in a process of its own, as another node is: send the port, serve until told to stop."""
+    _apply_malloc(malloc)
     server, port = _start_server(name, density, value_type)
     conn.send(port)
     conn.recv()
@@ -197,7 +206,7 @@ def _serve(name: str, density: float, value_type: ValueType, conn: Connection) -
 
 
 @contextlib.contextmanager
-def serving(name: str, density: float, value_type: ValueType, separate: bool) -> Iterator[int]:
+def serving(name: str, density: float, value_type: ValueType, separate: bool, malloc: str = "default") -> Iterator[int]:
     """A peer serving the bench model: in a child process (``separate``), or in this one."""
     if not separate:
         server, port = _start_server(name, density, value_type)
@@ -207,7 +216,9 @@ def serving(name: str, density: float, value_type: ValueType, separate: bool) ->
             server.stop(None).wait(10)
         return
     ours, theirs = multiprocessing.get_context("spawn").Pipe()
-    child = multiprocessing.get_context("spawn").Process(target=_serve, args=(name, density, value_type, theirs))
+    child = multiprocessing.get_context("spawn").Process(
+        target=_serve, args=(name, density, value_type, malloc, theirs)
+    )
     child.start()
     try:
         if not ours.poll(300):
@@ -227,6 +238,7 @@ def pull_speed(
     density: float = 0.5,
     value_type: ValueType = ValueType.FLOAT32,
     separate: bool = True,
+    malloc: str = "default",
 ) -> dict:
     """Raw TCP, the bare gRPC transport and ``pull_models``, interleaved; the gRPC peer in a process of
     its own (``separate``, as another node is) or in this one (its event loop then shares our GIL)."""
@@ -236,7 +248,7 @@ def pull_speed(
         m.SerializeToString()
         for m in encode_model(spec, weights, masks, value_type=value_type, **header_kwargs(density))
     ]
-    with serving(name, density, value_type, separate) as port:
+    with serving(name, density, value_type, separate, malloc) as port:
         raw, transport, full = [], [], []
         for _ in range(repeats):  # interleaved so that machine load hits all three alike
             raw.append(_raw_socket_time(frames))
@@ -252,6 +264,7 @@ def pull_speed(
         "density": density,
         "value_type": value_type.name.lower(),
         "server": "separate process" if separate else "same process",
+        "malloc": malloc,
         "wire_bytes": size,
         "raw_socket_s": raw_s,
         "grpc_transport_s": transport_s,
@@ -262,6 +275,33 @@ def pull_speed(
     }
 
 
+def _pull_rows(names: list[str], repeats: int, modes: tuple[bool, ...], malloc: str, conn: Connection) -> None:
+    """Every pull row in a process of its own: the allocator's settings are process-wide."""
+    _apply_malloc(malloc)
+    conn.send(
+        [
+            pull_speed(repeats, name, 0.5, vt, separate, malloc)
+            for name in names
+            for vt in (ValueType.FLOAT32, ValueType.FLOAT16)
+            for separate in modes
+        ]
+    )
+
+
+def pull_rows(names: list[str], repeats: int, modes: tuple[bool, ...], malloc: str) -> list[dict]:
+    ours, theirs = multiprocessing.get_context("spawn").Pipe()
+    child = multiprocessing.get_context("spawn").Process(
+        target=_pull_rows, args=(names, repeats, modes, malloc, theirs)
+    )
+    child.start()
+    try:
+        if not ours.poll(1800):
+            raise RuntimeError("the pull rows did not finish within 1800 s")
+        return ours.recv()
+    finally:
+        child.join(30)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -270,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--server", choices=("separate", "same", "both"), default="both",
         help="the gRPC peer of the pull rows: in a process of its own (as another node is), in this one, or both",
+    )  # fmt: skip
+    parser.add_argument(
+        "--malloc", choices=("daemon", "default", "both"), default="both",
+        help="glibc's allocator in the pull rows' processes: as `edge-node start` sets it, glibc's own, or both",
     )  # fmt: skip
     args = parser.parse_args(argv)
     names = ["cnn"] if args.quick else ["cnn", "resnet18"]
@@ -295,16 +339,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"  encode+decode {s[f'{key}_encode_plus_decode_s']:.3f} s"
             )
     modes = {"separate": (True,), "same": (False,), "both": (True, False)}[args.server]
-    pulls = [
-        pull_speed(repeats, name, 0.5, vt, separate)
-        for name in names
-        for vt in (ValueType.FLOAT32, ValueType.FLOAT16)
-        for separate in modes
-    ]
+    mallocs = {"daemon": ("daemon",), "default": ("default",), "both": ("default", "daemon")}[args.malloc]
+    pulls = [pull for malloc in mallocs for pull in pull_rows(names, repeats, modes, malloc)]
     print(f"\nloopback pulls, d = 0.5, median of {repeats} (each row: the three measured interleaved, one run)")
     for pull in pulls:
         print(
-            f"{pull['model']:9} {pull['value_type']:8} {pull['wire_bytes']:12,d} bytes, peer in {pull['server']}:"
+            f"{pull['model']:9} {pull['value_type']:8} {pull['wire_bytes']:12,d} bytes, malloc {pull['malloc']:7},"
+            f" peer in {pull['server']}:"
             f" raw TCP {pull['raw_socket_s'] * 1e3:7.1f} ms, gRPC transport {pull['grpc_transport_s'] * 1e3:7.1f} ms"
             f" ({pull['grpc_transport_over_raw']:.2f}x), pull_models incl. validation+decode"
             f" {pull['pull_models_s'] * 1e3:7.1f} ms ({pull['pull_models_over_raw']:.2f}x)"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from edge_node.node.memory import limit_malloc_arenas
+from edge_node.node.memory import limit_malloc_arenas, reuse_freed_blocks
 
 # In a fresh interpreter: in the test session's long-lived heap, the blocks would partly land in chunks
 # earlier tests freed, and RSS would not show them come and go.
@@ -42,7 +42,7 @@ def test_freed_heap_memory_goes_back_to_the_os():
 # holds an arena; malloc_info's XML has one <heap nr=...> per arena.
 ARENAS = """
 import ctypes, os, sys, tempfile, threading
-from edge_node.node.memory import limit_malloc_arenas
+from edge_node.node.memory import limit_malloc_arenas, reuse_freed_blocks
 
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
@@ -86,3 +86,50 @@ def test_an_operators_malloc_arena_max_is_left_alone(monkeypatch):
     assert limit_malloc_arenas() is False
     with pytest.raises(ValueError):
         limit_malloc_arenas(0)
+
+
+# A pull's pattern: 30 messages' worth of blocks (800 KB each) allocated, touched and freed, again and
+# again. glibc alone raises its mmap threshold to the block size, but trims the heap's top at twice
+# that, so every round gives the 24 MB back and faults it in afresh; with reuse it is faulted in once.
+REUSE = """
+import ctypes, resource, sys
+from edge_node.node.memory import reuse_freed_blocks
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+if sys.argv[1] == "reuse":
+    assert reuse_freed_blocks()
+size = 800_000
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    blocks = [libc.malloc(size) for _ in range(30)]
+    for block in blocks:
+        libc.memset(block, 1, size)
+    for block in blocks:
+        libc.free(block)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _faults(mode: str, env: dict[str, str] | None = None) -> int:
+    proc = subprocess.run([sys.executable, "-c", REUSE, mode], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout.split()[-1])
+
+
+def test_freed_blocks_are_reused_instead_of_mapped_afresh():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    pages = 30 * 800_000 // 4096
+    assert _faults("default", env) > 10 * pages  # glibc alone: most of the 20 rounds faulted in afresh
+    assert _faults("reuse", env) < 2 * pages  # faulted in once, then reused
+
+
+def test_an_operators_malloc_thresholds_are_left_alone(monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert reuse_freed_blocks() is False
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1")
+    assert reuse_freed_blocks() is False
