@@ -68,7 +68,7 @@ def _aggregate_tensor(
 ) -> torch.Tensor:
     """The formula for one tensor, in ``w``'s dtype (neighbours' weights are converted to it).
 
-    Sums in place, in the same order as out of place (the same bits; 23 % less time for a cnn client
+    Sums in place, in the same order as out of place (the same bits; 14-23 % less time for a cnn client
     with 10 neighbours, docs/RESULTS.md); the holder count is an exact integer either way.
     """
     total = w * own_train_mask[name]  # guard: only the client's own support counts (a new tensor)
