@@ -66,11 +66,15 @@ def _aggregate_tensor(
     neighbour_weights: Sequence[TensorDict],
     neighbour_masks: Sequence[TensorDict],
 ) -> torch.Tensor:
-    """The formula for one tensor, in ``w``'s dtype (neighbours' weights are converted to it)."""
-    total = w * own_train_mask[name]  # guard: only the client's own support counts
-    count = own_train_mask[name].to(w.dtype)
+    """The formula for one tensor, in ``w``'s dtype (neighbours' weights are converted to it).
+
+    Sums in place, in the same order as out of place (the same bits; 14-23 % less time for a cnn client
+    with 10 neighbours, docs/RESULTS.md); the holder count is an exact integer either way.
+    """
+    total = w * own_train_mask[name]  # guard: only the client's own support counts (a new tensor)
+    count = own_train_mask[name].to(torch.int32)
     for nw, nm in zip(neighbour_weights, neighbour_masks, strict=True):
-        total = total + nw[name].to(w.dtype) * nm[name]
-        count = count + nm[name]
+        total.add_(nw[name].to(w.dtype) * nm[name])
+        count.add_(nm[name])
     agg = torch.where(count > 0, total / count.clamp_min(1), torch.zeros_like(total))
     return agg * own_next_mask[name]

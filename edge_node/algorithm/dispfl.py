@@ -34,7 +34,7 @@ from edge_node.algorithm.aggregation import aggregate
 from edge_node.algorithm.dp import DPConfig, dp_noise_generator
 from edge_node.algorithm.masks import MASK_METHODS, check_density, init_masks, mask_density
 from edge_node.algorithm.prune_regrow import REGROW_RULES, update_masks
-from edge_node.algorithm.robust import screen_peer_models
+from edge_node.algorithm.robust import StatsOf, model_stats, screen_peer_models
 from edge_node.algorithm.schedules import learning_rate, prune_rate
 from edge_node.algorithm.training import (
     Batch,
@@ -269,6 +269,8 @@ class RoundHooks:
             is aggregated (a daemon records its peers' standing here).
         keep: what the client keeps of its trained model (sparse-to-sparser's further prune); it is
             evaluated, mask-updated and published instead of the trained state.
+        stats_of: how the screen computes a model's statistics (the simulation shares a ``StatsMemo``
+            among a round's clients, who screen the same published models).
     """
 
     batches: BatchSource
@@ -276,6 +278,7 @@ class RoundHooks:
     phase: Callable[[str], AbstractContextManager[None]] = _no_phase
     screened: Callable[[list[str], dict[str, str]], None] | None = None
     keep: Callable[[ClientState], ClientState] | None = None
+    stats_of: StatsOf = model_stats
 
 
 @dataclass(frozen=True)
@@ -338,7 +341,7 @@ def client_round(
         accepted, refused = [peer for peer, _, _ in offers], {}
         if screen and offers:
             own_weights, own_mask = published(state)
-            result = screen_peer_models(own_weights, own_mask, offers)
+            result = screen_peer_models(own_weights, own_mask, offers, stats_of=hooks.stats_of)
             accepted, refused = list(result.accepted), dict(result.refused)
         if hooks.screened is not None:
             hooks.screened(accepted, refused)

@@ -46,7 +46,7 @@ Path(2) and setting ii: runs with and without it are bitwise equal.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -127,6 +127,33 @@ def model_stats(weights: TensorDict, mask: TensorDict, names: Sequence[str]) -> 
     return ModelStats(rms, amax, total_squares, total_active), None
 
 
+Stats = tuple[ModelStats | None, str | None]  # what model_stats returns
+StatsOf = Callable[[TensorDict, TensorDict, Sequence[str]], Stats]
+
+
+class StatsMemo:
+    """:func:`model_stats` of each model computed once while the memo lives (one simulated round).
+
+    In a simulated round every published model is screened by each client that pulls it (10 with the
+    paper's neighbours) and by its owner; the statistics depend on the model alone, so they are computed
+    once. A model is known by the identity of its weight and mask dicts, which the memo holds so that an
+    id is never reused while it lives: the models must not be modified while it is in use (a round's
+    round-start models never are).
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[int, int], tuple[TensorDict, TensorDict, tuple[str, ...], Stats]] = {}
+
+    def __call__(self, weights: TensorDict, mask: TensorDict, names: Sequence[str]) -> Stats:
+        key, names = (id(weights), id(mask)), tuple(names)
+        known = self._known.get(key)
+        if known is not None and known[2] == names:
+            return known[3]
+        result = model_stats(weights, mask, names)
+        self._known[key] = (weights, mask, names, result)
+        return result
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2
@@ -142,6 +169,7 @@ def screen_peer_models(
     max_abs_ratio: float = DEFAULT_MAX_ABS_RATIO,
     own_anchor: float = DEFAULT_OWN_ANCHOR,
     floor_fraction: float = DEFAULT_FLOOR_FRACTION,
+    stats_of: StatsOf = model_stats,
 ) -> ScreenResult:
     """Split ``peers`` into those whose models may be aggregated and those refused (the module's rule).
 
@@ -153,6 +181,8 @@ def screen_peer_models(
         own_anchor: the reference never exceeds this times the own model's statistic (the bound
             when most peers collude).
         floor_fraction: statistics below this times the own model's overall rms count as that.
+        stats_of: how a model's statistics are computed: :func:`model_stats`, or a :class:`StatsMemo`
+            where many screens of one round see the same published models (the simulation).
 
     Returns:
         ``ScreenResult(accepted, refused)``: ids in the order given, a one-line reason per refusal.
@@ -175,7 +205,7 @@ def screen_peer_models(
         problem = _problem(name, own_weights[name], own_mask.get(name), shapes[name])
         if problem:
             raise ConfigError(f"own model: {problem}")
-    own, problem = model_stats(own_weights, own_mask, names)
+    own, problem = stats_of(own_weights, own_mask, names)
     if own is None:
         raise ConfigError(f"own model: {problem}")
 
@@ -193,7 +223,7 @@ def screen_peer_models(
             )
             peer_stats = None
             if problem is None:
-                peer_stats, problem = model_stats(weights, mask, names)
+                peer_stats, problem = stats_of(weights, mask, names)
             if peer_stats is None:
                 refused[peer_id] = problem or "unusable model"
             else:

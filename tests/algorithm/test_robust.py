@@ -13,10 +13,11 @@ from edge_node.algorithm import (
     init_masks,
     load_weights,
     read_weights,
+    robust,
     screen_peer_models,
     train_masked,
 )
-from edge_node.algorithm.robust import DEFAULT_MAX_ABS_RATIO, DEFAULT_OWN_ANCHOR
+from edge_node.algorithm.robust import DEFAULT_MAX_ABS_RATIO, DEFAULT_OWN_ANCHOR, StatsMemo
 from edge_node.errors import ConfigError
 from edge_node.models import build_model
 
@@ -167,6 +168,24 @@ def test_screen_leaves_inputs_untouched_and_checks_its_arguments(trained_clients
         screen_peer_models(own_w, own_m, [], max_rms_ratio=0.5)
     with pytest.raises(ConfigError, match="not distinct"):
         screen_peer_models(own_w, own_m, [("a", *clients[1]), ("a", *clients[2])])
+
+
+def test_a_memo_screens_alike_computing_each_models_statistics_once(trained_clients, monkeypatch) -> None:
+    """A simulated round's clients screen the same published models: one StatsMemo computes each one's once."""
+    _init, clients = trained_clients
+    nan = {**clients[1][0], "fc2.bias": clients[1][0]["fc2.bias"].clone()}
+    nan["fc2.bias"][0] = float("nan")
+    models = [*clients, (nan, clients[1][1]), ({n: 1e6 * w for n, w in clients[2][0].items()}, clients[2][1])]
+    computed: list[int] = []
+    real = robust.model_stats
+    monkeypatch.setattr(robust, "model_stats", lambda w, m, names: computed.append(id(w)) or real(w, m, names))
+    memo = StatsMemo()
+    for own in range(len(clients)):  # every honest client screens every other model, as a round's clients do
+        offers = [(f"m{j}", w, m) for j, (w, m) in enumerate(models) if j != own]
+        plain = screen_peer_models(*models[own], offers, stats_of=real)
+        assert set(plain.refused) == {"m4", "m5"}
+        assert screen_peer_models(*models[own], offers, stats_of=memo) == plain
+    assert sorted(computed) == sorted(id(w) for w, _m in models)  # once per model, a refused one's included
 
 
 def _reference_aggregate(own_w, own_old, own_new, nws, nms):

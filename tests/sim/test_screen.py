@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from edge_node.algorithm import robust
 from edge_node.checkpoint_io import load_payload, save_payload
 from edge_node.cli import main
 
@@ -80,3 +81,14 @@ def test_a_blown_up_client_is_refused_by_every_puller_only_with_the_screen(one_r
     kept = sum(screened["acc_after"][1:]) / 3
     spoiled = sum(unscreened["acc_after"][1:]) / 3
     assert kept > spoiled + 0.1, (screened["acc_after"], unscreened["acc_after"])
+
+
+def test_a_round_computes_each_published_models_statistics_once(tmp_path: Path, monkeypatch):
+    """Each of the 4 clients screens its 3 neighbours' models and its own: 16 screenings of 4 models a round,
+    whose statistics (which depend on the model alone) a round computes once each."""
+    computed: list[int] = []
+    real = robust.model_stats
+    monkeypatch.setattr(robust, "model_stats", lambda w, m, names: computed.append(id(w)) or real(w, m, names))
+    _run([*SMALL, "--rounds", "2", "--output", str(tmp_path / "run")])
+    assert len(computed) == 2 * 4, computed
+    assert [r["screen_refusals"] for r in _records(tmp_path / "run")] == [0, 0]

@@ -11,6 +11,7 @@ from typing import Any
 
 from edge_node.algorithm import nnz_per_tensor
 from edge_node.algorithm.dispfl import ClientState, client_round, published, start
+from edge_node.algorithm.robust import StatsMemo
 from edge_node.sim.methods.base import MASKS, NEIGHBOURHOOD, Method, RoundResult, RunState, SimContext
 
 _LOGGER = logging.getLogger(__name__)
@@ -54,13 +55,14 @@ class DisPFL(Method):
         traffic = ctx.traffic(t, at_start, nbrs)
         extra = dict(state.extra)
         plan = self.plan(ctx, t, extra)
+        stats = StatsMemo()  # each round-start model's screen statistics, computed once for all its pullers
 
         def one(i: int) -> tuple[ClientState, tuple[float, float, float, float, dict[str, str]]]:
             offers = [(f"client-{j}", *published(at_start[j])) for j in nbrs[i]]
             with ctx.stopping_on_divergence(t):
                 done = client_round(
                     at_start[i], offers, ctx.model, t, params, seed=config.seed, client=i,
-                    hooks=ctx.hooks(i, keep=plan.keep(i)), screen=config.screen,
+                    hooks=ctx.hooks(i, keep=plan.keep(i), stats_of=stats), screen=config.screen,
                 )  # fmt: skip
             for peer, reason in done.refused.items():
                 _LOGGER.warning("round screen: client-%d refused %s: %s", i, peer, reason)
