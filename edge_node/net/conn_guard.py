@@ -7,8 +7,9 @@ when there are more than one host's cap, asks each (through a duplicate of grpc'
 checked to be the same socket) for its local port and peer; a host holding more than
 ``max_connections_per_host`` connections to the server's port loses the newest ones (highest
 inode) beyond its cap: ``shutdown()`` on the duplicate, after which grpc sees the connection end
-and closes it. So a host holds
-at most its cap, plus what it opens within one period; the rest of ``max_connections`` stays free.
+and closes it. A sweep that cut something is followed by the next after ``cutting_period_s``
+instead of ``period_s``, until one cuts nothing. So a host holds at most its cap, plus what it opens
+within one period; the rest of ``max_connections`` stays free.
 Linux only (``/proc``); elsewhere the guard says so once and the global cap is the only one.
 
 The naming of hosts and the choice of what to cut are pure functions (tested without sockets).
@@ -128,10 +129,12 @@ class ConnectionGuard:
         on_cut: Callable[[str, int], None],
         *,
         period_s: float = 0.2,
+        cutting_period_s: float = 0.01,
     ) -> None:
         self.port = port
         self.cap = max_connections_per_host
         self.period_s = period_s
+        self.cutting_period_s = cutting_period_s
         self._on_cut = on_cut
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -154,11 +157,17 @@ class ConnectionGuard:
             self._thread.join(5)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
+        wait = self.period_s
+        while not self._stop.wait(wait):
             try:
-                self.sweep()
+                cut = self.sweep()
             except Exception:  # a failed sweep must not end the watcher; the next one retries
                 _LOGGER.exception("connection guard sweep failed")
+                cut = 0
+            # While a host is being cut, look again soon: each slot a cut frees can be taken at once by
+            # another of its connections waiting in the listen backlog (a soak saw one such attack keep
+            # every honest Hello out while the guard swept every 0.2 s).
+            wait = self.cutting_period_s if cut else self.period_s
 
     def sweep(self) -> int:
         """One pass; returns the connections cut."""

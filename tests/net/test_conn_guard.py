@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
+import time
 
 from edge_node.net.conn_guard import Connection, ConnectionGuard, host_of, over_cap
 
@@ -50,3 +52,32 @@ def test_a_sweep_shuts_down_one_hosts_connections_beyond_its_cap() -> None:
         finally:
             for s in [*clients, honest, *accepted]:
                 s.close()
+
+
+class _Scripted(ConnectionGuard):
+    """A guard whose sweeps cut what a script says, recording when each ran."""
+
+    def __init__(self, cuts: list[int]) -> None:
+        super().__init__(0, 1, lambda host, n: None, period_s=1.0, cutting_period_s=0.01)
+        self.script = cuts
+        self.times: list[float] = []
+
+    def sweep(self) -> int:
+        self.times.append(time.monotonic())
+        return self.script.pop(0) if self.script else 0
+
+
+def test_sweeps_follow_at_once_while_a_host_is_being_cut() -> None:
+    """A freed slot can be refilled from the attacker's backlog: the guard looks again within 10 ms."""
+    guard = _Scripted([5, 3, 0, 0])
+    thread = threading.Thread(target=guard._run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while len(guard.times) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    guard.stop()
+    thread.join(2)
+    gaps = [b - a for a, b in zip(guard.times, guard.times[1:], strict=False)]
+    assert len(gaps) >= 3, guard.times
+    assert gaps[0] < 0.5 and gaps[1] < 0.5  # after sweeps that cut: soon (10 ms, slack for a loaded machine)
+    assert gaps[2] >= 0.95  # after one that cut nothing: the quiet period again
