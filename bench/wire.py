@@ -28,9 +28,10 @@ import statistics
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import grpc
 import torch
@@ -38,7 +39,7 @@ import torch
 from edge_node.algorithm.masks import init_masks
 from edge_node.models import build_model
 from edge_node.net import ModelSnapshot, PeerAddress, PeerServer, create_server, pull_models
-from edge_node.node.memory import limit_malloc_arenas, reuse_freed_blocks
+from edge_node.node.memory import configure_allocator
 from edge_node.wire import PROTOCOL_VERSION, ModelSpec, ValueType, decode_model, encode_model, encoded_model_size
 from edge_node.wire.messages import GET_MODEL_METHOD, GetModelRequest
 
@@ -183,8 +184,7 @@ def _grpc_transport_time(port: int, spec: ModelSpec) -> tuple[float, int]:
 def _apply_malloc(malloc: str) -> None:
     """``daemon``: the allocator settings ``edge-node start`` makes before any thread; ``default``: glibc's own."""
     if malloc == "daemon":
-        limit_malloc_arenas()
-        reuse_freed_blocks()
+        configure_allocator()
 
 
 def _start_server(name: str, density: float, value_type: ValueType) -> tuple[grpc.Server, int]:
@@ -206,6 +206,29 @@ def _serve(name: str, density: float, value_type: ValueType, malloc: str, conn: 
 
 
 @contextlib.contextmanager
+def _child(target: Callable[..., None], *args: object) -> Iterator[Connection]:
+    """A spawned process running ``target(*args, conn)``; yields our end of the pipe, joins it on exit
+    (killed if it has not ended 30 s later)."""
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    child = context.Process(target=target, args=(*args, theirs))
+    child.start()
+    try:
+        yield ours
+    finally:
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+            child.join(5)
+
+
+def _receive(conn: Connection, timeout_s: float, what: str) -> Any:
+    if not conn.poll(timeout_s):
+        raise RuntimeError(f"{what} within {timeout_s:g} s")
+    return conn.recv()
+
+
+@contextlib.contextmanager
 def serving(name: str, density: float, value_type: ValueType, separate: bool, malloc: str = "default") -> Iterator[int]:
     """A peer serving the bench model: in a child process (``separate``), or in this one."""
     if not separate:
@@ -215,21 +238,11 @@ def serving(name: str, density: float, value_type: ValueType, separate: bool, ma
         finally:
             server.stop(None).wait(10)
         return
-    ours, theirs = multiprocessing.get_context("spawn").Pipe()
-    child = multiprocessing.get_context("spawn").Process(
-        target=_serve, args=(name, density, value_type, malloc, theirs)
-    )
-    child.start()
-    try:
-        if not ours.poll(300):
-            raise RuntimeError("the serving process did not start within 300 s")
-        yield ours.recv()
-    finally:
-        ours.send("stop")
-        child.join(30)
-        if child.is_alive():
-            child.kill()
-            child.join(5)
+    with _child(_serve, name, density, value_type, malloc) as conn:
+        try:
+            yield _receive(conn, 300, "the serving process did not start")
+        finally:
+            conn.send("stop")
 
 
 def pull_speed(
@@ -289,17 +302,8 @@ def _pull_rows(names: list[str], repeats: int, modes: tuple[bool, ...], malloc: 
 
 
 def pull_rows(names: list[str], repeats: int, modes: tuple[bool, ...], malloc: str) -> list[dict]:
-    ours, theirs = multiprocessing.get_context("spawn").Pipe()
-    child = multiprocessing.get_context("spawn").Process(
-        target=_pull_rows, args=(names, repeats, modes, malloc, theirs)
-    )
-    child.start()
-    try:
-        if not ours.poll(1800):
-            raise RuntimeError("the pull rows did not finish within 1800 s")
-        return ours.recv()
-    finally:
-        child.join(30)
+    with _child(_pull_rows, names, repeats, modes, malloc) as conn:
+        return _receive(conn, 1800, "the pull rows did not finish")
 
 
 def main(argv: list[str] | None = None) -> int:

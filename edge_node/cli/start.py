@@ -66,10 +66,9 @@ def start(print_config: bool, log_format: str, config_file: Path | None, **flags
     SIGTERM or Ctrl-C stops it within 5 s, also during start-up (the round in progress is dropped;
     exit 0); a second one only skips the grace for transfers in flight.
     """
-    from edge_node.node.memory import limit_malloc_arenas, reuse_freed_blocks
+    from edge_node.node.memory import configure_allocator
 
-    limit_malloc_arenas()  # before the node starts any thread (edge_node/node/memory.py says why)
-    reuse_freed_blocks()
+    configure_allocator()  # before the node starts any thread (edge_node/node/memory.py says why)
     config = load_node_config(config_file, flags)
     if print_config:
         from edge_node.node.config import node_id_from_hostname

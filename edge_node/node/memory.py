@@ -87,6 +87,12 @@ def reuse_freed_blocks() -> bool:
     return bool(libc.mallopt(M_MMAP_THRESHOLD, largest)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
+def configure_allocator() -> None:
+    """What ``edge-node start`` sets before it starts any thread: the arena cap and block reuse."""
+    limit_malloc_arenas()
+    reuse_freed_blocks()
+
+
 def release_free_memory() -> bool:
     """Return free heap pages to the OS (glibc); True when the allocator gave something back."""
     libc = _glibc()
