@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every check that needs the GPU machine, in one call (device time is scarce: one call, few starts).
 # Stage first with bench/prepare_device.sh, then run from the repository root on the GPU machine:
-#     bash bench/gpu_session.sh [energy] [equality] [cifar10] [speed]   (no argument: the first three;
+#     bash bench/gpu_session.sh [energy] [equality] [cifar10] [ceiling] [speed]   (no argument: the first three;
 #                                                                        results under $OUT, else runs/gpu)
 # The device tool allows 10 minutes a command: if all three do not fit, run `energy equality`, then
 # `cifar10` in a second call while the machine is still warm.
@@ -10,9 +10,12 @@
 #    with TF32 off and at torch's default (bench/cuda_vs_cpu.py);
 # 3. issues 4+5: the CIFAR-10 check of issue 4 (cnn, 100 clients, 5 rounds) on CUDA with the energy
 #    meter on auto (NVML there), then `edge-node energy` on that run;
-# 4. issue 22 (`speed`, a call of its own): bench/sim_speed.py on the cnn paper setting (100 clients, 5 epochs,
-#    batch 128; whole batch vs the daemon's slices of 16, where a round's time goes), then resnet18 at 1 epoch.
-#    Not run yet. About 8 minutes by the lead's H200 figures (cnn at slices of 16: 39 s a round).
+# 4. issue 22 (`ceiling`, about a minute): bench/train_ceiling.py, what a training step alone runs at (one client
+#    at a time, bf16, channels_last, C clients at once by vmap) for cnn and resnet18;
+# 5. issue 22 (`speed`): bench/sim_speed.py on the cnn paper setting (100 clients, 5 epochs, batch 128; whole
+#    batch vs the daemon's slices of 16, where a round's time goes), then one round of the resnet18 paper
+#    setting (5 epochs). `ceiling speed` in one call: about 8 minutes by the H200's figures (cnn at slices of 16:
+#    39 s a round).
 # Each step's exit code is collected; the script exits non-zero if any step failed. $OUT gets at most
 # 7 small files (the device tool returns 8): session.log, two JSON results, the CUDA run's records.
 set -uo pipefail
@@ -39,7 +42,8 @@ step() {  # step NAME CMD...: run, append its output to session.log, remember a 
 }
 selected=" ${*:-energy equality cifar10} "
 for s in $selected; do
-    case $s in energy|equality|cifar10|speed) ;; *) echo "gpu_session: unknown step '$s' (energy, equality, cifar10, speed)" >&2; exit 2;; esac
+    case $s in energy|equality|cifar10|ceiling|speed) ;;
+        *) echo "gpu_session: unknown step '$s' (energy, equality, cifar10, ceiling, speed)" >&2; exit 2;; esac
 done
 want() { [[ $selected == *" $1 "* ]]; }
 step versions nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv
@@ -56,10 +60,14 @@ if want cifar10; then
     done
     step cifar10_cuda_energy python3 -m edge_node energy "$runs/cifar10-cnn-cuda"
 fi
+want ceiling && step ceiling_cnn python3 bench/train_ceiling.py --device cuda --models cnn --clients 10 100 \
+    --steps 30 --json "$out/ceiling_cnn.json"
+want ceiling && step ceiling_resnet18 python3 bench/train_ceiling.py --device cuda --models resnet18 --clients 10 \
+    --steps 20 --json "$out/ceiling_resnet18.json"
 paper=(--dataset cifar10 --data-dir "$cifar" --clients 100 --neighbours 10 --batch-size 128 --density 0.5
        --partition dir:0.3 --device cuda --energy-backend auto --processes 1)
 want speed && step sim_speed_cnn python3 bench/sim_speed.py "${paper[@]}" --model cnn --epochs 5 --rounds 2 --skip 1 \
     --compare-naive --breakdown --json "$out/sim_speed_cnn.json"
-want speed && step sim_speed_resnet18 python3 bench/sim_speed.py "${paper[@]}" --model resnet18 --epochs 1 --rounds 1 \
-    --skip 0 --json "$out/sim_speed_resnet18.json"
+want speed && step sim_speed_resnet18 python3 bench/sim_speed.py "${paper[@]}" --model resnet18 --epochs 5 --rounds 1 \
+    --skip 0 --timeout 240 --json "$out/sim_speed_resnet18.json"
 exit $status

@@ -1,0 +1,182 @@
+"""What a training step costs on this device without the simulation around it: the ceiling a round can reach.
+
+Per model (CIFAR-sized input, batch ``--batch-size``, masks of density 0.5), on batches already on the device:
+
+- ``per-client``: images/s of ``train_masked`` (the simulation's step with ``--micro-batch 0``: whole batch,
+  masks, clipping, weight decay), one client's batches after another: what a round of the simulation does
+  with its Python around it taken away;
+- ``bf16`` and ``bf16+cl``: the same step under bf16 autocast, and with channels_last too: not what the
+  simulation does (it trains in float32), what a precision option would buy;
+- ``vmap Cx``: C clients stepped at once (``torch.func.vmap`` over their stacked weights and masks, the same
+  loss, clipping, weight decay and masking per client): what a runner of batched clients would buy. Its
+  weights after one step are checked against C single ``train_masked`` steps (largest absolute difference).
+
+Run on the GPU machine (the ratios against ``per-client`` are measured in the same run)::
+
+    python3 bench/train_ceiling.py --device cuda --json runs/train_ceiling.json
+    .venv/bin/python bench/train_ceiling.py --device cpu --steps 3 --clients 2     # a smoke run here
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _provenance import commit, machine  # noqa: E402
+
+from edge_node.algorithm.training import SGDConfig, train_masked  # noqa: E402
+from edge_node.models import build_model  # noqa: E402
+
+SGD = SGDConfig(lr=0.1)
+
+
+def random_masks(model: nn.Module, density: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """A random mask of ``density`` per parameter (bool), on the model's device."""
+    return {n: (torch.rand(p.shape, generator=generator) < density).to(p.device) for n, p in model.named_parameters()}
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(device: str, steps: int, run: Callable[[int], None]) -> float:
+    """Seconds for ``steps`` calls of ``run`` after two warm-up calls, the device synchronised around them."""
+    run(2)
+    synchronize(device)
+    started = time.perf_counter()
+    run(steps)
+    synchronize(device)
+    return time.perf_counter() - started
+
+
+def batched_step(model: nn.Module, config: SGDConfig) -> Callable[..., Any]:
+    """One masked SGD step of one client as a pure function of its weights, masks and batch (vmap-able)."""
+
+    def step(weights: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor):
+        def loss_of(w: dict[str, torch.Tensor]) -> torch.Tensor:
+            return nn.functional.cross_entropy(functional_call(model, w, (x,)), y)
+
+        grads, loss = grad_and_value(loss_of)(weights)
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
+        scale = (config.clip_norm / (norm + 1e-6)).clamp(max=1.0)
+        stepped = {
+            n: (w - config.lr * (grads[n] * scale + config.weight_decay * w)) * masks[n] for n, w in weights.items()
+        }
+        return stepped, loss
+
+    return vmap(step)
+
+
+def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    device, batch = args.device, args.batch_size
+    generator = torch.Generator().manual_seed(0)
+    model = build_model(name, 10, seed=0).to(device)
+    masks = random_masks(model, 0.5, generator)
+    x = torch.randn(max(args.clients), batch, 3, 32, 32, generator=generator).to(device)
+    y = torch.randint(0, 10, (max(args.clients), batch), generator=generator).to(device)
+    rows: list[dict[str, Any]] = []
+
+    def single(autocast: bool, channels_last: bool) -> Callable[[int], None]:
+        net = model.to(memory_format=torch.channels_last) if channels_last else model
+        xs = x.contiguous(memory_format=torch.channels_last) if channels_last and x.dim() == 4 else x
+        context = torch.autocast(device, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+
+        def run(steps: int) -> None:
+            with context:
+                train_masked(net, masks, ((xs[k % len(xs)], y[k % len(xs)]) for k in range(steps)), SGD)
+
+        return run
+
+    for label, autocast, channels_last in (("per-client", False, False), ("bf16", True, False),
+                                           ("bf16+cl", True, True)):  # fmt: skip
+        seconds = timed(device, args.steps, single(autocast, channels_last))
+        rows.append({"model": name, "setting": label, "clients": 1, "images_per_s": args.steps * batch / seconds})
+        model = model.to(memory_format=torch.contiguous_format)
+
+    for clients in args.clients:
+        try:
+            rows.append(measure_batched(name, model, masks, x[:clients], y[:clients], args))
+        except torch.OutOfMemoryError:
+            rows.append({"model": name, "setting": f"vmap {clients}x", "clients": clients, "images_per_s": None})
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def measure_batched(
+    name: str,
+    model: nn.Module,
+    masks: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """C clients stepped at once by vmap (C = ``len(x)``), checked against C single steps from the same start."""
+    clients, batch = x.shape[0], x.shape[1]
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    stacked = {n: w.unsqueeze(0).repeat(clients, *[1] * w.dim()) for n, w in start.items()}
+    stacked_masks = {n: m.unsqueeze(0).repeat(clients, *[1] * m.dim()).float() for n, m in masks.items()}
+    step = batched_step(model, SGD)
+    after, _ = step(stacked, stacked_masks, x, y)
+    worst = 0.0
+    for c in range(clients):
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(start[n])
+        train_masked(model, masks, [(x[c], y[c])], SGD)
+        for n, p in model.named_parameters():
+            worst = max(worst, float((p.detach() - after[n][c]).abs().max()))
+    del after
+
+    def run_batched(steps: int) -> None:
+        weights = stacked
+        for _ in range(steps):
+            weights, _loss = step(weights, stacked_masks, x, y)
+
+    seconds = timed(args.device, args.steps, run_batched)
+    return {"model": name, "setting": f"vmap {clients}x", "clients": clients,
+            "images_per_s": args.steps * batch * clients / seconds, "max_abs_diff_vs_single": worst}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--models", nargs="+", default=["cnn", "resnet18"])
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--clients", type=int, nargs="+", default=[10, 100], help="clients stepped at once by vmap")
+    parser.add_argument("--steps", type=int, default=100, help="timed steps per setting")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    rows = [row for name in args.models for row in measure(name, args)]
+    print(f"train_ceiling: batch {args.batch_size}, {args.device}"
+          f"{' (' + torch.cuda.get_device_name() + ')' if args.device == 'cuda' else ''}, torch {torch.__version__}; "
+          f"commit {commit()}; {machine()}")  # fmt: skip
+    print(f"{'model':<9} {'setting':<11} {'img/s':>9} {'x':>6}  check")
+    base: dict[str, float] = {}
+    for row in rows:
+        base.setdefault(row["model"], row["images_per_s"])
+        if row["images_per_s"] is None:
+            print(f"{row['model']:<9} {row['setting']:<11} {'-':>9} {'-':>6}  out of device memory")
+            continue
+        check = f"max |w - single| {row['max_abs_diff_vs_single']:.2e}" if "max_abs_diff_vs_single" in row else ""
+        print(f"{row['model']:<9} {row['setting']:<11} {row['images_per_s']:>9.0f} "
+              f"{row['images_per_s'] / base[row['model']]:>6.2f}  {check}")  # fmt: skip
+    print("x: images/s over the model's per-client row (train_masked, whole batch, float32), same run")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows, "commit": commit()}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
