@@ -80,6 +80,28 @@ def test_select_k_breaks_exact_ties_by_lower_index():
         select_k(score, 8, largest=True)
 
 
+def test_select_k_by_sort_picks_the_set_of_the_kth_value():
+    """The GPU's way (a stable sort, run here on the CPU) and the CPU's (the k-th value, then ties by index)
+    pick the same set, on scores full of ties, -0.0 beside 0.0, and the infinities masks fill in."""
+    from edge_node.algorithm.prune_regrow import _select_by_kth, _select_by_sort, select_k
+
+    g = torch.Generator().manual_seed(1)
+    for trial in range(40):
+        n = int(torch.randint(1, 3000, (1,), generator=g))
+        score = torch.randint(-3, 4, (n,), generator=g).float() / 2  # few distinct values: ties everywhere
+        score[torch.rand(n, generator=g) < 0.1] = float("inf")
+        score[torch.rand(n, generator=g) < 0.1] = float("-inf")
+        score[torch.rand(n, generator=g) < 0.2] = -0.0
+        if trial % 4 == 0:
+            score = torch.rand(n, generator=g)  # distinct values
+        for largest in (False, True):
+            for k in {1, n, int(torch.randint(1, n + 1, (1,), generator=g))}:
+                want = set(_select_by_kth(score, k, largest=largest).tolist())
+                got = _select_by_sort(score, k, largest=largest)
+                assert len(got) == k and set(got.tolist()) == want, (trial, largest, k)
+                assert set(select_k(score, k, largest=largest).tolist()) == want
+
+
 def test_tied_zero_weights_prune_the_same_positions_every_time():
     """Regrown weights start at 0: pruning among those ties must not depend on the backend's topk."""
     w = {"a": torch.tensor([0.0, 0.0, 0.5, 0.0, 0.0, 2.0, 0.0, 0.0])}
