@@ -64,11 +64,14 @@ class Meter(ABC):
             "rpi5-pmic", "estimate").
         measured: False only for the estimate; a record is "measured" only when this is True.
         detail: one human-readable line saying exactly what is counted (which GPU, which rails).
+        read_cost_s: about how long one read takes; phase boundaries closer than this to the last read share
+            it (see :class:`~edge_node.energy.accounting.EnergyAccountant`). 0: every boundary reads.
     """
 
     source: str = ""
     measured: bool = True
     detail: str = ""
+    read_cost_s: float = 0.0
     join_timeout_s: float = _JOIN_TIMEOUT_S  # longer than one read may take (a slow command, say)
 
     @abstractmethod

@@ -42,6 +42,28 @@ def test_phases_get_what_the_meter_advanced_while_they_ran(scripted_meter, fake_
     assert scripted_meter.closed
 
 
+def test_boundaries_within_a_slow_meters_read_share_it(scripted_meter, fake_clock) -> None:
+    """A meter whose read takes 5 ms: a boundary within 5 ms of the last read does not read again (what ran
+    in between goes to the next phase); later boundaries and every close_round read; totals stay exact."""
+    scripted_meter.read_cost_s = 0.005
+    acct = EnergyAccountant(scripted_meter, clock=fake_clock)
+    opened = scripted_meter.reads
+    fake_clock.t_s, scripted_meter.energy_j = 1.0, 10.0
+    acct.start_phase("aggregate")  # 1 s after the opening read: reads
+    fake_clock.t_s, scripted_meter.energy_j = 1.5, 15.0
+    acct.stop_phase("aggregate")  # reads
+    fake_clock.t_s, scripted_meter.energy_j = 1.502, 15.1
+    acct.start_phase("train")  # 2 ms after the last read: shares it
+    fake_clock.t_s, scripted_meter.energy_j = 3.0, 45.0
+    acct.stop_phase("train")  # reads: the 2 ms of idle and 0.1 J land in train
+    fake_clock.t_s, scripted_meter.energy_j = 3.001, 45.0
+    record = acct.close_round(0)  # always reads
+    assert scripted_meter.reads - opened == 4
+    assert record["joules"] == {"train": 30.0, "aggregate": 5.0, "communicate": 0.0, "idle": 10.0}
+    assert record["seconds"]["train"] == pytest.approx(1.5) and record["seconds"]["idle"] == pytest.approx(1.001)
+    assert record["total_j"] == 45.0 and record["duration_s"] == pytest.approx(3.001)
+
+
 def test_phase_running_across_close_round_is_split(scripted_meter, fake_clock) -> None:
     acct = EnergyAccountant(scripted_meter, None, clock=fake_clock)
     acct.start_phase("train")
