@@ -22,6 +22,10 @@ from edge_node.data.datasets import Dataset
 Batch = tuple[torch.Tensor, torch.Tensor]
 CROP_PADDING = 4  # CIFAR augmentation: random crop of the image zero-padded by 4, plus flips
 EVAL_BATCH_SIZE = 1000
+# Training images are cropped, flipped and normalised this many at a time (whole batches; at least one), then
+# handed out a batch at a time: the same values as batch by batch (each step is per element) with a tenth of
+# the kernel launches on a GPU, and at most ~12 MB of CIFAR floats at once on a small device.
+AUGMENT_SAMPLES = 1024
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,10 +124,13 @@ class ClientData:
                     yield pool.train_x[batch], pool.train_y[batch]
                 continue
             top, left, mirror = (v.to(idx.device) for v in draw_crop_flip(n, generator, crop_padding=CROP_PADDING))
-            for start in range(0, n, batch_size):
-                sl = slice(start, start + batch_size)
+            chunk = batch_size * max(1, AUGMENT_SAMPLES // batch_size)
+            for first in range(0, n, chunk):  # augmented a chunk of batches at a time: fewer kernel launches
+                sl = slice(first, first + chunk)
                 x = crop_flip(pool.train_x[order[sl]], top[sl], left[sl], mirror[sl], CROP_PADDING)
-                yield normalize_batch(x, pool.mean, pool.std), pool.train_y[order[sl]]
+                x, y = normalize_batch(x, pool.mean, pool.std), pool.train_y[order[sl]]
+                for start in range(0, x.shape[0], batch_size):
+                    yield x[start : start + batch_size], y[start : start + batch_size]
 
     def eval_batches(self, batch_size: int = EVAL_BATCH_SIZE) -> Iterator[Batch]:
         """The client's test samples (images normalised), in index order."""

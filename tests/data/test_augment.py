@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -97,3 +98,26 @@ def test_bad_inputs_are_refused() -> None:
         normalize_batch(_batch(2), (0.5, 0.5), STD)
     with pytest.raises(ValueError, match="crop_padding"):
         augment_batch(_batch(2), MEAN, STD, g, crop_padding=-1)
+
+
+@pytest.mark.parametrize("n, batch_size", [(2500, 128), (300, 7), (50, 2000)])
+def test_training_batches_augmented_in_chunks_equal_batch_by_batch(monkeypatch, n: int, batch_size: int) -> None:
+    """Chunks of AUGMENT_SAMPLES (the default) give bitwise the batches of augmenting each batch alone."""
+    from edge_node.data import batches as batches_module
+    from edge_node.data.batches import ClientData, ImagePool
+
+    g = torch.Generator().manual_seed(3)
+    images = torch.randint(0, 256, (n + 40, 3, 32, 32), dtype=torch.uint8, generator=g)
+    labels = torch.randint(0, 10, (n + 40,), generator=g)
+    pool = ImagePool(images, labels, images[:5], labels[:5], (0.49, 0.48, 0.45), (0.25, 0.24, 0.26), 10)
+    client = ClientData.from_indices(pool, np.arange(20, 20 + n), np.arange(5))
+
+    def epochs_of_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return list(client.train_batches(2, torch.Generator().manual_seed(7), batch_size))
+
+    chunked = epochs_of_batches()
+    monkeypatch.setattr(batches_module, "AUGMENT_SAMPLES", 1)  # one batch at a time, as before
+    alone = epochs_of_batches()
+    assert len(chunked) == len(alone) == 2 * -(-n // batch_size)
+    for (xc, yc), (xa, ya) in zip(chunked, alone, strict=True):
+        assert xc.dtype == torch.float32 and torch.equal(xc, xa) and torch.equal(yc, ya)
