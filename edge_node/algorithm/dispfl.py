@@ -33,7 +33,7 @@ from torch import nn
 from edge_node.algorithm.aggregation import aggregate
 from edge_node.algorithm.dp import DPConfig, dp_noise_generator
 from edge_node.algorithm.masks import MASK_METHODS, check_density, init_masks, mask_density
-from edge_node.algorithm.prune_regrow import REGROW_RULES, update_masks
+from edge_node.algorithm.prune_regrow import REGROW_RULES, draw_regrow_scores, random_regrow_plan, update_masks
 from edge_node.algorithm.robust import StatsOf, model_stats, screen_peer_models
 from edge_node.algorithm.schedules import learning_rate, prune_rate
 from edge_node.algorithm.training import (
@@ -230,10 +230,12 @@ def update_mask(
     seed: int,
     client: int,
     gradients: TensorDict | None = None,
+    random_scores: TensorDict | None = None,
 ) -> ClientState:
     """Prune and regrow ``state.train_mask`` into the next round's ``next_mask`` (docs/ALGORITHM.md step 4).
 
     Per-tensor active counts never change; regrown positions stay 0 until the next aggregation.
+    ``random_scores``: random regrowth's scores, drawn ahead by :func:`regrow_scores`.
     """
     next_mask = update_masks(
         state.weights,
@@ -242,8 +244,18 @@ def update_mask(
         params.regrow,
         gradients=gradients,
         generator=torch_generator(seed, Stream.REGROW, client, round_index),
+        random_scores=random_scores,
     )
     return replace(state, next_mask=next_mask)
+
+
+def regrow_scores(
+    train_mask: TensorDict, round_index: int, params: DisPFLParams, *, seed: int, client: int
+) -> Callable[[], TensorDict]:
+    """The draws random regrowth of ``train_mask`` will make in :func:`update_mask`, as a job that may run
+    on another thread (one host read here; the job touches only a CPU generator)."""
+    plan = random_regrow_plan(train_mask, params.prune_rate(round_index))
+    return lambda: draw_regrow_scores(plan, torch_generator(seed, Stream.REGROW, client, round_index))
 
 
 def published(state: ClientState) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -271,6 +283,9 @@ class RoundHooks:
             evaluated, mask-updated and published instead of the trained state.
         stats_of: how the screen computes a model's statistics (the simulation shares a ``StatsMemo``
             among a round's clients, who screen the same published models).
+        ahead: runs a job meanwhile (on another thread) and returns how to wait for its result; given, random
+            regrowth's scores are drawn while the client aggregates and trains (on a GPU the CPU is idle
+            then: 700 draws were 6.2 s of a 52 s ResNet18 round on an H100). The draws are the same.
     """
 
     batches: BatchSource
@@ -279,6 +294,7 @@ class RoundHooks:
     screened: Callable[[list[str], dict[str, str]], None] | None = None
     keep: Callable[[ClientState], ClientState] | None = None
     stats_of: StatsOf = model_stats
+    ahead: Callable[[Callable[[], TensorDict]], Callable[[], TensorDict]] | None = None
 
 
 @dataclass(frozen=True)
@@ -337,6 +353,9 @@ def client_round(
     Raises:
         TrainingDiverged: local training diverged; ``state`` is unchanged and nothing should be published.
     """
+    early_scores = None  # the mask update's random draws, made meanwhile (what update_mask gets: no ``keep``)
+    if hooks.ahead is not None and params.regrow == "random" and hooks.keep is None:
+        early_scores = hooks.ahead(regrow_scores(state.next_mask, round_index, params, seed=seed, client=client))
     with hooks.phase("aggregate"):
         accepted, refused = [peer for peer, _, _ in offers], {}
         if screen and offers:
@@ -350,6 +369,7 @@ def client_round(
     with hooks.phase("train"):
         done = evaluate_and_train(aggregated, model, round_index, params, seed=seed, client=client, hooks=hooks)
         new_state = update_mask(
-            done.kept, round_index, params, seed=seed, client=client, gradients=done.trained.gradients
-        )
+            done.kept, round_index, params, seed=seed, client=client, gradients=done.trained.gradients,
+            random_scores=early_scores() if early_scores is not None else None,
+        )  # fmt: skip
     return ClientRound(new_state, done.trained, done.acc_before, done.acc_after, accepted, refused)

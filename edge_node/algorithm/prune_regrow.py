@@ -71,27 +71,48 @@ def drop_smallest(weight: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Ten
     return new_mask.view_as(mask)
 
 
+def _regrow_count(nnz: int, numel: int, rate: float) -> int:
+    """How many positions a tensor with ``nnz`` of ``numel`` active prunes and regrows (0: left as it is)."""
+    return 0 if nnz == numel else math.ceil(rate * nnz)
+
+
+def random_regrow_plan(masks: Mapping[str, torch.Tensor], rate: float) -> list[tuple[str, int]]:
+    """The tensors ``random`` regrowth draws scores for, in order, with their sizes (one host read for all).
+
+    A caller may draw them ahead (:func:`draw_regrow_scores`, on another thread while the model trains): the
+    draws are the generator's alone, so drawing them early changes nothing.
+    """
+    names = list(masks)
+    if not names:
+        return []
+    counts = torch.stack([masks[n].sum() for n in names]).tolist()
+    return [(n, masks[n].numel()) for n, nnz in zip(names, counts, strict=True)
+            if _regrow_count(int(nnz), masks[n].numel(), rate)]  # fmt: skip
+
+
+def draw_regrow_scores(plan: list[tuple[str, int]], generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Uniform scores (on the CPU generator's device) for each tensor of ``plan``, drawn in its order."""
+    return {name: torch.rand(numel, generator=generator) for name, numel in plan}
+
+
 def _update_tensor(
     weight: torch.Tensor,
     mask: torch.Tensor,
     rate: float,
-    rule: str,
     gradient: torch.Tensor | None,
-    generator: torch.Generator | None,
+    random_score: torch.Tensor | None,
 ) -> torch.Tensor:
     flat_mask = mask.reshape(-1)
-    nnz = int(flat_mask.sum())
-    numel = flat_mask.numel()
-    k = math.ceil(rate * nnz)
-    if nnz == numel or k == 0:
+    k = _regrow_count(int(flat_mask.sum()), flat_mask.numel(), rate)
+    if k == 0:
         return mask.clone()
     new_mask = drop_smallest(weight, mask, k).reshape(-1)
     # Regrow: k positions among all inactive ones now (just-pruned included).
-    if rule == "gradient":
-        assert gradient is not None
+    if gradient is not None:
         score = gradient.detach().reshape(-1).abs().float().nan_to_num(nan=-1.0)  # NaN: regrown last
     else:
-        score = torch.rand(numel, generator=generator).to(weight.device)
+        assert random_score is not None, "the plan drew no score for a tensor that regrows"
+        score = random_score.to(weight.device)
     score = score.masked_fill(new_mask, float("-inf"))
     grown = select_k(score, k, largest=True)
     new_mask[grown] = True
@@ -106,6 +127,7 @@ def update_masks(
     *,
     gradients: Mapping[str, torch.Tensor] | None = None,
     generator: torch.Generator | None = None,
+    random_scores: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Prune and regrow every tensor; returns new bool masks (inputs untouched).
 
@@ -115,6 +137,8 @@ def update_masks(
         rate: prune fraction in [0, 1] (see ``schedules.prune_rate``).
         rule: ``gradient`` (needs ``gradients``: dense gradients of one mini-batch) or ``random``
             (needs a CPU ``generator``, so a seed gives the same masks on any device).
+        random_scores: ``random``'s scores drawn ahead from that generator
+            (``draw_regrow_scores(random_regrow_plan(masks, rate), generator)``), instead of ``generator``.
     """
     if rule not in REGROW_RULES:
         raise ConfigError(f"regrow rule {rule!r} must be one of {', '.join(REGROW_RULES)}")
@@ -122,11 +146,17 @@ def update_masks(
         raise ConfigError(f"prune rate={rate} must be in [0, 1]")
     if rule == "gradient" and gradients is None:
         raise ConfigError("regrow rule 'gradient' needs the dense gradients of one mini-batch")
-    if rule == "random" and generator is None:
-        raise ConfigError("regrow rule 'random' needs a torch.Generator")
+    if rule == "random" and random_scores is None:
+        if generator is None:
+            raise ConfigError("regrow rule 'random' needs a torch.Generator")
+        random_scores = draw_regrow_scores(random_regrow_plan(masks, rate), generator)
     return {
         name: _update_tensor(
-            weights[name], mask, rate, rule, gradients[name] if gradients is not None else None, generator
+            weights[name],
+            mask,
+            rate,
+            gradients[name] if rule == "gradient" and gradients is not None else None,
+            random_scores.get(name) if rule == "random" and random_scores is not None else None,
         )
         for name, mask in masks.items()
     }

@@ -190,3 +190,46 @@ def test_client_round_screens_out_a_hostile_model_and_keeps_what_the_hook_keeps(
     unscreened = client_round(me, offers, build_model("cnn", seed=3), 0, params, seed=0, client=0,
                               hooks=_hooks([]), screen=False)  # fmt: skip
     assert unscreened.accepted == ["good", "bad"] and unscreened.refused == {}
+
+
+def test_random_regrowth_drawn_ahead_on_a_thread_gives_the_same_round(init):
+    """The simulation on a GPU draws random regrowth's scores on a thread while the client trains: the round
+    is bitwise the one that draws them in update_mask (several rounds, so the prune rate and masks move)."""
+    from edge_node.sim.methods.base import on_a_thread
+
+    params = DisPFLParams(epochs=1, batch_size=32, lr=0.05, planned_rounds=10, regrow="random")
+    jobs: list[int] = []
+
+    def ahead(job):
+        jobs.append(1)
+        return on_a_thread(job)
+
+    inline = ahead_state = start(init, 0.5, seed=0, client=0)
+    peer = start(init, 0.3, seed=0, client=1)
+    for t in range(3):
+        offers = [("p", *published(peer))]
+        inline = client_round(inline, offers, build_model("cnn", seed=3), t, params, seed=0, client=0,
+                              hooks=_hooks([])).state  # fmt: skip
+        ahead_state = client_round(ahead_state, offers, build_model("cnn", seed=3), t, params, seed=0, client=0,
+                                   hooks=_hooks([], ahead=ahead)).state  # fmt: skip
+        assert any(not torch.equal(inline.next_mask[k], inline.train_mask[k]) for k in init)  # masks moved
+        for k in init:
+            assert torch.equal(inline.next_mask[k], ahead_state.next_mask[k])
+            assert torch.equal(inline.weights[k], ahead_state.weights[k])
+    assert len(jobs) == 3
+    kept = client_round(ahead_state, [], build_model("cnn", seed=3), 3, params, seed=0, client=0,
+                        hooks=_hooks([], ahead=ahead, keep=lambda s: s))  # fmt: skip
+    assert len(jobs) == 3 and kept.state.next_mask  # a keep hook may change the mask: drawn in update_mask
+
+
+def test_a_job_on_a_thread_hands_back_its_result_or_its_error():
+    from edge_node.sim.methods.base import on_a_thread
+
+    assert on_a_thread(lambda: 7)() == 7
+
+    def fails():
+        raise ValueError("the job's own error")
+
+    wait = on_a_thread(fails)
+    with pytest.raises(ValueError, match="the job's own error"):
+        wait()

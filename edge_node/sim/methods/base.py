@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -274,6 +275,8 @@ class SimContext:
         def batches(epochs: int, generator: torch.Generator) -> Iterator[Batch]:
             return data.train_batches(epochs, generator, batch_size)
 
+        if data.pool.device.type == "cuda":  # the CPU waits on the GPU meanwhile: draw the mask update's scores
+            more.setdefault("ahead", on_a_thread)
         return RoundHooks(batches, lambda model: accuracy(model, data, eval_batch_size), self.phase, **more)
 
     @contextmanager
@@ -329,3 +332,26 @@ class SimContext:
                 self.on_client(t, done + 1, len(chosen))
             return
         yield from tqdm(chosen, desc=f"round {t + 1}", leave=False, disable=not show, unit="client")
+
+
+def on_a_thread(job: Callable[[], T]) -> Callable[[], T]:
+    """Start ``job`` on a thread of its own now; the returned call waits for its result (or raises its error)."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, job()))
+        except BaseException as exc:  # handed to the waiter, raised there
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="edge-node-ahead", daemon=True)
+    thread.start()
+
+    def wait() -> T:
+        thread.join()
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
+
+    return wait
