@@ -1,6 +1,7 @@
 """One client's round (edge_node.algorithm.dispfl): the steps the simulation and the daemon share."""
 
 import math
+import threading
 from contextlib import contextmanager
 
 import pytest
@@ -195,14 +196,14 @@ def test_client_round_screens_out_a_hostile_model_and_keeps_what_the_hook_keeps(
 def test_random_regrowth_drawn_ahead_on_a_thread_gives_the_same_round(init):
     """The simulation on a GPU draws random regrowth's scores on a thread while the client trains: the round
     is bitwise the one that draws them in update_mask (several rounds, so the prune rate and masks move)."""
-    from edge_node.sim.methods.base import on_a_thread
+    from edge_node.sim.methods.base import run_ahead
 
     params = DisPFLParams(epochs=1, batch_size=32, lr=0.05, planned_rounds=10, regrow="random")
     jobs: list[int] = []
 
     def ahead(job):
         jobs.append(1)
-        return on_a_thread(job)
+        return run_ahead(job)
 
     inline = ahead_state = start(init, 0.5, seed=0, client=0)
     peer = start(init, 0.3, seed=0, client=1)
@@ -222,14 +223,16 @@ def test_random_regrowth_drawn_ahead_on_a_thread_gives_the_same_round(init):
     assert len(jobs) == 3 and kept.state.next_mask  # a keep hook may change the mask: drawn in update_mask
 
 
-def test_a_job_on_a_thread_hands_back_its_result_or_its_error():
-    from edge_node.sim.methods.base import on_a_thread
+def test_jobs_run_ahead_on_one_thread_hand_back_their_result_or_error():
+    from edge_node.sim.methods.base import run_ahead
 
-    assert on_a_thread(lambda: 7)() == 7
+    assert run_ahead(lambda: 7)() == 7
 
     def fails():
         raise ValueError("the job's own error")
 
-    wait = on_a_thread(fails)
+    wait = run_ahead(fails)
     with pytest.raises(ValueError, match="the job's own error"):
         wait()
+    ran_on = {run_ahead(threading.get_ident)() for _ in range(3)}
+    assert len(ran_on) == 1 and threading.get_ident() not in ran_on  # one worker thread, not this one

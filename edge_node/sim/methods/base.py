@@ -13,10 +13,12 @@ records, energy phases and progress bars.
 from __future__ import annotations
 
 import math
+import queue
 import sys
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -276,7 +278,7 @@ class SimContext:
             return data.train_batches(epochs, generator, batch_size)
 
         if data.pool.device.type == "cuda":  # the CPU waits on the GPU meanwhile: draw the mask update's scores
-            more.setdefault("ahead", on_a_thread)
+            more.setdefault("ahead", run_ahead)
         return RoundHooks(batches, lambda model: accuracy(model, data, eval_batch_size), self.phase, **more)
 
     @contextmanager
@@ -334,24 +336,35 @@ class SimContext:
         yield from tqdm(chosen, desc=f"round {t + 1}", leave=False, disable=not show, unit="client")
 
 
-def on_a_thread(job: Callable[[], T]) -> Callable[[], T]:
-    """Start ``job`` on a thread of its own now; the returned call waits for its result (or raises its error)."""
-    outcome: list[Any] = []
+class _AheadWorker:
+    """One daemon thread for the jobs a simulation runs ahead, in order.
 
-    def run() -> None:
-        try:
-            outcome.append((True, job()))
-        except BaseException as exc:  # handed to the waiter, raised there
-            outcome.append((False, exc))
+    One long-lived thread, not one per job (a hundred clients a round): no thread start per client, and one
+    thread's allocations instead of a new thread's each time.
+    """
 
-    thread = threading.Thread(target=run, name="edge-node-ahead", daemon=True)
-    thread.start()
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
-    def wait() -> T:
-        thread.join()
-        ok, value = outcome[0]
-        if not ok:
-            raise value
-        return value
+    def submit(self, job: Callable[[], T]) -> Callable[[], T]:
+        """Queue ``job``; the returned call waits for its result (or raises its error)."""
+        done: Future[T] = Future()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="edge-node-ahead", daemon=True)
+                self._thread.start()
+        self._jobs.put((job, done))
+        return done.result
 
-    return wait
+    def _run(self) -> None:
+        while True:
+            job, done = self._jobs.get()
+            try:
+                done.set_result(job())
+            except BaseException as exc:  # handed to the waiter, raised there
+                done.set_exception(exc)
+
+
+run_ahead = _AheadWorker().submit
