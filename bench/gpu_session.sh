@@ -14,8 +14,7 @@
 #    at a time, bf16, channels_last, C clients at once by vmap) for cnn and resnet18;
 # 5. issue 22 (`speed`): bench/sim_speed.py on the cnn paper setting (100 clients, 5 epochs, batch 128; whole
 #    batch vs the daemon's slices of 16, where a round's time goes), then one round of the resnet18 paper
-#    setting (5 epochs). `ceiling speed` in one call: about 8 minutes by the H200's figures (cnn at slices of 16:
-#    39 s a round).
+#    setting (5 epochs). `ceiling speed` in one call: 314 s on an H100 (2026-11-26; docs/RESULTS.md).
 # Each step's exit code is collected; the script exits non-zero if any step failed. $OUT gets at most
 # 7 small files (the device tool returns 8): session.log, two JSON results, the CUDA run's records.
 set -uo pipefail
