@@ -13,10 +13,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def commit() -> str:
-    """The checkout's short commit hash, or ``unknown`` outside a git checkout."""
+    """The checkout's short commit hash, ``+changes`` when tracked files differ from it, or ``unknown`` when
+    this copy is not a git checkout's root (a ``git archive`` copy inside another checkout, say)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                              timeout=10).stdout.strip()  # fmt: skip
+
     try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"  # fmt: skip
+        if Path(git("rev-parse", "--show-toplevel") or "/nonexistent").resolve() != REPO.resolve():
+            return "unknown"
+        changed = git("status", "--porcelain", "--untracked-files=no")
+        return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+changes" if changed else "")
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
 
