@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from edge_node.algorithm import aggregate, screen_peer_models
 from edge_node.algorithm.robust import DEFAULT_MAX_ABS_RATIO, DEFAULT_OWN_ANCHOR
 from edge_node.errors import WireDecodeError
+from edge_node.protocol import parse_protocol_version
 from edge_node.wire import ModelSpec, ValueType, WireLimits, decode_model, encode_model
 from edge_node.wire.codec import header_for_version
 from edge_node.wire.messages import ProtoModelChunk
@@ -42,9 +43,18 @@ HONEST = [_model(101), _model(102)]
 
 
 def _rehash(messages: list[ProtoModelChunk]) -> None:
-    """A consistent liar: the header's digest made to match the (edited) payload."""
+    """A consistent liar: the header's digest made to match the (edited) payload.
+
+    A header whose protocol version an earlier edit made unparseable names no digest algorithm: it
+    keeps its old digest (the decoder refuses the version before it looks at the digest).
+    """
     if messages and messages[0].HasField("header"):
-        messages[0] = header_for_version(messages, messages[0].header.protocol_version)
+        version = messages[0].header.protocol_version
+        try:
+            parse_protocol_version(version)
+        except ValueError:
+            return
+        messages[0] = header_for_version(messages, version)
 
 
 def _tensors(messages: list[ProtoModelChunk]) -> list:
@@ -180,3 +190,20 @@ def test_hostile_streams_never_reach_the_aggregate_unbounded(stream: list[bytes]
         assert _largest(tensor) <= _bound(own_w, own_m, name) * (1 + 1e-6)
     assert all(torch.equal(before[n], own_w[n]) for n in own_w)
     assert math.isfinite(decoded.header.density)
+
+
+def test_a_header_edit_to_an_unparseable_version_then_a_rehash_still_makes_a_stream() -> None:
+    """The strategy's own failure once (CI): a version edited to '' and then a rehash raised in the test."""
+    weights, masks = wire_models.random_model(SHAPES, 7, 0.5)
+    encoded = encode_model(SPEC, weights, masks, node_id="peer", fleet_id=FLEET, round=1, density=0.5)
+    messages = [ProtoModelChunk.FromString(m.SerializeToString()) for m in encoded]
+    messages[0].header.protocol_version = ""
+    digest = messages[0].header.payload_digest
+    _rehash(messages)
+    assert messages[0].header.payload_digest == digest
+    try:
+        decode_model([m.SerializeToString() for m in messages], SPEC, FLEET, LIMITS, expected_node_id="peer")
+    except WireDecodeError as exc:
+        assert "protocol version" in str(exc)
+    else:
+        raise AssertionError("a stream with version '' was decoded")
