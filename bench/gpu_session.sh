@@ -15,14 +15,18 @@
 # 5. issue 22 (`speed`): bench/sim_speed.py on the cnn paper setting (100 clients, 5 epochs, batch 128; whole
 #    batch vs the daemon's slices of 16, where a round's time goes), then one round of the resnet18 paper
 #    setting (5 epochs). `ceiling speed` in one call: 314 s on an H100 (2026-11-26; docs/RESULTS.md).
+# 6. issue 19 (`wire`, about 30 s): bench/wire.py on the machine's CPUs (the pull against a raw socket); its
+#    grpcio, xxhash and cryptography come from .device/wheels (CPython 3.10 to 3.13) when the image lacks them.
 # Each step's exit code is collected; the script exits non-zero if any step failed. $OUT gets at most
 # 7 small files (the device tool returns 8): session.log, two JSON results, the CUDA run's records.
 set -uo pipefail
 out=${OUT:-runs/gpu}
 mkdir -p "$out"
+install() {  # install WHEEL...: from .device/wheels into /tmp/edge-site (first on PYTHONPATH)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/edge-site "$@"
+}
 if compgen -G ".device/wheels/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/edge-site \
-        .device/wheels/*.whl || exit 3
+    install .device/wheels/protobuf-*.whl .device/wheels/tomli_w-*.whl || exit 3
     export PYTHONPATH=/tmp/edge-site
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 EDGE_NODE_CACHE=/tmp/edge-cache
@@ -41,8 +45,8 @@ step() {  # step NAME CMD...: run, append its output to session.log, remember a 
 }
 selected=" ${*:-energy equality cifar10} "
 for s in $selected; do
-    case $s in energy|equality|cifar10|ceiling|speed) ;;
-        *) echo "gpu_session: unknown step '$s' (energy, equality, cifar10, ceiling, speed)" >&2; exit 2;; esac
+    case $s in energy|equality|cifar10|ceiling|speed|wire) ;;
+        *) echo "gpu_session: unknown step '$s' (energy, equality, cifar10, ceiling, speed, wire)" >&2; exit 2;; esac
 done
 want() { [[ $selected == *" $1 "* ]]; }
 step versions nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv
@@ -69,4 +73,9 @@ want speed && step sim_speed_cnn python3 bench/sim_speed.py "${paper[@]}" --mode
     --compare-naive --breakdown --json "$out/sim_speed_cnn.json"
 want speed && step sim_speed_resnet18 python3 bench/sim_speed.py "${paper[@]}" --model resnet18 --epochs 5 --rounds 1 \
     --skip 0 --timeout 240 --json "$out/sim_speed_resnet18.json"
+if want wire; then
+    python3 -c 'import grpc, xxhash, cryptography' 2>/dev/null ||
+        step wire_deps install --find-links .device/wheels grpcio xxhash cryptography cffi pycparser
+    step wire python3 bench/wire.py --server separate --malloc both --json "$out/wire.json"
+fi
 exit $status

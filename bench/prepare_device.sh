@@ -9,11 +9,20 @@ mkdir -p .device/wheels
 cp "$cifar" .device/cifar10-jpeg.tar.gz
 # The GPU image has torch, numpy, click, tqdm, psutil, pillow, matplotlib and nvidia-ml-py, but maybe an
 # older protobuf than edge_node/v1 was generated for (the wheel is abi3, so any CPython >= 3.10 takes it),
-# and no tomli-w (pure Python), which `edge-node simulate` imports for its TOML config files.
-versions=$(.venv/bin/python -c 'import google.protobuf as p, importlib.metadata as m; print(p.__version__, m.version("tomli-w"))')
-read -r protobuf tomli_w <<<"$versions"
+# and no tomli-w (pure Python), which `edge-node simulate` imports for its TOML config files; the `wire` step
+# (bench/wire.py: a gRPC pull on the machine's CPUs) needs grpcio, xxhash and cryptography (with cffi), the
+# versions of this checkout's venv.
+versions=$(.venv/bin/python -c 'import google.protobuf as p, importlib.metadata as m
+print(p.__version__, *(m.version(d) for d in ("tomli-w", "grpcio", "xxhash", "cryptography", "cffi", "pycparser")))')
+read -r protobuf tomli_w grpcio xxhash cryptography cffi pycparser <<<"$versions"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .device/wheels "protobuf==$protobuf" "tomli-w==$tomli_w"
+    -d .device/wheels "protobuf==$protobuf" "tomli-w==$tomli_w" "grpcio==$grpcio" "xxhash==$xxhash" \
+    "cryptography==$cryptography" "cffi==$cffi" "pycparser==$pycparser"
+for python in 3.10 3.11 3.13; do  # the image's CPython is not known beforehand: its compiled wheels for each
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$python" --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d .device/wheels "grpcio==$grpcio" "xxhash==$xxhash" "cffi==$cffi"
+done
 du -sh .device
 echo "now: run (device tool) with carry [\".device\"] and command: bash bench/gpu_session.sh"

@@ -7,6 +7,9 @@ Per model (CIFAR-sized input, batch ``--batch-size``, masks of density 0.5), on 
   with its Python around it taken away;
 - ``bf16`` and ``bf16+cl``: the same step under bf16 autocast, and with channels_last too: not what the
   simulation does (it trains in float32), what a precision option would buy;
+- ``compiled`` and ``compiled+graphs``: the per-client step with the model under ``torch.compile`` (inductor;
+  ``+graphs``: mode ``reduce-overhead``, CUDA graphs, on CUDA only), the same ``train_masked`` around it; its
+  compile time (the warm-up calls) is printed, and its weights after one step are checked against eager's;
 - ``vmap Cx``: C clients stepped at once (``torch.func.vmap`` over their stacked weights and masks, the same
   loss, clipping, weight decay and masking per client): what a runner of batched clients would buy. Its
   weights after one step are checked against C single ``train_masked`` steps (largest absolute difference).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import sys
 import time
@@ -105,6 +109,16 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         rows.append({"model": name, "setting": label, "clients": 1, "images_per_s": args.steps * batch / seconds})
         model = model.to(memory_format=torch.contiguous_format)
 
+    for mode in ("default", "reduce-overhead") if device == "cuda" else ("default",):
+        if args.no_compile:
+            break
+        try:
+            rows.append(measure_compiled(name, model, masks, x, y, mode, args))
+        except Exception as exc:  # a compiler missing on this machine: the row says why, the others still run
+            label = "compiled" if mode == "default" else "compiled+graphs"
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            rows.append({"model": name, "setting": label, "clients": 1, "images_per_s": None, "error": error})
+
     for clients in args.clients:
         try:
             rows.append(measure_batched(name, model, masks, x[:clients], y[:clients], args))
@@ -113,6 +127,39 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         if device == "cuda":
             torch.cuda.empty_cache()
     return rows
+
+
+def measure_compiled(
+    name: str,
+    model: nn.Module,
+    masks: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    mode: str,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """The per-client step with ``model`` under ``torch.compile(mode=mode)``, checked against one eager step."""
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    compiled = copy.deepcopy(model)
+    compiled.compile(mode=mode)  # in place: the parameters keep their names (train_masked reads them by name)
+    began = time.perf_counter()
+    train_masked(compiled, masks, [(x[0], y[0])], SGD)  # the first call compiles
+    synchronize(args.device)
+    compile_s = time.perf_counter() - began
+    train_masked(model, masks, [(x[0], y[0])], SGD)
+    worst = max(float((p.detach() - dict(compiled.named_parameters())[n].detach()).abs().max())
+                for n, p in model.named_parameters())  # fmt: skip
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(start[n])
+
+    def run(steps: int) -> None:
+        train_masked(compiled, masks, ((x[k % len(x)], y[k % len(x)]) for k in range(steps)), SGD)
+
+    seconds = timed(args.device, args.steps, run)
+    label = "compiled" if mode == "default" else "compiled+graphs"
+    return {"model": name, "setting": label, "clients": 1, "images_per_s": args.steps * args.batch_size / seconds,
+            "max_abs_diff_vs_single": worst, "compile_s": compile_s}  # fmt: skip
 
 
 def measure_batched(
@@ -157,21 +204,24 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--clients", type=int, nargs="+", default=[10, 100], help="clients stepped at once by vmap")
     parser.add_argument("--steps", type=int, default=100, help="timed steps per setting")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
     parser.add_argument("--json")
     args = parser.parse_args()
     rows = [row for name in args.models for row in measure(name, args)]
     print(f"train_ceiling: batch {args.batch_size}, {args.device}"
           f"{' (' + torch.cuda.get_device_name() + ')' if args.device == 'cuda' else ''}, torch {torch.__version__}; "
           f"commit {commit()}; {machine()}")  # fmt: skip
-    print(f"{'model':<9} {'setting':<11} {'img/s':>9} {'x':>6}  check")
+    print(f"{'model':<9} {'setting':<15} {'img/s':>9} {'x':>6}  check")
     base: dict[str, float] = {}
     for row in rows:
         base.setdefault(row["model"], row["images_per_s"])
         if row["images_per_s"] is None:
-            print(f"{row['model']:<9} {row['setting']:<11} {'-':>9} {'-':>6}  out of device memory")
+            why = row.get("error", "out of device memory")
+            print(f"{row['model']:<9} {row['setting']:<15} {'-':>9} {'-':>6}  {why}")
             continue
         check = f"max |w - single| {row['max_abs_diff_vs_single']:.2e}" if "max_abs_diff_vs_single" in row else ""
-        print(f"{row['model']:<9} {row['setting']:<11} {row['images_per_s']:>9.0f} "
+        check += f", compiled in {row['compile_s']:.1f} s" if "compile_s" in row else ""
+        print(f"{row['model']:<9} {row['setting']:<15} {row['images_per_s']:>9.0f} "
               f"{row['images_per_s'] / base[row['model']]:>6.2f}  {check}")  # fmt: skip
     print("x: images/s over the model's per-client row (train_masked, whole batch, float32), same run")
     if args.json:
