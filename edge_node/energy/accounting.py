@@ -10,6 +10,12 @@ A meter whose read is slow (NVML's counter: about 4 ms) says so in ``read_cost_s
 long of the last read does not read again, so what ran in between is charged with the next phase instead
 (the simulation ends one client's training and starts the next client's aggregation back to back, 400
 boundaries a round). Round totals stay exact: ``close_round`` always reads.
+
+With ``read_on_thread`` a boundary's read is handed to one reader thread, in order, and the caller goes on
+(the simulation on a GPU: NVML's call releases the GIL, so 4 ms a boundary come off the round). Each
+difference of the counter is charged, when its read is back, to the phase that ran before the boundary that
+asked for it; a read that starts late because the previous one is still running moves the boundary by at
+most one read's time. A read that fails raises at the next boundary or at ``close_round``.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ import json
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -62,12 +70,16 @@ class EnergyAccountant:
             (or at once, if its first read fails here, so that no sampler thread is left running).
         log_path: JSONL file each round's record is appended to (parents created), or None.
         clock: monotonic clock for phase durations (tests inject one).
+        read_on_thread: read at phase boundaries on a reader thread (module docstring); ``close_round``
+            and the opening read are always taken by the caller.
 
     Use ``with acct.phase("train"): ...`` or ``start_phase``/``stop_phase``, then
     ``close_round(i)`` once per round. Thread-safe: the daemon may call it from executor threads.
     """
 
-    def __init__(self, meter: Meter, log_path: Path | None = None, *, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self, meter: Meter, log_path: Path | None = None, *, clock: Clock = time.monotonic, read_on_thread: bool = False
+    ) -> None:
         self.meter = meter
         self.log_path = Path(log_path) if log_path is not None else None
         self._clock = clock
@@ -84,6 +96,9 @@ class EnergyAccountant:
         self._last_t = clock()
         self._round_reading = self._last
         self._round_t = self._last_t
+        # Boundary reads in flight, oldest first: each with the phase its counter difference is charged to.
+        self._in_flight: deque[tuple[Future[MeterReading], str]] = deque()
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="edge-node-meter") if read_on_thread else None
 
     @property
     def current_phase(self) -> str:
@@ -98,12 +113,28 @@ class EnergyAccountant:
             raise MeterUnavailable("the energy accountant is closed")
         if boundary and self._clock() - self._last_t < self.meter.read_cost_s:
             return
-        reading = self.meter.read()
-        now = self._clock()
         phase = self._stack[-1] if self._stack else IDLE
-        self._joules[phase] += reading.energy_j - self._last.energy_j
+        if boundary and self._reader is not None:
+            self._in_flight.append((self._reader.submit(self.meter.read), phase))
+            self._settle(wait=False)
+            reading = None
+        else:
+            self._settle(wait=True)  # every earlier read is charged before this one
+            reading = self.meter.read()
+        now = self._clock()
         self._seconds[phase] += now - self._last_t
-        self._last, self._last_t = reading, now
+        self._last_t = now
+        if reading is not None:
+            self._joules[phase] += reading.energy_j - self._last.energy_j
+            self._last = reading
+
+    def _settle(self, *, wait: bool) -> None:
+        """Charge the boundary reads that are back (all of them, waiting, with ``wait``), in order."""
+        while self._in_flight and (wait or self._in_flight[0][0].done()):
+            future, phase = self._in_flight.popleft()
+            reading = future.result()  # a failed read raises its MeterUnavailable here
+            self._joules[phase] += reading.energy_j - self._last.energy_j
+            self._last = reading
 
     @staticmethod
     def _check_phase(name: str) -> None:
@@ -198,6 +229,8 @@ class EnergyAccountant:
             if self._closed:
                 return
             self._closed = True
+        if self._reader is not None:
+            self._reader.shutdown(wait=True, cancel_futures=True)  # no read may run on a closed meter
         self.meter.close()
 
     def __enter__(self) -> EnergyAccountant:

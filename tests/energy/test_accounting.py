@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from edge_node.energy import EnergyAccountant, EstimateMeter, RaplMeter
 from edge_node.errors import MeterUnavailable
+
+from .conftest import ScriptedCounterMeter
 
 
 def test_phases_get_what_the_meter_advanced_while_they_ran(scripted_meter, fake_clock, tmp_path: Path) -> None:
@@ -129,3 +133,62 @@ def test_a_meter_that_fails_its_first_read_is_closed_not_leaked(tmp_path: Path) 
     with pytest.raises(MeterUnavailable, match="closed"):
         meter.read()
     assert not (tmp_path / "energy.jsonl").exists()
+
+
+class _OrderedMeter(ScriptedCounterMeter):
+    """Each read returns 10 J more than the last, so what a phase gets depends only on the order of reads;
+    while ``gate`` is clear a read waits (a slow counter), and read number ``fail_at`` raises."""
+
+    def __init__(self, clock, gate: threading.Event, fail_at: int = 0) -> None:
+        super().__init__(clock)
+        self.gate, self.fail_at = gate, fail_at
+        self.threads: set[str] = set()
+
+    def read(self):
+        if self.reads and not self.gate.wait(5):  # the opening read never waits
+            raise MeterUnavailable("the test's gate stayed shut")
+        self.threads.add(threading.current_thread().name)
+        if self.reads + 1 == self.fail_at:
+            self.reads += 1
+            raise MeterUnavailable("scripted failure")
+        self.energy_j = 10.0 * self.reads
+        return super().read()
+
+
+def test_boundary_reads_on_a_thread_do_not_wait_and_are_charged_in_order(fake_clock) -> None:
+    gate = threading.Event()
+    meter = _OrderedMeter(fake_clock, gate)
+    acct = EnergyAccountant(meter, clock=fake_clock, read_on_thread=True)
+    started = time.monotonic()
+    fake_clock.t_s = 1.0
+    acct.start_phase("train")  # read 1 (10 J): idle's
+    fake_clock.t_s = 3.0
+    acct.stop_phase("train")  # read 2 (20 J): train's
+    with acct.phase("aggregate"):  # reads 3 (30 J, idle's) and 4 (40 J, aggregate's)
+        fake_clock.t_s = 3.5
+    assert time.monotonic() - started < 1.0  # the boundaries returned while the reads waited at the gate
+    assert meter.reads == 1
+    gate.set()
+    fake_clock.t_s = 4.0
+    record = acct.close_round(0)  # read 5 (50 J), by the caller, after the four in flight
+    assert record["joules"] == {"train": 10.0, "aggregate": 10.0, "communicate": 0.0, "idle": 30.0}
+    assert record["seconds"] == {"train": 2.0, "aggregate": 0.5, "communicate": 0.0, "idle": 1.5}
+    assert record["total_j"] == 50.0 and record["samples"] == 5
+    assert any(name.startswith("edge-node-meter") for name in meter.threads)
+    acct.close()
+    assert meter.closed
+
+
+def test_a_boundary_read_that_fails_on_the_thread_raises_later(fake_clock) -> None:
+    gate = threading.Event()
+    gate.set()
+    acct = EnergyAccountant(_OrderedMeter(fake_clock, gate, fail_at=2), clock=fake_clock, read_on_thread=True)
+    try:
+        with pytest.raises(MeterUnavailable, match="scripted failure"):
+            acct.start_phase("train")  # its read (the first after the opening one) fails on the reader thread
+            for _ in range(100):  # this boundary, a later one or the round's close says so
+                acct.stop_phase("train")
+                acct.start_phase("train")
+            acct.close_round(0)
+    finally:
+        acct.close()
