@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every check that needs the GPU machine, in one call (device time is scarce: one call, few starts).
 # Stage first with bench/prepare_device.sh, then run from the repository root on the GPU machine:
-#     bash bench/gpu_session.sh [energy] [equality] [cifar10] [ceiling] [speed]   (no argument: the first three;
+#     bash bench/gpu_session.sh [energy] [equality] [cifar10] [ceiling] [speed] [wire] [graphs]   (no argument: the first three;
 #                                                                        results under $OUT, else runs/gpu)
 # The device tool allows 10 minutes a command: if all three do not fit, run `energy equality`, then
 # `cifar10` in a second call while the machine is still warm.
@@ -17,6 +17,8 @@
 #    setting (5 epochs). `ceiling speed` in one call: 314 s on an H100 (2026-11-26; docs/RESULTS.md).
 # 6. issue 19 (`wire`, about 30 s): bench/wire.py on the machine's CPUs (the pull against a raw socket); its
 #    grpcio, xxhash and cryptography come from .device/wheels (CPython 3.10 to 3.13) when the image lacks them.
+# 7. `graphs` (about 2 minutes): bench/graphs_check.py, --cuda-graphs' captured step against the eager one (weights,
+#    losses, images/s for cnn and resnet18), then a 10-client CIFAR-10 cnn run of 2 rounds without and with it.
 # Each step's exit code is collected; the script exits non-zero if any step failed. $OUT gets at most
 # 7 small files (the device tool returns 8): session.log, two JSON results, the CUDA run's records.
 set -uo pipefail
@@ -45,8 +47,8 @@ step() {  # step NAME CMD...: run, append its output to session.log, remember a 
 }
 selected=" ${*:-energy equality cifar10} "
 for s in $selected; do
-    case $s in energy|equality|cifar10|ceiling|speed|wire) ;;
-        *) echo "gpu_session: unknown step '$s' (energy, equality, cifar10, ceiling, speed, wire)" >&2; exit 2;; esac
+    case $s in energy|equality|cifar10|ceiling|speed|wire|graphs) ;;
+        *) echo "gpu_session: unknown step '$s' (energy, equality, cifar10, ceiling, speed, wire, graphs)" >&2; exit 2;; esac
 done
 want() { [[ $selected == *" $1 "* ]]; }
 step versions nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv
@@ -78,4 +80,5 @@ if want wire; then
         step wire_deps install --find-links .device/wheels grpcio xxhash cryptography cffi pycparser
     step wire python3 bench/wire.py --server separate --malloc both --json "$out/wire.json"
 fi
+want graphs && step graphs_check python3 bench/graphs_check.py --data-dir "$cifar" --json "$out/graphs_check.json"
 exit $status

@@ -1,6 +1,7 @@
 """Tiny runs of the benchmarks so they keep working (figures are printed, never asserted as timings)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -233,3 +234,20 @@ def test_sim_speed_bench_tiny_run_prints_every_setting_and_the_breakdown(tmp_pat
     ]  # fmt: skip
     assert all(r["s_per_round"] > 0 and r["host_peak_gib"] > 0 for r in figures["rows"])
     assert figures["breakdown"]["round_s"] > 0 and "where one round's" in proc.stdout
+
+
+def test_graphs_check_smoke_run_on_the_cpu_and_its_refusal_without_cuda(tmp_path: Path):
+    """bench/graphs_check.py's code runs (--device cpu: the step uncaptured); without CUDA it says so, exit 2."""
+    out = tmp_path / "graphs.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "graphs_check.py"), "--device", "cpu", "--models", "cnn", "--steps", "2",
+         "--timed-steps", "1", "--skip-sim", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(out.read_text())["steps"]
+    assert row["steps"] == 2 and row["graphed_vs_eager_max_abs"] <= 1e-6 and "graphs_check: ok" in proc.stdout
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, str(BENCH / "graphs_check.py"), "--skip-sim"], capture_output=True,
+                          text=True, timeout=120, env=env)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("graphs_check: CUDA is not available"), proc.stderr

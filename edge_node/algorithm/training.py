@@ -8,8 +8,9 @@ once at the end: no host round trip per step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -32,6 +33,21 @@ class SGDConfig:
     # DP-SGD (edge_node.algorithm.dp): per-sample clipping and Gaussian noise instead of the plain gradient;
     # the global-norm clip and weight decay above still apply after it (post-processing).
     dp: DPConfig | None = None
+
+
+class StepReplay(Protocol):
+    """A captured training step ``train_masked`` replays (edge_node.algorithm.graphed.GraphedStep)."""
+
+    def check(self, model: nn.Module, config: SGDConfig, proximal: bool) -> None: ...
+
+    def load(self, masks: Sequence[torch.Tensor], lr: float) -> None: ...
+
+    def fits(self, x: torch.Tensor, y: torch.Tensor) -> bool: ...
+
+    def replay(self, x: torch.Tensor, y: torch.Tensor) -> None: ...
+
+    @property
+    def loss_sum(self) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -61,15 +77,21 @@ def train_masked(
     noise: torch.Generator | None = None,
     *,
     proximal: tuple[TensorDict, float] | None = None,
+    graphs: StepReplay | None = None,
 ) -> TrainStats:
     """Run masked SGD over ``batches`` on ``model`` in place; returns step/sample counts and mean loss.
 
     With ``config.dp`` each step's gradient is DP-SGD's, its noise drawn from ``noise`` (required then).
     ``proximal=(anchor, lam)`` adds ``lam * (w - anchor)`` to each clipped gradient, as weight decay is
     added (Ditto's personal update: the gradient of ``lam/2 * ||w - anchor||^2``).
+    ``graphs`` (a :class:`~edge_node.algorithm.graphed.GraphedStep` for ``model`` and ``config``) replays each
+    batch of its shape as one CUDA graph; other batches (an epoch's last, smaller one) take the eager step.
+    It refuses (ValueError) a call it was not captured for: DP-SGD, ``proximal``, other clipping or decay.
     """
     if config.dp is not None and noise is None:
         raise ValueError("DP-SGD training needs a noise generator")
+    if graphs is not None:
+        graphs.check(model, config, proximal is not None)
     names = [name for name, _ in model.named_parameters()]
     params: list[torch.Tensor] = [p for _, p in model.named_parameters()]
     mask_values = [masks[name].to(params[i].dtype) for i, name in enumerate(names)]
@@ -79,27 +101,56 @@ def train_masked(
     loss_sum = torch.zeros((), device=params[0].device)
     steps = samples = 0
     model.train()
+    if graphs is not None:
+        graphs.load(mask_values, config.lr)
     for x, y in batches:
+        steps += 1
+        samples += int(y.shape[0])
+        if graphs is not None and graphs.fits(x, y):
+            graphs.replay(x, y)
+            continue
         if config.dp is not None and noise is not None:
             loss, grads = private_gradients(model, x, y, mask_values, config.dp, noise, config.micro_batch)
         else:
             loss, grads = _loss_and_gradients(model, params, x, y, config.micro_batch)
         with torch.no_grad():
-            norms = torch._foreach_norm(grads)
-            total_norm = torch.linalg.vector_norm(torch.stack(norms))
-            scale = (config.clip_norm / (total_norm + 1e-6)).clamp(max=1.0)
-            torch._foreach_mul_(grads, scale)
-            if config.weight_decay:
-                torch._foreach_add_(grads, params, alpha=config.weight_decay)
-            if proximal is not None and proximal[1]:
-                torch._foreach_add_(grads, torch._foreach_sub(params, anchor), alpha=proximal[1])
-            torch._foreach_add_(params, grads, alpha=-config.lr)
-            torch._foreach_mul_(params, mask_values)
+            masked_update(params, grads, mask_values, config, config.lr, (anchor, proximal[1]) if proximal else None)
             loss_sum += loss.detach() * y.shape[0]
-        steps += 1
-        samples += int(y.shape[0])
+    if graphs is not None:
+        loss_sum = loss_sum + graphs.loss_sum
     mean_loss = float(loss_sum) / samples if samples else float("nan")
     return TrainStats(steps=steps, samples=samples, mean_loss=mean_loss)
+
+
+def masked_update(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    masks: list[torch.Tensor],
+    config: SGDConfig,
+    lr: float | torch.Tensor,
+    proximal: tuple[list[torch.Tensor], float] | None = None,
+) -> None:
+    """One step's update of ``params`` in place (``grads`` are overwritten): clip the global gradient norm,
+    add weight decay (and the proximal pull toward ``anchor``), ``w -= lr * g``, ``w *= mask``.
+
+    ``lr`` a float is fused into the update; a 0-dim tensor (a CUDA graph's, changed between replays) is
+    multiplied in first, which rounds ``lr * g`` once more.
+    """
+    norms = torch._foreach_norm(grads)
+    total_norm = torch.linalg.vector_norm(torch.stack(norms))
+    scale = (config.clip_norm / (total_norm + 1e-6)).clamp(max=1.0)
+    torch._foreach_mul_(grads, scale)
+    if config.weight_decay:
+        torch._foreach_add_(grads, params, alpha=config.weight_decay)
+    if proximal is not None and proximal[1]:
+        anchor, lam = proximal
+        torch._foreach_add_(grads, torch._foreach_sub(params, anchor), alpha=lam)
+    if isinstance(lr, torch.Tensor):
+        torch._foreach_mul_(grads, lr)
+        torch._foreach_sub_(params, grads)
+    else:
+        torch._foreach_add_(params, grads, alpha=-lr)
+    torch._foreach_mul_(params, masks)
 
 
 def _loss_and_gradients(

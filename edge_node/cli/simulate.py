@@ -229,6 +229,13 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     "aggregating, as a device does (edge_node/algorithm/robust.py) [default: screen].",
 )
 @click.option("--seed", type=int, help=f"[default: {_default('seed')}]")
+@click.option(
+    "--cuda-graphs/--no-cuda-graphs",
+    default=None,
+    help="CUDA only: replay each full training batch's SGD step as one captured CUDA graph instead of hundreds of "
+    "kernel launches (the same steps up to float rounding). Needs --device cuda, --micro-batch 0 and no "
+    "--privacy; DisPFL, dispfl-s2s, fedp3, dpsgd, dpsgd-ft and local use it [default: off].",
+)
 @click.option("--device", type=_choice(DEVICES), help=f"[default: {_default('device')}]")
 @click.option(
     "--output",

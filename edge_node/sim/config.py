@@ -31,7 +31,7 @@ _DISPFL = DisPFLParams()  # the one default of each hyper-parameter of the clien
 SETTINGS = ("i", "ii")
 DEVICES = ("cpu", "cuda")
 # Settings that may change when a run is resumed (the rest must match the checkpoint).
-RESUMABLE_CHANGES = frozenset({"rounds", "device", "output", "data_dir", "progress", "energy_backend"})
+RESUMABLE_CHANGES = frozenset({"rounds", "device", "output", "data_dir", "progress", "energy_backend", "cuda_graphs"})
 # Values of settings added after runs were saved, for a saved config that lacks them (what those runs did): the
 # baselines' and sparse-to-sparser's settings came with them (the DisPFL runs before used none of them: today's
 # defaults; so did Ditto's and Sub-FedAvg's), the receive-path screen later (runs before ran without). A saved
@@ -42,7 +42,7 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "epsilon": None, "delta": 1e-5, "dp_clip": 1.0,
     "ditto_lambda": DITTO_LAMBDA, "ditto_personal_share": DITTO_PERSONAL_SHARE,
     "subfedavg_prune_rate": SUBFEDAVG_PRUNE_RATE, "subfedavg_dist_threshold": SUBFEDAVG_DIST,
-    "subfedavg_acc_threshold": SUBFEDAVG_ACC,
+    "subfedavg_acc_threshold": SUBFEDAVG_ACC, "cuda_graphs": False,
 }  # fmt: skip
 # A resume keeps the saved value of these when the command leaves them at their default (a note says so):
 # they change how a step is computed (memory), not what it computes, and their default changed.
@@ -108,6 +108,9 @@ class SimConfig:
     screen: bool = True  # DisPFL's methods: screen peers' models before aggregating, as a device does (robust.py)
     seed: int = 0
     device: str = "cpu"
+    # Replay each full training batch's step as one captured CUDA graph (edge_node.algorithm.graphed): the
+    # same steps up to float rounding, fewer kernel launches. CUDA only; DisPFL's family of methods only.
+    cuda_graphs: bool = False
     output: Path | None = None  # None: OUTPUT_PATTERN, filled in on construction
     eval_batch_size: int = 1000
     energy_backend: str = "auto"
@@ -143,6 +146,7 @@ class SimConfig:
             users = ", ".join(users_of("privacy"))
             raise ConfigError(f"privacy {self.privacy!r} is not implemented for method {self.method} (only {users})")
         check_density(self.density)
+        self._check_cuda_graphs()
         for name in ("clients", "rounds", "eval_batch_size", "fedavg_clients"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
@@ -168,6 +172,17 @@ class SimConfig:
             object.__setattr__(self, "output", default_output(self))
         else:
             object.__setattr__(self, "output", Path(self.output))
+
+    def _check_cuda_graphs(self) -> None:
+        """ConfigError unless a run with ``cuda_graphs`` can capture its step (whole batches of plain SGD on CUDA)."""
+        if not self.cuda_graphs:
+            return
+        if self.device != "cuda":
+            raise ConfigError(f"cuda_graphs needs device cuda (it replays CUDA kernels), not {self.device!r}")
+        if self.privacy != "none":
+            raise ConfigError(f"cuda_graphs does not capture DP-SGD steps; privacy {self.privacy!r} needs eager steps")
+        if self.micro_batch != 0:
+            raise ConfigError(f"cuda_graphs captures whole batches: it needs micro_batch 0, not {self.micro_batch}")
 
     @property
     def method_spec(self) -> Method:

@@ -15,6 +15,7 @@ noise.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -29,6 +30,8 @@ from tqdm import tqdm
 
 from edge_node.algorithm import dense_nnz, forward_flops, read_weights, weight_positions
 from edge_node.algorithm.dispfl import DisPFLParams
+from edge_node.algorithm.graphed import GraphedStep
+from edge_node.algorithm.training import StepReplay
 from edge_node.data import Dataset, partition_clients
 from edge_node.data.batches import ClientData, ImagePool
 from edge_node.energy import EnergyAccountant, modelled_energy, open_meter
@@ -177,6 +180,7 @@ def run_simulation(
         accountant=accountant,
         on_client=on_client,
         shard=shard,
+        graphs=_graphs_factory(config, model, (params.batch_size, *pool.input_shape), params),
     )
     state = method.initial_state(ctx) if saved is None else method.restore(ctx, saved)
     if saved is not None:
@@ -218,6 +222,16 @@ def run_simulation(
         accountant.close()
         bar.close()
     return out
+
+
+def _graphs_factory(
+    config: SimConfig, model: torch.nn.Module, batch_shape: tuple[int, ...], params: DisPFLParams
+) -> Callable[[], StepReplay] | None:
+    """With ``cuda_graphs``, for a method that trains through RoundHooks: the run's one captured step, built
+    (warm-up and capture) when a client first trains. None otherwise (a method that ignores it was warned)."""
+    if not (config.cuda_graphs and "cuda_graphs" in config.method_spec.uses):
+        return None
+    return functools.cache(lambda: GraphedStep(model, batch_shape, params.sgd(0)))
 
 
 def _saved_run(path: Path, fresh: bool, device: torch.device) -> dict[str, Any] | None:

@@ -131,6 +131,8 @@ def test_setting_ii_with_gradient_regrowth(tmp_path: Path, capsys):
         (["--dataset", "cifar10", "--data-dir", "/nonexistent/cifar"], "/nonexistent/cifar"),
         (["--partition", "zipf:2"], "zipf"),
         (["--density", "0.3", "--setting", "ii"], "--setting ii"),
+        (["--cuda-graphs"], "cuda_graphs needs device cuda"),
+        (["--cuda-graphs", "--device", "cuda"], "cuda_graphs captures whole batches: it needs micro_batch 0"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, capsys, extra, needle):
@@ -336,6 +338,10 @@ def test_defaults_fit_a_first_run_and_the_output_pattern_is_the_helps(capsys):
         (["--method", "dpsgd", "--density", "0.3"], "density is ignored by method dpsgd"),
         (["--method", "dispfl", "--fedavg-clients", "4"], "fedavg_clients is ignored by method dispfl"),
         (["--target-density", "0.3"], "target_density is ignored by method dispfl"),
+        (
+            ["--method", "ditto", "--cuda-graphs", "--device", "cuda", "--micro-batch", "0"],
+            "cuda_graphs is ignored by method ditto",
+        ),  # fmt: skip
     ],
 )
 def test_settings_a_run_ignores_are_named(capsys, args, warning):

@@ -31,6 +31,7 @@ from edge_node.algorithm.dense import dense_state
 from edge_node.algorithm.dispfl import ClientState, DisPFLParams, Evaluated, RoundHooks, evaluate_and_train
 from edge_node.algorithm.heterogeneous import client_densities
 from edge_node.algorithm.topology import round_neighbours
+from edge_node.algorithm.training import StepReplay
 from edge_node.data.batches import Batch, ClientData
 from edge_node.energy import EnergyAccountant
 from edge_node.errors import TrainingDiverged
@@ -47,6 +48,8 @@ PAPER_BYTES_PER_VALUE = 4  # the paper's Comm (MB): fp32 values of the received 
 # Settings only some methods use (a method lists those it uses in ``Method.uses``; the others warn).
 NEIGHBOURHOOD = frozenset({"neighbours", "topology", "max_in_degree"})  # pulls from seeded neighbours
 MASKS = frozenset({"density", "regrow", "mask_init", "prune_alpha", "planned_rounds"})  # trains sparse masks
+# Trains through RoundHooks (evaluate_and_train), whose ``graphs`` replays captured steps (--cuda-graphs).
+GRAPHED = frozenset({"cuda_graphs"})
 # A server round's bytes: per-client received, sent, paper MB, and the server's (received, sent, paper MB).
 Traffic = tuple[list[int], list[int], list[float], tuple[int, int, float]]
 
@@ -181,6 +184,8 @@ class SimContext:
     accountant: EnergyAccountant
     on_client: Callable[[int, int, int], None] | None = None  # progress without bars (a pipe): (t, done, of)
     shard: Shard = SINGLE  # which clients this process trains (all of them without torchrun)
+    # The run's captured training step (--cuda-graphs), built on first call; None: eager steps.
+    graphs: Callable[[], StepReplay] | None = None
     densities: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -279,6 +284,8 @@ class SimContext:
 
         if data.pool.device.type == "cuda":  # the CPU waits on the GPU meanwhile: draw the mask update's scores
             more.setdefault("ahead", run_ahead)
+        if self.graphs is not None:
+            more.setdefault("graphs", self.graphs())
         return RoundHooks(batches, lambda model: accuracy(model, data, eval_batch_size), self.phase, **more)
 
     @contextmanager

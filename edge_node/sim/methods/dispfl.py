@@ -12,7 +12,7 @@ from typing import Any
 from edge_node.algorithm import nnz_per_tensor
 from edge_node.algorithm.dispfl import ClientState, client_round, published, start
 from edge_node.algorithm.robust import StatsMemo
-from edge_node.sim.methods.base import MASKS, NEIGHBOURHOOD, Method, RoundResult, RunState, SimContext
+from edge_node.sim.methods.base import GRAPHED, MASKS, NEIGHBOURHOOD, Method, RoundResult, RunState, SimContext
 
 _LOGGER = logging.getLogger(__name__)
 Keep = Callable[[ClientState], ClientState]
@@ -82,5 +82,5 @@ class DisPFL(Method):
 
 DISPFL = DisPFL(
     name="dispfl", label="DisPFL", acc_before_is="aggregated personal model, before local training",
-    acc_after_is="after local training", sparse=True, uses=NEIGHBOURHOOD | MASKS | {"screen"}, shardable=True,
+    acc_after_is="after local training", sparse=True, uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen"}, shardable=True,
 )  # fmt: skip

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from edge_node.algorithm.dispfl import published
 from edge_node.algorithm.dpsgd import neighbourhood_average
-from edge_node.sim.methods.base import NEIGHBOURHOOD, Method, RoundResult, RunState, SimContext
+from edge_node.sim.methods.base import GRAPHED, NEIGHBOURHOOD, Method, RoundResult, RunState, SimContext
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,9 @@ _AVERAGE = "neighbourhood average"
 _FINE_TUNED = "neighbourhood average fine-tuned by the round's E local epochs"
 DPSGD_PLAIN = DPSGD(
     name="dpsgd", label="D-PSGD", acc_before_is=_AVERAGE, acc_after_is=_FINE_TUNED, headline="before",
-    uses=NEIGHBOURHOOD, shardable=True,
+    uses=NEIGHBOURHOOD | GRAPHED, shardable=True,
 )  # fmt: skip
 DPSGD_FT = DPSGD(
-    name="dpsgd-ft", label="D-PSGD-FT", acc_before_is=_AVERAGE, acc_after_is=_FINE_TUNED, uses=NEIGHBOURHOOD,
+    name="dpsgd-ft", label="D-PSGD-FT", acc_before_is=_AVERAGE, acc_after_is=_FINE_TUNED, uses=NEIGHBOURHOOD | GRAPHED,
     shardable=True,
 )  # fmt: skip

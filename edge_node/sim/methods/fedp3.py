@@ -19,6 +19,7 @@ from edge_node.algorithm.dp import DPConfig, check_budget, noise_multiplier_for,
 from edge_node.algorithm.fedp3 import layer_average, layer_groups, owned_layers, server_to_client, uploaded_names
 from edge_node.errors import ConfigError
 from edge_node.sim.methods.base import (
+    GRAPHED,
     PAPER_BYTES_PER_VALUE,
     SERVER_ID,
     Method,
@@ -133,5 +134,5 @@ def _privacy_fields(ctx: SimContext, extra: dict[str, Any]) -> dict[str, Any]:
 FEDP3 = FedP3(
     name="fedp3", label="FedP3", acc_before_is="received model (owned layers dense, others pruned) before training",
     acc_after_is="after local training (the personal model)", headline="after",
-    uses=FEDP3_SETTINGS | PRIVACY_SETTINGS,
+    uses=FEDP3_SETTINGS | PRIVACY_SETTINGS | GRAPHED,
 )  # fmt: skip

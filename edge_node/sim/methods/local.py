@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edge_node.sim.methods.base import Method, RoundResult, RunState, SimContext
+from edge_node.sim.methods.base import GRAPHED, Method, RoundResult, RunState, SimContext
 
 
 @dataclass(frozen=True)
@@ -18,5 +18,5 @@ class Local(Method):
 
 LOCAL = Local(
     name="local", label="Local", acc_before_is="before this round's local training",
-    acc_after_is="after local training", shardable=True,
+    acc_after_is="after local training", uses=GRAPHED, shardable=True,
 )  # fmt: skip
