@@ -11,7 +11,9 @@ training images per second, the executed training FLOP/s (dense: masked training
 (and, on CUDA, the device memory NVML sees in use above the idle level). ``--compare-naive`` adds the
 straightforward path: one process, each batch in the daemon's slices of 16 samples (its default
 ``--micro-batch``, bitwise equal to a device's step) against the whole batch at once (``--micro-batch 0``,
-the same algorithm up to float noise), ratios printed. ``--breakdown`` profiles one round of the first
+the same algorithm up to float noise), ratios printed. ``--cuda-graphs`` (CUDA) adds one process with the
+optimised setting's step replayed as a CUDA graph (``edge-node simulate --cuda-graphs``).
+``--breakdown`` profiles one round of the first
 setting in process (cProfile: its overhead inflates Python-heavy parts) and splits it into training
 compute, evaluation, data, aggregation, mask update, copies, energy-meter reads and the rest.
 
@@ -117,15 +119,17 @@ def simulate_args(args: argparse.Namespace) -> list[str]:
     return flags
 
 
-def run_setting(args: argparse.Namespace, processes: int, micro_batch: int, out: Path) -> dict[str, Any]:
-    """One fresh run of the configuration: its rounds' figures and its peak memory."""
+def run_setting(
+    args: argparse.Namespace, processes: int, micro_batch: int, out: Path, graphs: bool = False
+) -> dict[str, Any]:
+    """One fresh run of the configuration (with ``graphs``: ``--cuda-graphs``): its rounds' figures and peak memory."""
     threads = max(args.threads // processes, 1)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     launcher = [sys.executable]
     if processes > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
     command = [*launcher, "-m", "edge_node", "simulate", *simulate_args(args), "--micro-batch", str(micro_batch),
-               "--output", str(out)]  # fmt: skip
+               *(["--cuda-graphs"] if graphs else []), "--output", str(out)]  # fmt: skip
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     memory = PeakMemory(proc, args.device == "cuda")
@@ -144,7 +148,7 @@ def run_setting(args: argparse.Namespace, processes: int, micro_batch: int, out:
     images = args.epochs * sum(c["train"] for c in clients)  # training images a round (evaluation not counted)
     executed = 3 * records[0]["forward_flops_dense"] * images
     return {
-        "processes": processes, "threads_per_process": threads, "micro_batch": micro_batch,
+        "processes": processes, "threads_per_process": threads, "micro_batch": micro_batch, "cuda_graphs": graphs,
         "rounds_timed": len(timed), "s_per_round": s_round, "images_per_s": images / s_round,
         "flops_executed_per_s": executed / s_round,
         "flops_sparse_per_s": sum(r["flops_per_client_mean"] * r["trained_clients"] for r in timed) / len(timed)
@@ -215,35 +219,41 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="total threads, split over K")
     parser.add_argument("--micro-batch", type=int, default=0, help="the optimised setting [default: 0, whole batch]")
     parser.add_argument("--compare-naive", action="store_true")
+    parser.add_argument("--cuda-graphs", action="store_true", help="add a row with --cuda-graphs (CUDA, micro 0)")
     parser.add_argument("--breakdown", action="store_true")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each setting, interleaved; the median")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per setting")
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args()
+    if args.cuda_graphs and (args.device != "cuda" or args.micro_batch != 0):
+        parser.error("--cuda-graphs needs --device cuda and --micro-batch 0 (what edge-node simulate accepts it with)")
     peak = matmul_peak(args.device, args.threads)
     if args.dataset != "demo":  # decode (and cache) the data set here first: its worker processes would count in
         from edge_node.data import load_dataset  # the first setting's host memory (4.7-5.3 GiB against 1.9 for cnn)
 
         load_dataset(args.dataset, Path(args.data_dir) if args.data_dir else None)
-    settings = [(k, args.micro_batch) for k in args.processes]
+    settings = [(k, args.micro_batch, False) for k in args.processes]
+    if args.cuda_graphs:
+        settings.append((1, args.micro_batch, True))
     if args.compare_naive:
-        settings.append((1, NAIVE_MICRO_BATCH))
+        settings.append((1, NAIVE_MICRO_BATCH, False))
     runs: list[list[dict[str, Any]]] = [[] for _ in settings]
     with tempfile.TemporaryDirectory(prefix="sim_speed-") as tmp:
         for _ in range(args.repeats):  # settings interleaved: a machine that gets busier slows each alike
-            for n, (k, micro) in enumerate(settings):
-                runs[n].append(run_setting(args, k, micro, Path(tmp) / f"k{k}-m{micro}"))
+            for n, (k, micro, graphs) in enumerate(settings):
+                runs[n].append(run_setting(args, k, micro, Path(tmp) / f"k{k}-m{micro}-g{int(graphs)}", graphs))
         parts = breakdown(args, args.micro_batch, Path(tmp) / "profile") if args.breakdown else None
     rows = [median_row(samples) for samples in runs]
     base = rows[0]
     print(f"sim_speed: {args.model} on {args.dataset}, {args.clients} clients, {args.neighbours} neighbours, "
           f"{args.epochs} epoch(s), batch {args.batch_size}, {args.device}, {args.threads} threads in all; "
           f"matmul peak {peak / 1e9:.1f} GFLOP/s; commit {commit()}; {machine()}")  # fmt: skip
-    print(f"{'K':>2} {'thr':>4} {'micro':>5} {'s/round':>8} {'x':>6} {'img/s':>8} {'GFLOP/s':>8} {'% peak':>7} "
-          f"{'host GiB':>8} {'dev GiB':>8} {'acc':>6}")  # fmt: skip
+    print(f"{'K':>2} {'thr':>4} {'micro':>5} {'graphs':>6} {'s/round':>8} {'x':>6} {'img/s':>8} {'GFLOP/s':>8} "
+          f"{'% peak':>7} {'host GiB':>8} {'dev GiB':>8} {'acc':>6}")  # fmt: skip
     for row in rows:
         device_gib = "-" if row["device_peak_gib"] is None else f"{row['device_peak_gib']:.2f}"
         print(f"{row['processes']:>2} {row['threads_per_process']:>4} {row['micro_batch']:>5} "
+              f"{'yes' if row['cuda_graphs'] else 'no':>6} "
               f"{row['s_per_round']:>8.2f} {row['s_per_round'] / base['s_per_round']:>6.2f} "
               f"{row['images_per_s']:>8.0f} {row['flops_executed_per_s'] / 1e9:>8.2f} "
               f"{100 * row['flops_executed_per_s'] / peak:>6.1f}% {row['host_peak_gib']:>8.2f} {device_gib:>8} "

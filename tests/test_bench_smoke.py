@@ -234,6 +234,10 @@ def test_sim_speed_bench_tiny_run_prints_every_setting_and_the_breakdown(tmp_pat
     ]  # fmt: skip
     assert all(r["s_per_round"] > 0 and r["host_peak_gib"] > 0 for r in figures["rows"])
     assert figures["breakdown"]["round_s"] > 0 and "where one round's" in proc.stdout
+    assert not any(r["cuda_graphs"] for r in figures["rows"])
+    refused = subprocess.run([sys.executable, str(BENCH / "sim_speed.py"), "--cuda-graphs"],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert refused.returncode == 2 and "--cuda-graphs needs --device cuda" in refused.stderr
 
 
 def test_graphs_check_smoke_run_on_the_cpu_and_its_refusal_without_cuda(tmp_path: Path):
