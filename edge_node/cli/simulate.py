@@ -233,8 +233,9 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     "--cuda-graphs/--no-cuda-graphs",
     default=None,
     help="CUDA only: replay each full training batch's SGD step as one captured CUDA graph instead of hundreds of "
-    "kernel launches (the same steps up to float rounding). Needs --device cuda, --micro-batch 0 and no "
-    "--privacy; DisPFL, dispfl-s2s, fedp3, dpsgd, dpsgd-ft and local use it [default: off].",
+    "kernel launches (the same steps up to float rounding). Needs --device cuda and no --privacy, and sets "
+    "--micro-batch 0 unless it is given (another value is refused); "
+    "DisPFL, dispfl-s2s, fedp3, dpsgd, dpsgd-ft and local use it [default: off].",
 )
 @click.option("--device", type=_choice(DEVICES), help=f"[default: {_default('device')}]")
 @click.option(
@@ -277,6 +278,8 @@ def simulate(
         if v is not None and ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE
     }
     values = merge(file_values, given_flags)
+    if values.get("cuda_graphs") and values.get("micro_batch") is None:
+        values["micro_batch"] = 0  # a captured step takes whole batches; an explicit other value is refused
     # What the user chose: flags and a TOML file's keys; a run's config.json records every setting.
     chosen = given_flags if config_file is not None and config_file.suffix.lower() == ".json" else values
     if values.get("setting") == "ii" and chosen.get("density") is not None:

@@ -86,3 +86,26 @@ def test_a_method_that_ignores_it_never_captures(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "GraphedStep", lambda *a: pytest.fail("captured for a method that ignores it"))
     config = _cpu_copy(SimConfig(**dict(TINY, rounds=1, method="ditto"), **CUDA, output=tmp_path / "ditto"))
     run_simulation(config, load_dataset("demo"))
+
+
+def test_the_command_line_takes_whole_batches_with_cuda_graphs_unless_told_otherwise(tmp_path, capsys):
+    """``--cuda-graphs`` sets micro_batch 0 when it is not given (the flag, a TOML file): a first run and its resume
+    need not repeat it; an explicit other value is still refused."""
+    from edge_node.cli import main
+
+    def cli(*args: str) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as exc:
+            main(["simulate", "--device", "cuda", *args, "--print-config"])
+        captured = capsys.readouterr()
+        return int(exc.value.code or 0), captured.out, captured.err
+
+    code, out, _ = cli("--cuda-graphs")
+    assert code == 0 and "micro_batch = 0" in out.splitlines() and "cuda_graphs = true" in out.splitlines()
+    toml = tmp_path / "run.toml"
+    toml.write_text("cuda_graphs = true\n")
+    code, out, _ = cli("--config", str(toml))
+    assert code == 0 and "micro_batch = 0" in out.splitlines()
+    code, _, err = cli("--cuda-graphs", "--micro-batch", "16")
+    assert code != 0 and "needs micro_batch 0, not 16" in err
+    code, out, _ = cli()
+    assert code == 0 and f"micro_batch = {SimConfig().micro_batch}" in out.splitlines()
