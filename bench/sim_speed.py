@@ -12,7 +12,9 @@ training images per second, the executed training FLOP/s (dense: masked training
 straightforward path: one process, each batch in the daemon's slices of 16 samples (its default
 ``--micro-batch``, bitwise equal to a device's step) against the whole batch at once (``--micro-batch 0``,
 the same algorithm up to float noise), ratios printed. ``--cuda-graphs`` (CUDA) adds one process with the
-optimised setting's step replayed as a CUDA graph (``edge-node simulate --cuda-graphs``).
+optimised setting's step replayed as a CUDA graph (``edge-node simulate --cuda-graphs``). ``--batch-clients C
+[C ...]`` adds one process per C with the clients' training batched C at a time (``edge-node simulate
+--batch-clients C``, whole batches), so the per-client loop and the batched one are timed in the same run.
 ``--breakdown`` profiles one round of the first
 setting in process (cProfile: its overhead inflates Python-heavy parts) and splits it into training
 compute, evaluation, data, aggregation, mask update, copies, energy-meter reads and the rest.
@@ -120,16 +122,18 @@ def simulate_args(args: argparse.Namespace) -> list[str]:
 
 
 def run_setting(
-    args: argparse.Namespace, processes: int, micro_batch: int, out: Path, graphs: bool = False
+    args: argparse.Namespace, processes: int, micro_batch: int, out: Path, graphs: bool = False, batch: int = 1
 ) -> dict[str, Any]:
-    """One fresh run of the configuration (with ``graphs``: ``--cuda-graphs``): its rounds' figures and peak memory."""
+    """One fresh run of the configuration (with ``graphs``: ``--cuda-graphs``; ``batch``: ``--batch-clients``): its
+    rounds' figures and peak memory."""
     threads = max(args.threads // processes, 1)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     launcher = [sys.executable]
     if processes > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
     command = [*launcher, "-m", "edge_node", "simulate", *simulate_args(args), "--micro-batch", str(micro_batch),
-               *(["--cuda-graphs"] if graphs else []), "--output", str(out)]  # fmt: skip
+               *(["--cuda-graphs"] if graphs else []), "--batch-clients", str(batch),
+               "--output", str(out)]  # fmt: skip
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     memory = PeakMemory(proc, args.device == "cuda")
@@ -149,6 +153,7 @@ def run_setting(
     executed = 3 * records[0]["forward_flops_dense"] * images
     return {
         "processes": processes, "threads_per_process": threads, "micro_batch": micro_batch, "cuda_graphs": graphs,
+        "batch_clients": batch,
         "rounds_timed": len(timed), "s_per_round": s_round, "images_per_s": images / s_round,
         "flops_executed_per_s": executed / s_round,
         "flops_sparse_per_s": sum(r["flops_per_client_mean"] * r["trained_clients"] for r in timed) / len(timed)
@@ -220,6 +225,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=0, help="the optimised setting [default: 0, whole batch]")
     parser.add_argument("--compare-naive", action="store_true")
     parser.add_argument("--cuda-graphs", action="store_true", help="add a row with --cuda-graphs (CUDA, micro 0)")
+    parser.add_argument("--batch-clients", type=int, nargs="+", default=[],
+                        help="add a row per C with C clients trained at once (1 process, micro 0)")  # fmt: skip
     parser.add_argument("--breakdown", action="store_true")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each setting, interleaved; the median")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per setting")
@@ -227,39 +234,44 @@ def main() -> None:
     args = parser.parse_args()
     if args.cuda_graphs and (args.device != "cuda" or args.micro_batch != 0):
         parser.error("--cuda-graphs needs --device cuda and --micro-batch 0 (what edge-node simulate accepts it with)")
+    if args.batch_clients and (args.micro_batch != 0 or min(args.batch_clients) < 2):
+        parser.error("--batch-clients needs --micro-batch 0 and group sizes of 2 or more")
     peak = matmul_peak(args.device, args.threads)
     if args.dataset != "demo":  # decode (and cache) the data set here first: its worker processes would count in
         from edge_node.data import load_dataset  # the first setting's host memory (4.7-5.3 GiB against 1.9 for cnn)
 
         load_dataset(args.dataset, Path(args.data_dir) if args.data_dir else None)
-    settings = [(k, args.micro_batch, False) for k in args.processes]
+    settings = [(k, args.micro_batch, False, 1) for k in args.processes]
     if args.cuda_graphs:
-        settings.append((1, args.micro_batch, True))
+        settings.append((1, args.micro_batch, True, 1))
+    settings += [(1, args.micro_batch, False, c) for c in args.batch_clients]
     if args.compare_naive:
-        settings.append((1, NAIVE_MICRO_BATCH, False))
+        settings.append((1, NAIVE_MICRO_BATCH, False, 1))
     runs: list[list[dict[str, Any]]] = [[] for _ in settings]
     with tempfile.TemporaryDirectory(prefix="sim_speed-") as tmp:
         for _ in range(args.repeats):  # settings interleaved: a machine that gets busier slows each alike
-            for n, (k, micro, graphs) in enumerate(settings):
-                runs[n].append(run_setting(args, k, micro, Path(tmp) / f"k{k}-m{micro}-g{int(graphs)}", graphs))
+            for n, (k, micro, graphs, batch) in enumerate(settings):
+                out = Path(tmp) / f"k{k}-m{micro}-g{int(graphs)}-b{batch}"
+                runs[n].append(run_setting(args, k, micro, out, graphs, batch))
         parts = breakdown(args, args.micro_batch, Path(tmp) / "profile") if args.breakdown else None
     rows = [median_row(samples) for samples in runs]
     base = rows[0]
     print(f"sim_speed: {args.model} on {args.dataset}, {args.clients} clients, {args.neighbours} neighbours, "
           f"{args.epochs} epoch(s), batch {args.batch_size}, {args.device}, {args.threads} threads in all; "
           f"matmul peak {peak / 1e9:.1f} GFLOP/s; commit {commit()}; {machine()}")  # fmt: skip
-    print(f"{'K':>2} {'thr':>4} {'micro':>5} {'graphs':>6} {'s/round':>8} {'x':>6} {'img/s':>8} {'GFLOP/s':>8} "
-          f"{'% peak':>7} {'host GiB':>8} {'dev GiB':>8} {'acc':>6}")  # fmt: skip
+    print(f"{'K':>2} {'thr':>4} {'micro':>5} {'graphs':>6} {'batch':>5} {'s/round':>8} {'x':>6} {'img/s':>8} "
+          f"{'GFLOP/s':>8} {'% peak':>7} {'host GiB':>8} {'dev GiB':>8} {'acc':>6}")  # fmt: skip
     for row in rows:
         device_gib = "-" if row["device_peak_gib"] is None else f"{row['device_peak_gib']:.2f}"
         print(f"{row['processes']:>2} {row['threads_per_process']:>4} {row['micro_batch']:>5} "
-              f"{'yes' if row['cuda_graphs'] else 'no':>6} "
+              f"{'yes' if row['cuda_graphs'] else 'no':>6} {row['batch_clients']:>5} "
               f"{row['s_per_round']:>8.2f} {row['s_per_round'] / base['s_per_round']:>6.2f} "
               f"{row['images_per_s']:>8.0f} {row['flops_executed_per_s'] / 1e9:>8.2f} "
               f"{100 * row['flops_executed_per_s'] / peak:>6.1f}% {row['host_peak_gib']:>8.2f} {device_gib:>8} "
               f"{100 * row['acc_mean_last']:>5.1f}%")  # fmt: skip
     print("x: seconds per round (median of the repeats) over the first row's; GFLOP/s: executed dense training "
-          "FLOPs (3 x forward per image); the naive row (micro 16) is one process in the daemon's slices")  # fmt: skip
+          "FLOPs (3 x forward per image); the naive row (micro 16) is one process in the daemon's slices; batch: "
+          "clients trained at once")  # fmt: skip
     if parts is not None:
         print(f"\nwhere one round's {parts['round_s']:.2f} s go (1 process, cProfile, its overhead included):")
         for label, seconds in parts.items():

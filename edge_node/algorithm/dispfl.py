@@ -338,12 +338,35 @@ def evaluate_and_train(
     trained = train_local(
         state, model, hooks.batches, round_index, params, seed=seed, client=client, graphs=hooks.graphs
     )
+    return keep_and_evaluate(trained, model, hooks, before)
+
+
+def keep_and_evaluate(trained: TrainResult, model: nn.Module, hooks: RoundHooks, acc_before: float) -> Evaluated:
+    """What the client keeps of ``trained`` (``hooks.keep``) and its accuracy; ``model`` holds the trained weights."""
     kept = trained.state
     if hooks.keep is not None:
         kept = hooks.keep(trained.state)
         if kept is not trained.state:
             load_weights(model, kept.weights)
-    return Evaluated(trained, kept, before, hooks.evaluate(model))
+    return Evaluated(trained, kept, acc_before, hooks.evaluate(model))
+
+
+def screen_and_aggregate(
+    state: ClientState, offers: Sequence[Offer], hooks: RoundHooks, *, screen: bool = True
+) -> tuple[ClientState, list[str], dict[str, str]]:
+    """The round's first step: screen ``offers`` (when ``screen``), tell ``hooks.screened``, aggregate the accepted.
+
+    Returns the aggregated state, the accepted peer ids and the refused ones with their reasons.
+    """
+    accepted, refused = [peer for peer, _, _ in offers], {}
+    if screen and offers:
+        own_weights, own_mask = published(state)
+        result = screen_peer_models(own_weights, own_mask, offers, stats_of=hooks.stats_of)
+        accepted, refused = list(result.accepted), dict(result.refused)
+    if hooks.screened is not None:
+        hooks.screened(accepted, refused)
+    models = {peer: (weights, mask) for peer, weights, mask in offers}
+    return aggregate_peers(state, [models[peer] for peer in accepted]), accepted, refused
 
 
 def client_round(
@@ -364,15 +387,7 @@ def client_round(
     if hooks.ahead is not None and params.regrow == "random" and hooks.keep is None:
         early_scores = hooks.ahead(regrow_scores(state.next_mask, round_index, params, seed=seed, client=client))
     with hooks.phase("aggregate"):
-        accepted, refused = [peer for peer, _, _ in offers], {}
-        if screen and offers:
-            own_weights, own_mask = published(state)
-            result = screen_peer_models(own_weights, own_mask, offers, stats_of=hooks.stats_of)
-            accepted, refused = list(result.accepted), dict(result.refused)
-        if hooks.screened is not None:
-            hooks.screened(accepted, refused)
-        models = {peer: (weights, mask) for peer, weights, mask in offers}
-        aggregated = aggregate_peers(state, [models[peer] for peer in accepted])
+        aggregated, accepted, refused = screen_and_aggregate(state, offers, hooks, screen=screen)
     with hooks.phase("train"):
         done = evaluate_and_train(aggregated, model, round_index, params, seed=seed, client=client, hooks=hooks)
         new_state = update_mask(

@@ -237,6 +237,14 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     "--micro-batch 0 unless it is given (another value is refused); "
     "DisPFL, dispfl-s2s, fedp3, dpsgd, dpsgd-ft and local use it [default: off].",
 )
+@click.option(
+    "--batch-clients",
+    type=int,
+    help="Train this many clients at once as one vmap'd step (clients with equal step counts together): one "
+    "client's kernel launches for the group, the same models up to float rounding. Pays on a GPU with a small "
+    "model (docs/RESULTS.md); sets --micro-batch 0 unless it is given; not with --cuda-graphs or --privacy. "
+    f"DisPFL and dispfl-s2s use it [default: {_default('batch_clients')}: one at a time].",
+)
 @click.option("--device", type=_choice(DEVICES), help=f"[default: {_default('device')}]")
 @click.option(
     "--output",
@@ -278,8 +286,8 @@ def simulate(
         if v is not None and ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE
     }
     values = merge(file_values, given_flags)
-    if values.get("cuda_graphs") and values.get("micro_batch") is None:
-        values["micro_batch"] = 0  # a captured step takes whole batches; an explicit other value is refused
+    if (values.get("cuda_graphs") or (values.get("batch_clients") or 1) > 1) and values.get("micro_batch") is None:
+        values["micro_batch"] = 0  # captured and batched steps take whole batches; an explicit other value is refused
     # What the user chose: flags and a TOML file's keys; a run's config.json records every setting.
     chosen = given_flags if config_file is not None and config_file.suffix.lower() == ".json" else values
     if values.get("setting") == "ii" and chosen.get("density") is not None:

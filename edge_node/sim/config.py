@@ -31,7 +31,9 @@ _DISPFL = DisPFLParams()  # the one default of each hyper-parameter of the clien
 SETTINGS = ("i", "ii")
 DEVICES = ("cpu", "cuda")
 # Settings that may change when a run is resumed (the rest must match the checkpoint).
-RESUMABLE_CHANGES = frozenset({"rounds", "device", "output", "data_dir", "progress", "energy_backend", "cuda_graphs"})
+RESUMABLE_CHANGES = frozenset(
+    {"rounds", "device", "output", "data_dir", "progress", "energy_backend", "cuda_graphs", "batch_clients"}
+)
 # Values of settings added after runs were saved, for a saved config that lacks them (what those runs did): the
 # baselines' and sparse-to-sparser's settings came with them (the DisPFL runs before used none of them: today's
 # defaults; so did Ditto's and Sub-FedAvg's), the receive-path screen later (runs before ran without). A saved
@@ -42,7 +44,7 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "epsilon": None, "delta": 1e-5, "dp_clip": 1.0,
     "ditto_lambda": DITTO_LAMBDA, "ditto_personal_share": DITTO_PERSONAL_SHARE,
     "subfedavg_prune_rate": SUBFEDAVG_PRUNE_RATE, "subfedavg_dist_threshold": SUBFEDAVG_DIST,
-    "subfedavg_acc_threshold": SUBFEDAVG_ACC, "cuda_graphs": False,
+    "subfedavg_acc_threshold": SUBFEDAVG_ACC, "cuda_graphs": False, "batch_clients": 1,
 }  # fmt: skip
 # A resume keeps the saved value of these when the command leaves them at their default (a note says so):
 # they change how a step is computed (memory), not what it computes, and their default changed.
@@ -111,6 +113,9 @@ class SimConfig:
     # Replay each full training batch's step as one captured CUDA graph (edge_node.algorithm.graphed): the
     # same steps up to float rounding, fewer kernel launches. CUDA only; DisPFL's family of methods only.
     cuda_graphs: bool = False
+    # Clients whose local training runs as one vmap'd step (edge_node.algorithm.batched): the same models up to
+    # float rounding, one client's kernel launches for the whole group. 1: one client at a time.
+    batch_clients: int = 1
     output: Path | None = None  # None: OUTPUT_PATTERN, filled in on construction
     eval_batch_size: int = 1000
     energy_backend: str = "auto"
@@ -147,6 +152,7 @@ class SimConfig:
             raise ConfigError(f"privacy {self.privacy!r} is not implemented for method {self.method} (only {users})")
         check_density(self.density)
         self._check_cuda_graphs()
+        self._check_batch_clients()
         for name in ("clients", "rounds", "eval_batch_size", "fedavg_clients"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
@@ -183,6 +189,20 @@ class SimConfig:
             raise ConfigError(f"cuda_graphs does not capture DP-SGD steps; privacy {self.privacy!r} needs eager steps")
         if self.micro_batch != 0:
             raise ConfigError(f"cuda_graphs captures whole batches: it needs micro_batch 0, not {self.micro_batch}")
+
+    def _check_batch_clients(self) -> None:
+        """ConfigError unless the clients' training can be batched (whole batches of plain SGD, eager steps)."""
+        value = self.batch_clients
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"batch_clients={value!r} must be an integer >= 1 (1: one client at a time)")
+        if value == 1:
+            return
+        if self.privacy != "none":
+            raise ConfigError(f"batch_clients does not batch DP-SGD steps; privacy {self.privacy!r} needs 1")
+        if self.micro_batch != 0:
+            raise ConfigError(f"batch_clients steps whole batches: it needs micro_batch 0, not {self.micro_batch}")
+        if self.cuda_graphs:
+            raise ConfigError("batch_clients and cuda_graphs exclude each other (a captured step is one client's)")
 
     @property
     def method_spec(self) -> Method:
