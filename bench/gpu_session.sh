@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every check that needs the GPU machine, in one call (device time is scarce: one call, few starts).
 # Stage first with bench/prepare_device.sh, then run from the repository root on the GPU machine:
-#     bash bench/gpu_session.sh [energy] [equality] [cifar10] [ceiling] [speed] [wire] [graphs]   (no argument: the first three;
+#     bash bench/gpu_session.sh [energy] [equality] [cifar10] [ceiling] [speed] [wire] [graphs] [batched]   (no argument: the first three;
 #                                                                        results under $OUT, else runs/gpu)
 # The device tool allows 10 minutes a command: if all three do not fit, run `energy equality`, then
 # `cifar10` in a second call while the machine is still warm.
@@ -19,6 +19,8 @@
 #    grpcio, xxhash and cryptography come from .device/wheels (CPython 3.10 to 3.13) when the image lacks them.
 # 7. `graphs` (about 2 minutes): bench/graphs_check.py, --cuda-graphs' captured step against the eager one (weights,
 #    losses, images/s for cnn and resnet18), then a 10-client CIFAR-10 cnn run of 2 rounds without and with it.
+# 8. issue 22 (`batched`, about 2-3 minutes, not yet run on a GPU): bench/sim_speed.py on the cnn paper setting, one
+#    client at a time, --cuda-graphs, and --batch-clients 10 and 100, in one run (the cnn target is 2 s a round).
 # Each step's exit code is collected; the script exits non-zero if any step failed. $OUT gets at most
 # 7 small files (the device tool returns 8): session.log, two JSON results, the CUDA run's records.
 set -uo pipefail
@@ -47,8 +49,9 @@ step() {  # step NAME CMD...: run, append its output to session.log, remember a 
 }
 selected=" ${*:-energy equality cifar10} "
 for s in $selected; do
-    case $s in energy|equality|cifar10|ceiling|speed|wire|graphs) ;;
-        *) echo "gpu_session: unknown step '$s' (energy, equality, cifar10, ceiling, speed, wire, graphs)" >&2; exit 2;; esac
+    case $s in energy|equality|cifar10|ceiling|speed|wire|graphs|batched) ;;
+        *) echo "gpu_session: unknown step '$s' (energy, equality, cifar10, ceiling, speed, wire, graphs, batched)" >&2
+           exit 2;; esac
 done
 want() { [[ $selected == *" $1 "* ]]; }
 step versions nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv
@@ -80,5 +83,7 @@ if want wire; then
         step wire_deps install --find-links .device/wheels grpcio xxhash cryptography cffi pycparser
     step wire python3 bench/wire.py --server separate --malloc both --json "$out/wire.json"
 fi
+want batched && step sim_speed_batched python3 bench/sim_speed.py "${paper[@]}" --model cnn --epochs 5 --rounds 2 \
+    --skip 1 --micro-batch 0 --cuda-graphs --batch-clients 10 100 --json "$out/sim_speed_batched.json"
 want graphs && step graphs_check python3 bench/graphs_check.py --data-dir "$cifar" --json "$out/graphs_check.json"
 exit $status

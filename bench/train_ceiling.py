@@ -10,8 +10,8 @@ Per model (CIFAR-sized input, batch ``--batch-size``, masks of density 0.5), on 
 - ``compiled`` and ``compiled+graphs``: the per-client step with the model under ``torch.compile`` (inductor;
   ``+graphs``: mode ``reduce-overhead``, CUDA graphs, on CUDA only), the same ``train_masked`` around it; its
   compile time (the warm-up calls) is printed, and its weights after one step are checked against eager's;
-- ``vmap Cx``: C clients stepped at once (``torch.func.vmap`` over their stacked weights and masks, the same
-  loss, clipping, weight decay and masking per client): what a runner of batched clients would buy. Its
+- ``vmap Cx``: C clients stepped at once (the step of ``edge-node simulate --batch-clients``: ``torch.func.vmap``
+  over their stacked weights and masks, the same loss, clipping, weight decay and masking per client). Its
   weights after one step are checked against C single ``train_masked`` steps (largest absolute difference).
 
 Run on the GPU machine (the ratios against ``per-client`` are measured in the same run)::
@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _provenance import commit, machine  # noqa: E402
 
+from edge_node.algorithm.batched import masked_step  # noqa: E402
 from edge_node.algorithm.training import SGDConfig, train_masked  # noqa: E402
 from edge_node.models import build_model  # noqa: E402
 
@@ -66,21 +66,15 @@ def timed(device: str, steps: int, run: Callable[[int], None]) -> float:
 
 
 def batched_step(model: nn.Module, config: SGDConfig) -> Callable[..., Any]:
-    """One masked SGD step of one client as a pure function of its weights, masks and batch (vmap-able)."""
+    """The simulation's ``--batch-clients`` step (edge_node.algorithm.batched) on full batches of active clients:
+    ``(weights, masks, x, y) -> (weights, loss)``, all stacked over clients."""
+    step = masked_step(model, config)
 
-    def step(weights: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor):
-        def loss_of(w: dict[str, torch.Tensor]) -> torch.Tensor:
-            return nn.functional.cross_entropy(functional_call(model, w, (x,)), y)
+    def full(weights: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor):
+        sample_weight = x.new_ones(y.shape)
+        return step(weights, masks, x, y, sample_weight, torch.ones(y.shape[0], dtype=torch.bool, device=x.device))
 
-        grads, loss = grad_and_value(loss_of)(weights)
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
-        scale = (config.clip_norm / (norm + 1e-6)).clamp(max=1.0)
-        stepped = {
-            n: (w - config.lr * (grads[n] * scale + config.weight_decay * w)) * masks[n] for n, w in weights.items()
-        }
-        return stepped, loss
-
-    return vmap(step)
+    return full
 
 
 def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
