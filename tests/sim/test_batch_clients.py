@@ -79,5 +79,7 @@ def test_the_command_line_takes_whole_batches_with_batched_clients(capsys):
 
     with pytest.raises(SystemExit) as exc:
         main(["simulate", "--batch-clients", "4", "--print-config"])
-    out = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    out = captured.out.splitlines()
     assert exc.value.code in (0, None) and "batch_clients = 4" in out and "micro_batch = 0" in out
+    assert "--batch-clients is for a GPU" in captured.err  # on the CPU it is slower: said once
