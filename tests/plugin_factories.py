@@ -46,6 +46,18 @@ def double_mlp(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
     return TinyMLP(math.prod(input_shape), num_classes).double()
 
 
+class BranchyMLP(TinyMLP):
+    """A forward whose path depends on the data: fine one client at a time, refused by ``torch.func.vmap``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return out if out.sum() > -1e30 else -out
+
+
+def branchy_mlp(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
+    return BranchyMLP(math.prod(input_shape), num_classes)
+
+
 def raises(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
     raise RuntimeError("the factory's own bug")
 

@@ -83,3 +83,26 @@ def test_the_command_line_takes_whole_batches_with_batched_clients(capsys):
     out = captured.out.splitlines()
     assert exc.value.code in (0, None) and "batch_clients = 4" in out and "micro_batch = 0" in out
     assert "--batch-clients is for a GPU" in captured.err  # on the CPU it is slower: said once
+
+
+def test_a_model_vmap_cannot_batch_and_a_group_too_large_are_one_clear_line(tmp_path, monkeypatch):
+    import edge_node.sim.methods.dispfl as dispfl_method
+
+    plugins = "tests.plugin_factories"
+    data = load_dataset(f"{plugins}:blobs")
+    settings = dict(TINY, rounds=1, micro_batch=0, batch_clients=2, dataset=f"{plugins}:blobs")
+    branchy = SimConfig(**settings, model=f"{plugins}:branchy_mlp", output=tmp_path / "branchy")
+    refusal = r"cannot be batched by torch\.func\.vmap \(.+\); run with --batch-clients 1"
+    with pytest.raises(ConfigError, match=refusal) as caught:
+        run_simulation(branchy, data)
+    assert "\n" not in str(caught.value)
+    one = SimConfig(**dict(settings, batch_clients=1), model=f"{plugins}:branchy_mlp", output=tmp_path / "one")
+    assert len(read_records(run_simulation(one, data))) == 1  # the same model trains one client at a time
+
+    def out_of_memory(*_args, **_kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(dispfl_method, "train_local_batched", out_of_memory)
+    config = SimConfig(**settings, model=f"{plugins}:tiny_mlp", output=tmp_path / "oom")
+    with pytest.raises(ConfigError, match="2 clients of .* at once ran out of device memory; resume with fewer"):
+        run_simulation(config, data)

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from edge_node.algorithm import nnz_per_tensor
 from edge_node.algorithm.batched import groups_by_steps, train_local_batched
@@ -25,6 +28,7 @@ from edge_node.algorithm.dispfl import (
 )
 from edge_node.algorithm.robust import StatsMemo
 from edge_node.algorithm.training import load_weights
+from edge_node.errors import ConfigError
 from edge_node.sim.methods.base import BATCHED, GRAPHED, MASKS, NEIGHBOURHOOD, Method, RoundResult, RunState, SimContext
 
 _LOGGER = logging.getLogger(__name__)
@@ -103,6 +107,26 @@ class DisPFL(Method):
         return RunState(clients, extra), result
 
 
+@contextmanager
+def _batching_errors(model: str, clients: int) -> Iterator[None]:
+    """A group that does not fit the device, or a model ``torch.func.vmap`` cannot batch, as one ConfigError line
+    (the run stops before recording the round; --batch-clients may change on resume)."""
+    try:
+        yield
+    except torch.OutOfMemoryError as exc:
+        raise ConfigError(
+            f"batch_clients: {clients} clients of {model} at once ran out of device memory; resume with fewer"
+            " (--batch-clients may change on resume) or 1"
+        ) from exc
+    except RuntimeError as exc:
+        if "vmap" not in str(exc) and "functorch" not in str(exc):
+            raise
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        first = text.split(". ")[0][:200]  # torch's first sentence says what vmap could not do
+        raise ConfigError(f"batch_clients: model {model} cannot be batched by torch.func.vmap ({first}); "
+                          "run with --batch-clients 1") from exc  # fmt: skip
+
+
 class _BatchedRounds:
     """The round of ``--batch-clients``: each client's round as :func:`client_round` runs it, but the local training
     of a group of clients with equal step counts as one batched step (edge_node.algorithm.batched). A group runs when
@@ -137,7 +161,7 @@ class _BatchedRounds:
             for i in group:
                 load_weights(ctx.model, screened[i][0].weights)
                 before[i] = hooks[i].evaluate(ctx.model)
-            with ctx.stopping_on_divergence(t):
+            with ctx.stopping_on_divergence(t), _batching_errors(config.model, len(group)):
                 trained = train_local_batched(
                     [screened[i][0] for i in group], ctx.model, [hooks[i].batches for i in group], t, params,
                     seed=config.seed, clients=group,
