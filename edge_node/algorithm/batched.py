@@ -60,20 +60,43 @@ def masked_step(model: nn.Module, config: SGDConfig) -> Callable[..., tuple[Weig
     return vmap(step)
 
 
-def _padded(batch: Batch | None, size: int, like: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``batch`` padded to ``size`` samples with zeros, and its samples' weights (1 real, 0 padding)."""
-    x_like, y_like = like
-    if batch is None:
-        x = x_like.new_zeros((size, *x_like.shape[1:]))
-        return x, y_like.new_zeros(size), x_like.new_zeros(size)
-    x, y = batch
-    n = int(y.shape[0])
-    weight = x.new_ones(size)
-    if n < size:
-        x = torch.cat([x, x.new_zeros((size - n, *x.shape[1:]))])
-        y = torch.cat([y, y.new_zeros(size - n)])
-        weight[n:] = 0.0
-    return x, y, weight
+class _Padding:
+    """Pads a step's batches to one size. What a step of full batches needs (the weights of a full batch, "every
+    client active") is made once and reused: on a GPU each new small tensor is a launch or a host-to-device copy,
+    and a step of 100 clients would make hundreds."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, int], tuple[torch.Tensor, ...]] = {}
+
+    def _made(self, key: tuple[str, int], make: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def batch(self, batch: Batch | None, size: int, like: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``batch`` padded to ``size`` samples with zeros, and its samples' weights (1 real, 0 padding)."""
+        x_like, y_like = like
+        if batch is None:  # a client whose batches have run out: zeros that weigh nothing
+            x, y, weight = self._made(
+                ("none", size),
+                lambda: (x_like.new_zeros((size, *x_like.shape[1:])), y_like.new_zeros(size), x_like.new_zeros(size)),
+            )
+            return x, y, weight
+        x, y = batch
+        n = int(y.shape[0])
+        if n == size:
+            (weight,) = self._made(("full", size), lambda: (x.new_ones(size),))
+            return x, y, weight
+        weight = torch.cat([x.new_ones(n), x.new_zeros(size - n)])
+        return torch.cat([x, x.new_zeros((size - n, *x.shape[1:]))]), torch.cat([y, y.new_zeros(size - n)]), weight
+
+    def active(self, present: list[bool], device: torch.device) -> torch.Tensor:
+        """Which clients have a batch this step, on ``device``."""
+        if all(present):
+            (every,) = self._made(("all", len(present)), lambda: (torch.ones(len(present), dtype=torch.bool,
+                                                                             device=device),))  # fmt: skip
+            return every
+        return torch.tensor(present, device=device)
 
 
 def train_local_batched(
@@ -111,6 +134,7 @@ def train_local_batched(
     step = masked_step(model, sgd)
     steps, samples = [0] * len(states), [0] * len(states)
     loss_sum = torch.zeros(len(states), device=masks[names[0]].device)
+    padding = _Padding()
     model.train()
     while True:
         batches = [next(stream, None) for stream in streams]
@@ -118,13 +142,13 @@ def train_local_batched(
         if not present:
             break
         size = max(int(b[1].shape[0]) for b in present)
-        parts = [_padded(b, size, present[0]) for b in batches]
+        parts = [padding.batch(b, size, present[0]) for b in batches]
         for k, b in enumerate(batches):
             if b is not None:
                 steps[k] += 1
                 samples[k] += int(b[1].shape[0])
         x, y, sample_weight = (torch.stack(column) for column in zip(*parts, strict=True))
-        active = torch.tensor([b is not None for b in batches], device=x.device)
+        active = padding.active([b is not None for b in batches], x.device)
         with torch.no_grad():
             weights, loss = step(weights, masks, x, y, sample_weight, active)
             loss_sum += loss.detach() * sample_weight.sum(dim=1)
