@@ -15,8 +15,8 @@ from tests.sim.tiny import TINY, read_records
 
 # One round of 5 clients (50 samples, batch 16: three full batches and one of 2, padded in the group) measured
 # 2.2e-08 apart on this machine, two rounds too; the bound leaves float room. (Longer runs drift further, 3.3e-04
-# after 12 steps of batch 64 on CIFAR-10: a 1e-08 rounding difference that flips one sample's ReLU or max-pool
-# choice changes a step by ~1e-06, and later steps carry it; docs/RESULTS.md. Accuracies still agreed.)
+# after 12 steps of batch 64 on CIFAR-10, in jumps of ~1e-06 that fit a rounding difference flipping one sample's
+# ReLU or max-pool choice; docs/RESULTS.md. Accuracies still agreed.)
 TOLERANCE = 1e-6
 
 
