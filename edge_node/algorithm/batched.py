@@ -35,7 +35,9 @@ Weights = dict[str, torch.Tensor]
 def masked_step(model: nn.Module, config: SGDConfig) -> Callable[..., tuple[Weights, torch.Tensor]]:
     """The group's step: ``(weights, masks, x, y, sample_weight, active) -> (new weights, loss)``, every argument
     stacked over clients (dim 0). Per client it is ``train_masked``'s whole-batch step; ``sample_weight`` (1 real,
-    0 padding) weighs the mean loss, and a client that is not ``active`` keeps its weights (its loss reads 0)."""
+    0 padding) weighs the mean loss, and a client that is not ``active`` keeps its weights (its loss reads 0).
+    The update is :func:`~edge_node.algorithm.training.masked_update`'s written out per tensor: its ``_foreach``
+    ops have no vmap batching rule (``aten::_foreach_norm``); the tests hold the two to float rounding."""
     lr, decay, clip = config.lr, config.weight_decay, config.clip_norm
 
     def step(
@@ -111,8 +113,9 @@ def train_local_batched(
 ) -> list[TrainResult]:
     """``train_local`` of each client of ``clients`` (weights ``states[k]``, batches ``sources[k]``), stepped together.
 
-    ``model`` gives the architecture (``torch.func.functional_call``); on return it holds the last client's
-    trained weights. Each client draws its shuffles and augmentation from its own ``Stream.TRAIN`` generator, as
+    ``model`` gives the architecture (``torch.func.functional_call``); its parameters are left as they were, but for
+    "gradient" regrowth, which loads each client's trained weights in turn to take its gradient. Each client
+    draws its shuffles and augmentation from its own ``Stream.TRAIN`` generator, as
     ``train_local`` does; "gradient" regrowth's extra batch comes from it after training, as there.
 
     Raises:
@@ -164,8 +167,6 @@ def train_local_batched(
             load_weights(model, trained)
             gradients = dense_gradients(model, next(iter(sources[k](1, generators[k]))))
         results.append(TrainResult(replace(state, weights=trained), stats, sgd.lr, gradients))
-    if params.regrow != "gradient":
-        load_weights(model, results[-1].state.weights)
     return results
 
 

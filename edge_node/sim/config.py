@@ -185,10 +185,7 @@ class SimConfig:
             return
         if self.device != "cuda":
             raise ConfigError(f"cuda_graphs needs device cuda (it replays CUDA kernels), not {self.device!r}")
-        if self.privacy != "none":
-            raise ConfigError(f"cuda_graphs does not capture DP-SGD steps; privacy {self.privacy!r} needs eager steps")
-        if self.micro_batch != 0:
-            raise ConfigError(f"cuda_graphs captures whole batches: it needs micro_batch 0, not {self.micro_batch}")
+        self._check_plain_whole_batches("cuda_graphs", "does not capture", "captures", "needs eager steps")
 
     def _check_batch_clients(self) -> None:
         """ConfigError unless the clients' training can be batched (whole batches of plain SGD, eager steps)."""
@@ -197,12 +194,16 @@ class SimConfig:
             raise ConfigError(f"batch_clients={value!r} must be an integer >= 1 (1: one client at a time)")
         if value == 1:
             return
-        if self.privacy != "none":
-            raise ConfigError(f"batch_clients does not batch DP-SGD steps; privacy {self.privacy!r} needs 1")
-        if self.micro_batch != 0:
-            raise ConfigError(f"batch_clients steps whole batches: it needs micro_batch 0, not {self.micro_batch}")
+        self._check_plain_whole_batches("batch_clients", "does not batch", "steps", "needs 1")
         if self.cuda_graphs:
             raise ConfigError("batch_clients and cuda_graphs exclude each other (a captured step is one client's)")
+
+    def _check_plain_whole_batches(self, name: str, refuses: str, takes: str, instead: str) -> None:
+        """ConfigError unless the steps are whole batches of plain SGD (what ``name``'s step computes)."""
+        if self.privacy != "none":
+            raise ConfigError(f"{name} {refuses} DP-SGD steps; privacy {self.privacy!r} {instead}")
+        if self.micro_batch != 0:
+            raise ConfigError(f"{name} {takes} whole batches: it needs micro_batch 0, not {self.micro_batch}")
 
     @property
     def method_spec(self) -> Method:
