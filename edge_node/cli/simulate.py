@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from edge_node.algorithm.dispfl import DisPFLParams
 from edge_node.algorithm.fedp3 import AGGREGATIONS, SCHEDULES
 from edge_node.algorithm.masks import MASK_METHODS
 from edge_node.algorithm.prune_regrow import REGROW_RULES
@@ -127,7 +128,8 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     "--micro-batch",
     type=int,
     help="Send a batch through the model in slices of this many samples, summing their gradients (a device's "
-    f"memory; the same default as edge-node start); 0: the whole batch [default: {_default('micro_batch')}].",
+    "memory; the same default as edge-node start); 0: the whole batch [default: "
+    f"{DisPFLParams().micro_batch}; 0 with --cuda-graphs or --batch-clients].",
 )
 @click.option("--lr", type=float, help=f"Initial learning rate, x0.998 per round [default: {_default('lr')}].")
 @click.option(
@@ -286,8 +288,6 @@ def simulate(
         if v is not None and ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE
     }
     values = merge(file_values, given_flags)
-    if (values.get("cuda_graphs") or (values.get("batch_clients") or 1) > 1) and values.get("micro_batch") is None:
-        values["micro_batch"] = 0  # captured and batched steps take whole batches; an explicit other value is refused
     # What the user chose: flags and a TOML file's keys; a run's config.json records every setting.
     chosen = given_flags if config_file is not None and config_file.suffix.lower() == ".json" else values
     if values.get("setting") == "ii" and chosen.get("density") is not None:

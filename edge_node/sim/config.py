@@ -46,9 +46,6 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "subfedavg_prune_rate": SUBFEDAVG_PRUNE_RATE, "subfedavg_dist_threshold": SUBFEDAVG_DIST,
     "subfedavg_acc_threshold": SUBFEDAVG_ACC, "cuda_graphs": False, "batch_clients": 1,
 }  # fmt: skip
-# A resume keeps the saved value of these when the command leaves them at their default (a note says so):
-# they change how a step is computed (memory), not what it computes, and their default changed.
-KEPT_ON_RESUME = ("micro_batch",)
 # Keys config.json holds beyond the fields (derived, written for readers; ignored when the file is read back).
 DERIVED_KEYS = frozenset({"partition_variant"})
 # The run directory when --output is not given (one pattern, for the help text and the code).
@@ -80,7 +77,9 @@ class SimConfig:
     # --epochs 5 --batch-size 128.
     epochs: int = 1
     batch_size: int = 32
-    micro_batch: int = _DISPFL.micro_batch  # slices of a batch through the model at once; 0: the whole batch
+    # Slices of a batch through the model at once; 0: the whole batch. None: ``default_micro_batch`` (0 where the
+    # steps take whole batches: cuda_graphs, batch_clients > 1; else a device's slices, DisPFLParams' default).
+    micro_batch: int | None = None
     lr: float = _DISPFL.lr
     lr_decay: float = _DISPFL.lr_decay  # per round
     weight_decay: float = _DISPFL.weight_decay
@@ -128,6 +127,8 @@ class SimConfig:
                 raise ConfigError(f"{name.replace('_', ' ')} {value!r} must be one of {', '.join(choices)}")
 
         self.method_spec  # noqa: B018 -- checks `method` against the registry (as it is now: tests add to it)
+        if self.micro_batch is None:
+            object.__setattr__(self, "micro_batch", self.default_micro_batch)
         try:
             check_dataset_name(self.dataset)
             check_model_name(self.model)
@@ -178,6 +179,12 @@ class SimConfig:
             object.__setattr__(self, "output", default_output(self))
         else:
             object.__setattr__(self, "output", Path(self.output))
+
+    @property
+    def default_micro_batch(self) -> int:
+        """``micro_batch`` when none is given: 0 where the steps take whole batches (captured or batched, which
+        refuse slices), else a device's slices (DisPFLParams' default: the lock-step fleet equals the simulation)."""
+        return 0 if self.cuda_graphs or self.batch_clients != 1 else _DISPFL.micro_batch
 
     def _check_cuda_graphs(self) -> None:
         """ConfigError unless a run with ``cuda_graphs`` can capture its step (whole batches of plain SGD on CUDA)."""
@@ -281,12 +288,14 @@ class SimConfig:
             if "screen" in self.method_spec.uses:
                 notes.append("this run was saved before the receive-path screen existed and ran without it; "
                              "resumed without it (--no-screen)")  # fmt: skip
-        for name in KEPT_ON_RESUME:
-            default = next(f.default for f in dataclasses.fields(self) if f.name == name)
-            if getattr(self, name) == default != then[name]:
-                changes[name] = then[name]
-                notes.append(f"this run was saved with {name} {then[name]!r} (the default is {default!r} now); "
-                             f"resumed with it (pass --{name.replace('_', '-')} {then[name]!r} to say so)")  # fmt: skip
+        # A resume keeps the saved micro_batch when the command leaves it at its default (a note says so): it changes
+        # how a step is computed (memory), not what it computes, and its default changed. Not where this command's
+        # steps take whole batches (captured or batched: settings a resume may change), which refuse slices.
+        default, saved_micro_batch = self.default_micro_batch, then["micro_batch"]
+        if default != 0 and self.micro_batch == default != saved_micro_batch:
+            changes["micro_batch"] = saved_micro_batch
+            notes.append(f"this run was saved with micro_batch {saved_micro_batch!r} (the default is {default!r} now); "
+                         f"resumed with it (pass --micro-batch {saved_micro_batch!r} to say so)")  # fmt: skip
         if not changes:
             return self, notes
         return dataclasses.replace(self, **changes), notes

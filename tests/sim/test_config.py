@@ -1,5 +1,6 @@
 """SimConfig: one default per hyper-parameter of the client round (DisPFLParams, shared with the daemon's
-NodeConfig), and a run saved with another micro_batch resumes with what it ran with."""
+NodeConfig), a run saved with another micro_batch resumes with what it ran with, and whole-batch settings
+default to whole batches."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import dataclasses
 import pytest
 
 from edge_node.algorithm.dispfl import DisPFLParams
+from edge_node.errors import ConfigError
 from edge_node.node.config import NodeConfig
 from edge_node.sim.config import SimConfig
 
@@ -36,3 +38,24 @@ def test_a_run_saved_with_another_micro_batch_resumes_with_it(saved_micro_batch)
     # a value chosen on purpose (not the default) is not overridden: the resume is refused as another setting
     assert SimConfig(micro_batch=32).resumed_as(saved)[0].differences(saved) == ["micro_batch"]
     assert SimConfig(micro_batch=0).resumed_as(saved) == (SimConfig(micro_batch=0), [])
+
+
+def test_whole_batch_settings_default_to_whole_batches_in_the_python_api_too():
+    """micro_batch left out means whole batches where the steps take them (batched clients; captured steps, whose
+    device check comes first), a device's slices otherwise; a value given is never replaced."""
+    assert SimConfig().micro_batch == DisPFLParams().micro_batch == SimConfig().default_micro_batch
+    assert SimConfig(batch_clients=4).micro_batch == 0 == SimConfig(batch_clients=4).default_micro_batch
+    assert SimConfig(micro_batch=8).micro_batch == 8
+    with pytest.raises(ConfigError, match="batch_clients steps whole batches: it needs micro_batch 0, not 16"):
+        SimConfig(batch_clients=4, micro_batch=16)
+
+
+def test_a_resume_that_batches_clients_never_takes_the_saved_slices():
+    """A batched run resumed one client at a time keeps its whole batches (with the note); a run of slices resumed
+    with batched clients is not given its slices back (they would be refused): it is refused as another micro_batch."""
+    batched = SimConfig(batch_clients=4).to_json()
+    resumed, notes = SimConfig().resumed_as(batched)
+    assert resumed.micro_batch == 0 and resumed.differences(batched) == [] and len(notes) == 1
+    sliced = SimConfig().to_json()
+    resumed, notes = SimConfig(batch_clients=4).resumed_as(sliced)
+    assert (resumed.micro_batch, notes) == (0, []) and resumed.differences(sliced) == ["micro_batch"]
