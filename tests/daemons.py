@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,20 +25,6 @@ from typing import Any
 EDGE_NODE = [sys.executable, "-m", "edge_node"]
 # Settings that keep a test node small and quick: one thread, one epoch, the demo set.
 QUICK = ["--insecure", "--threads", "1", "--epochs", "1", "--energy-backend", "estimate", "--no-export-onnx"]
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on 127.0.0.1 right now."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def read_records(state_dir: Path) -> list[dict[str, Any]]:

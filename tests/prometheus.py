@@ -20,7 +20,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.daemons import free_ports
+from edge_node.fleet.fleet import free_ports
 
 PROMETHEUS = shutil.which("prometheus")
 SCRAPE_INTERVAL_S = 1

@@ -6,7 +6,20 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from edge_node.wire import ModelSpec
 from edge_node.wire.messages import ProtoModelChunk, ProtoSparseTensor
+
+# The tiny model the peer service tests serve and pull (several messages at a 4 KiB message budget).
+PEER_SHAPES: dict[str, tuple[int, ...]] = {
+    "conv1.weight": (8, 3, 3, 3),
+    "conv1.bias": (8,),
+    "fc1.weight": (40, 72),
+    "fc1.bias": (40,),
+    "fc2.weight": (10, 40),
+    "fc2.bias": (10,),
+}
+PEER_SPEC = ModelSpec("tiny", 10, PEER_SHAPES)
+PEER_FLEET = "fleet-1"
 
 
 def random_model(

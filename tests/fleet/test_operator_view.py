@@ -55,7 +55,7 @@ def test_three_nodes_scraped_by_prometheus_shown_by_the_fleet_view_and_reported(
 
 
 def test_an_unreachable_node_is_a_row_with_its_reason_and_exit_3(tmp_path: Path):
-    from tests.daemons import free_ports
+    from edge_node.fleet.fleet import free_ports
 
     (port,) = free_ports(1)
     result = run_cli(["fleet", "--nodes", f"127.0.0.1:{port}"], timeout_s=60)

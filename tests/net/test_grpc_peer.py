@@ -31,18 +31,11 @@ from edge_node.net import tls as tls_module
 from edge_node.wire import PROTOCOL_VERSION, DecodedModel, ModelSpec, ValueType, WireLimits, decode_model, encode_model
 from edge_node.wire.messages import GET_MODEL_METHOD, GetModelRequest, ProtoModelChunk
 from tests import wire_models
+from tests.wire_models import PEER_FLEET as FLEET
+from tests.wire_models import PEER_SHAPES as SHAPES
+from tests.wire_models import PEER_SPEC as SPEC
 from tests.wire_models import find_tensor, kept_fraction
 
-SHAPES: dict[str, tuple[int, ...]] = {
-    "conv1.weight": (8, 3, 3, 3),
-    "conv1.bias": (8,),
-    "fc1.weight": (40, 72),
-    "fc1.bias": (40,),
-    "fc2.weight": (10, 40),
-    "fc2.bias": (10,),
-}
-SPEC = ModelSpec("tiny", 10, SHAPES)
-FLEET = "fleet-1"
 FAST = {"deadline_s": 5.0, "retries": 1, "backoff_s": 0.05, "insecure": True}
 
 

@@ -42,18 +42,11 @@ from edge_node.wire.messages import (
 )
 from tests import wire_models
 from tests.net.hostile import HostileServer, hold_open
+from tests.wire_models import PEER_FLEET as FLEET
+from tests.wire_models import PEER_SHAPES as SHAPES
+from tests.wire_models import PEER_SPEC as SPEC
 from tests.wire_models import find_tensor, kept_fraction
 
-SHAPES: dict[str, tuple[int, ...]] = {
-    "conv1.weight": (8, 3, 3, 3),
-    "conv1.bias": (8,),
-    "fc1.weight": (40, 72),
-    "fc1.bias": (40,),
-    "fc2.weight": (10, 40),
-    "fc2.bias": (10,),
-}
-SPEC = ModelSpec("tiny", 10, SHAPES)
-FLEET = "fleet-1"
 PLAIN = {"insecure": True}
 
 

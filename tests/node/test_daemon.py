@@ -16,12 +16,13 @@ import torch
 
 from edge_node.errors import ListenError
 from edge_node.exit_codes import ExitCode
+from edge_node.fleet.fleet import free_ports
 from edge_node.models import build_model
 from edge_node.net import PeerServer, create_server
 from edge_node.node.daemon import check_listen_free
 from edge_node.node.status import rounds_done_text
 from edge_node.wire import ModelSpec
-from tests.daemons import QUICK, NodeProcesses, free_ports, read_records, run_cli
+from tests.daemons import QUICK, NodeProcesses, read_records, run_cli
 
 ROUND_TIMEOUT_S = 180  # per round, generous: CI shares 2 cores among the nodes
 # Three nodes on slices of the demo set; 2 epochs of batch 32 per round (1 epoch of batch 128 is 8 steps: too few

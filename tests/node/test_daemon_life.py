@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 
 from edge_node.exit_codes import ExitCode
+from edge_node.fleet.fleet import free_ports
 from edge_node.node.status import rounds_done_text
-from tests.daemons import EDGE_NODE, QUICK, NodeProcesses, free_ports, read_records
+from tests.daemons import EDGE_NODE, QUICK, NodeProcesses, read_records
 
 ROUND_TIMEOUT_S = 180
 SOLO = ["--fleet", "test", "--num-clients", "6", "--client-index", "0", "--discovery", "static",

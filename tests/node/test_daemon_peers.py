@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 
 from edge_node.exit_codes import ExitCode
+from edge_node.fleet.fleet import free_ports
 from edge_node.net.tls import certificate_fingerprint, create_ca, issue_certificate
-from tests.daemons import QUICK, NodeProcesses, free_ports, run_cli
+from tests.daemons import QUICK, NodeProcesses, run_cli
 from tests.node.peer_servers import FLEET, honest_peer, lying_peer
 
 ROUND_TIMEOUT_S = 180  # per round, generous: CI shares 2 cores

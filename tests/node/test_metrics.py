@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from edge_node.exit_codes import ExitCode
+from edge_node.fleet.fleet import free_ports
 from edge_node.node.metrics import NodeMetrics
-from tests.daemons import QUICK, NodeProcesses, free_ports, run_cli
+from tests.daemons import QUICK, NodeProcesses, run_cli
 from tests.prometheus import PROMETHEUS, PrometheusServer, scrape
 from tests.run_dirs import node_record
 
