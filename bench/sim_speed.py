@@ -169,8 +169,12 @@ def median_row(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return {**ordered[(len(ordered) - 1) // 2], "s_per_round_runs": [r["s_per_round"] for r in samples]}
 
 
-def breakdown(args: argparse.Namespace, micro_batch: int, out: Path) -> dict[str, float]:
-    """One round of the configuration, in this process under cProfile, split into :data:`PROFILE_PARTS`."""
+def breakdown(args: argparse.Namespace, micro_batch: int, out: Path, of: str = "eager") -> dict[str, float]:
+    """One round of the configuration, in this process under cProfile, split into :data:`PROFILE_PARTS`.
+
+    ``of``: the setting profiled: eager steps, ``graphs`` (``--cuda-graphs``) or ``batched`` (the largest
+    ``--batch-clients``; its training compute includes stacking the group's weights in and out).
+    """
     import cProfile
     import pstats
 
@@ -183,7 +187,8 @@ def breakdown(args: argparse.Namespace, micro_batch: int, out: Path) -> dict[str
         clients=args.clients, neighbours=args.neighbours, epochs=args.epochs, batch_size=args.batch_size,
         density=args.density, partition=args.partition, rounds=1, seed=0, device=args.device,
         energy_backend=args.energy_backend, progress=False, micro_batch=micro_batch, output=out,
-        samples_per_client=args.samples_per_client,
+        samples_per_client=args.samples_per_client, cuda_graphs=of == "graphs",
+        batch_clients=max(args.batch_clients) if of == "batched" else 1,
     )  # fmt: skip
     profile = cProfile.Profile()
     profile.enable()
@@ -195,8 +200,9 @@ def breakdown(args: argparse.Namespace, micro_batch: int, out: Path) -> dict[str
         cumulative[name] = cumulative.get(name, 0.0) + ct
     total = cumulative.get("round", 0.0)  # the method's round (``Method.round``)
     train_data, eval_data = cumulative.get("train_batches", 0.0), cumulative.get("eval_batches", 0.0)
+    trainer = "train_local_batched" if of == "batched" else "train_masked"
     parts = {  # train_masked and count_correct draw their batches: that time is counted once, under data
-        "training compute (forward, backward, SGD)": cumulative.get("train_masked", 0.0) - train_data,
+        "training compute (forward, backward, SGD)": cumulative.get(trainer, 0.0) - train_data,
         "evaluation (forward)": cumulative.get("count_correct", 0.0) - eval_data,
         **{label: sum(cumulative.get(f, 0.0) for f in names) for label, names in PROFILE_PARTS.items()},
     }
@@ -227,7 +233,9 @@ def main() -> None:
     parser.add_argument("--cuda-graphs", action="store_true", help="add a row with --cuda-graphs (CUDA, micro 0)")
     parser.add_argument("--batch-clients", type=int, nargs="+", default=[],
                         help="add a row per C with C clients trained at once (1 process, micro 0)")  # fmt: skip
-    parser.add_argument("--breakdown", action="store_true")
+    parser.add_argument("--breakdown", nargs="?", const="eager", choices=["eager", "graphs", "batched"],
+                        help="profile one round of a setting: eager steps (no value), --cuda-graphs' or the largest "
+                        "--batch-clients'")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=1, help="runs of each setting, interleaved; the median")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per setting")
     parser.add_argument("--json", help="write the figures here too")
@@ -236,6 +244,8 @@ def main() -> None:
         parser.error("--cuda-graphs needs --device cuda and --micro-batch 0 (what edge-node simulate accepts it with)")
     if args.batch_clients and (args.micro_batch != 0 or min(args.batch_clients) < 2):
         parser.error("--batch-clients needs --micro-batch 0 and group sizes of 2 or more")
+    if {"graphs": not args.cuda_graphs, "batched": not args.batch_clients}.get(args.breakdown or "eager", False):
+        parser.error(f"--breakdown {args.breakdown} profiles that row: give --cuda-graphs or --batch-clients too")
     peak = matmul_peak(args.device, args.threads)
     if args.dataset != "demo":  # decode (and cache) the data set here first: its worker processes would count in
         from edge_node.data import load_dataset  # the first setting's host memory (4.7-5.3 GiB against 1.9 for cnn)
@@ -253,7 +263,7 @@ def main() -> None:
             for n, (k, micro, graphs, batch) in enumerate(settings):
                 out = Path(tmp) / f"k{k}-m{micro}-g{int(graphs)}-b{batch}"
                 runs[n].append(run_setting(args, k, micro, out, graphs, batch))
-        parts = breakdown(args, args.micro_batch, Path(tmp) / "profile") if args.breakdown else None
+        parts = breakdown(args, args.micro_batch, Path(tmp) / "profile", args.breakdown) if args.breakdown else None
     rows = [median_row(samples) for samples in runs]
     base = rows[0]
     print(f"sim_speed: {args.model} on {args.dataset}, {args.clients} clients, {args.neighbours} neighbours, "
@@ -273,7 +283,10 @@ def main() -> None:
           "FLOPs (3 x forward per image); the naive row (micro 16) is one process in the daemon's slices; batch: "
           "clients trained at once")  # fmt: skip
     if parts is not None:
-        print(f"\nwhere one round's {parts['round_s']:.2f} s go (1 process, cProfile, its overhead included):")
+        setting = {"eager": "eager steps", "graphs": "--cuda-graphs",
+                   "batched": f"--batch-clients {max(args.batch_clients or [1])}"}[args.breakdown]  # fmt: skip
+        print(f"\nwhere one round's {parts['round_s']:.2f} s go ({setting}; 1 process, cProfile, its overhead "
+              "included):")  # fmt: skip
         for label, seconds in parts.items():
             if label != "round_s":
                 print(f"  {label:<44} {seconds:>8.2f} s {100 * seconds / max(parts['round_s'], 1e-9):>5.1f} %")
