@@ -629,9 +629,9 @@ class ModelDecoder:
             assert state.built is not None  # submitted when its last chunk arrived
             weight, mask = state.built.result()  # raises the tensor's refusal, if any
             weights[name] = torch.from_numpy(weight).reshape(shape)
-            masks[name] = (
-                torch.from_numpy(mask).reshape(shape) if mask is not None else torch.ones(shape, dtype=torch.bool)
-            )
+            if mask is None:  # numpy's fill: torch's would wake its OpenMP workers, which then spin for a while
+                mask = np.ones(numel, dtype=np.bool_)
+            masks[name] = torch.from_numpy(mask).reshape(shape)
             active += state.next_value
         assert self._digest is not None  # set with the header
         digest = self._digest.digest()
