@@ -22,7 +22,7 @@
 #    losses, images/s for cnn and resnet18), then a 10-client CIFAR-10 cnn run of 2 rounds without and with it.
 # 8. issue 22 (`batched`, about 2-3 minutes, not yet run on a GPU): bench/sim_speed.py on the cnn paper setting, one
 #    client at a time, --cuda-graphs, and --batch-clients 10 and 100, in one run (the cnn target is 2 s a round).
-# 9. issue 22 (`profile`, about 3 minutes, not yet run): where a round's time goes with the graphs (cnn and resnet18,
+# 9. issue 22 (`profile`, about 2 minutes, not yet run): where a round's time goes with the graphs (cnn and resnet18,
 #    one round each) and with 100 cnn clients batched: bench/sim_speed.py --breakdown graphs / batched.
 # Each step's exit code is collected; the script exits non-zero if any step failed. $OUT gets at most
 # 7 small files (the device tool returns 8): session.log, two JSON results, the CUDA run's records.
@@ -89,12 +89,11 @@ if want wire; then
 fi
 want batched && step sim_speed_batched python3 bench/sim_speed.py "${paper[@]}" --model cnn --epochs 5 --rounds 2 \
     --skip 1 --micro-batch 0 --cuda-graphs --batch-clients 10 100 --json "$out/sim_speed_batched.json"
-for model in cnn resnet18; do
+for model in cnn resnet18; do  # --repeats 0: the profiled round alone (the `batched` step times the rows)
     want profile && step "profile_graphs_$model" python3 bench/sim_speed.py "${paper[@]}" --model "$model" --epochs 5 \
-        --rounds 1 --skip 0 --micro-batch 0 --cuda-graphs --breakdown graphs --timeout 240 \
-        --json "$out/profile_graphs_$model.json"
+        --repeats 0 --micro-batch 0 --cuda-graphs --breakdown graphs --json "$out/profile_graphs_$model.json"
 done
-want profile && step profile_batched python3 bench/sim_speed.py "${paper[@]}" --model cnn --epochs 5 --rounds 1 \
-    --skip 0 --micro-batch 0 --batch-clients 100 --breakdown batched --json "$out/profile_batched.json"
+want profile && step profile_batched python3 bench/sim_speed.py "${paper[@]}" --model cnn --epochs 5 --repeats 0 \
+    --micro-batch 0 --batch-clients 100 --breakdown batched --json "$out/profile_batched.json"
 want graphs && step graphs_check python3 bench/graphs_check.py --data-dir "$cifar" --json "$out/graphs_check.json"
 exit $status

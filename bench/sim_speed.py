@@ -15,9 +15,10 @@ the same algorithm up to float noise), ratios printed. ``--cuda-graphs`` (CUDA) 
 optimised setting's step replayed as a CUDA graph (``edge-node simulate --cuda-graphs``). ``--batch-clients C
 [C ...]`` adds one process per C with the clients' training batched C at a time (``edge-node simulate
 --batch-clients C``, whole batches), so the per-client loop and the batched one are timed in the same run.
-``--breakdown`` profiles one round of the first
-setting in process (cProfile: its overhead inflates Python-heavy parts) and splits it into training
-compute, evaluation, data, aggregation, mask update, copies, energy-meter reads and the rest.
+``--breakdown`` profiles one round of the optimised
+setting in process (``--breakdown graphs`` / ``batched``: the captured or the largest batched one; cProfile: its
+overhead inflates Python-heavy parts) and splits it into training compute, evaluation, data, aggregation, mask
+update, copies, energy-meter reads and the rest; with ``--repeats 0`` that round is all that runs.
 
     .venv/bin/python bench/sim_speed.py --processes 1 2 --compare-naive --breakdown       # tiny demo run
     .venv/bin/python bench/sim_speed.py --dataset cifar10 --data-dir CIFAR.tar.gz --clients 100 \\
@@ -210,6 +211,24 @@ def breakdown(args: argparse.Namespace, micro_batch: int, out: Path, of: str = "
     return {"round_s": total, **parts}
 
 
+def print_rows(rows: list[dict[str, Any]], peak: float) -> None:
+    """The settings' table; ratios against the first row."""
+    base = rows[0]
+    print(f"{'K':>2} {'thr':>4} {'micro':>5} {'graphs':>6} {'batch':>5} {'s/round':>8} {'x':>6} {'img/s':>8} "
+          f"{'GFLOP/s':>8} {'% peak':>7} {'host GiB':>8} {'dev GiB':>8} {'acc':>6}")  # fmt: skip
+    for row in rows:
+        device_gib = "-" if row["device_peak_gib"] is None else f"{row['device_peak_gib']:.2f}"
+        print(f"{row['processes']:>2} {row['threads_per_process']:>4} {row['micro_batch']:>5} "
+              f"{'yes' if row['cuda_graphs'] else 'no':>6} {row['batch_clients']:>5} "
+              f"{row['s_per_round']:>8.2f} {row['s_per_round'] / base['s_per_round']:>6.2f} "
+              f"{row['images_per_s']:>8.0f} {row['flops_executed_per_s'] / 1e9:>8.2f} "
+              f"{100 * row['flops_executed_per_s'] / peak:>6.1f}% {row['host_peak_gib']:>8.2f} {device_gib:>8} "
+              f"{100 * row['acc_mean_last']:>5.1f}%")  # fmt: skip
+    print("x: seconds per round (median of the repeats) over the first row's; GFLOP/s: executed dense training "
+          "FLOPs (3 x forward per image); the naive row (micro 16) is one process in the daemon's slices; batch: "
+          "clients trained at once")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="demo")
@@ -236,7 +255,8 @@ def main() -> None:
     parser.add_argument("--breakdown", nargs="?", const="eager", choices=["eager", "graphs", "batched"],
                         help="profile one round of a setting: eager steps (no value), --cuda-graphs' or the largest "
                         "--batch-clients'")  # fmt: skip
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each setting, interleaved; the median")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each setting, interleaved; the median (0: only --breakdown's round)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per setting")
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args()
@@ -244,6 +264,8 @@ def main() -> None:
         parser.error("--cuda-graphs needs --device cuda and --micro-batch 0 (what edge-node simulate accepts it with)")
     if args.batch_clients and (args.micro_batch != 0 or min(args.batch_clients) < 2):
         parser.error("--batch-clients needs --micro-batch 0 and group sizes of 2 or more")
+    if args.repeats < 0 or (args.repeats == 0 and not args.breakdown):
+        parser.error("--repeats must be >= 1, or 0 with --breakdown (its round alone, no timed rows)")
     if {"graphs": not args.cuda_graphs, "batched": not args.batch_clients}.get(args.breakdown or "eager", False):
         parser.error(f"--breakdown {args.breakdown} profiles that row: give --cuda-graphs or --batch-clients too")
     peak = matmul_peak(args.device, args.threads)
@@ -264,24 +286,12 @@ def main() -> None:
                 out = Path(tmp) / f"k{k}-m{micro}-g{int(graphs)}-b{batch}"
                 runs[n].append(run_setting(args, k, micro, out, graphs, batch))
         parts = breakdown(args, args.micro_batch, Path(tmp) / "profile", args.breakdown) if args.breakdown else None
-    rows = [median_row(samples) for samples in runs]
-    base = rows[0]
+    rows = [median_row(samples) for samples in runs] if args.repeats else []
     print(f"sim_speed: {args.model} on {args.dataset}, {args.clients} clients, {args.neighbours} neighbours, "
           f"{args.epochs} epoch(s), batch {args.batch_size}, {args.device}, {args.threads} threads in all; "
           f"matmul peak {peak / 1e9:.1f} GFLOP/s; commit {commit()}; {machine()}")  # fmt: skip
-    print(f"{'K':>2} {'thr':>4} {'micro':>5} {'graphs':>6} {'batch':>5} {'s/round':>8} {'x':>6} {'img/s':>8} "
-          f"{'GFLOP/s':>8} {'% peak':>7} {'host GiB':>8} {'dev GiB':>8} {'acc':>6}")  # fmt: skip
-    for row in rows:
-        device_gib = "-" if row["device_peak_gib"] is None else f"{row['device_peak_gib']:.2f}"
-        print(f"{row['processes']:>2} {row['threads_per_process']:>4} {row['micro_batch']:>5} "
-              f"{'yes' if row['cuda_graphs'] else 'no':>6} {row['batch_clients']:>5} "
-              f"{row['s_per_round']:>8.2f} {row['s_per_round'] / base['s_per_round']:>6.2f} "
-              f"{row['images_per_s']:>8.0f} {row['flops_executed_per_s'] / 1e9:>8.2f} "
-              f"{100 * row['flops_executed_per_s'] / peak:>6.1f}% {row['host_peak_gib']:>8.2f} {device_gib:>8} "
-              f"{100 * row['acc_mean_last']:>5.1f}%")  # fmt: skip
-    print("x: seconds per round (median of the repeats) over the first row's; GFLOP/s: executed dense training "
-          "FLOPs (3 x forward per image); the naive row (micro 16) is one process in the daemon's slices; batch: "
-          "clients trained at once")  # fmt: skip
+    if rows:
+        print_rows(rows, peak)
     if parts is not None:
         setting = {"eager": "eager steps", "graphs": "--cuda-graphs",
                    "batched": f"--batch-clients {max(args.batch_clients or [1])}"}[args.breakdown]  # fmt: skip

@@ -245,6 +245,15 @@ def test_sim_speed_bench_tiny_run_prints_every_setting_and_the_breakdown(tmp_pat
     refused = subprocess.run([sys.executable, str(BENCH / "sim_speed.py"), "--breakdown", "graphs"],
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     assert refused.returncode == 2 and "--breakdown graphs profiles that row" in refused.stderr
+    refused = subprocess.run([sys.executable, str(BENCH / "sim_speed.py"), "--repeats", "0"],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert refused.returncode == 2 and "or 0 with --breakdown" in refused.stderr
+    alone = subprocess.run([sys.executable, str(BENCH / "sim_speed.py"), *args[:10], "--processes", "1",
+                            "--repeats", "0", "--breakdown", "--json", str(out)],
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    figures = json.loads(out.read_text())
+    assert figures["rows"] == [] and figures["breakdown"]["round_s"] > 0 and "(eager steps; 1" in alone.stdout
 
 
 def test_graphs_check_smoke_run_on_the_cpu_and_its_refusal_without_cuda(tmp_path: Path):
