@@ -390,9 +390,12 @@ def _pull(
                 wire_bytes += decoder.total_bytes
                 attempts += 1
                 kind, transient = _classify(exc)
-                last = _rpc_reason(exc)
                 if kind == "timeout" and polls:
-                    kind = "not-ready"  # the deadline ran out while waiting for the round
+                    # The deadline ran out while waiting for the round: the peer's last answer (which
+                    # round it has) says more than the transport's DEADLINE_EXCEEDED, so it stays.
+                    kind = "not-ready"
+                else:
+                    last = _rpc_reason(exc)
                 if kind == "not-ready" and round is not None:
                     polls += 1
                     wait_s = min(NOT_READY_MAX_WAIT_S, NOT_READY_FIRST_WAIT_S * 1.5 ** (polls - 1))

@@ -442,6 +442,25 @@ def test_a_valid_hello_reply_passes() -> None:
     assert listed.node_id == "peer"  # learned, not checked: the entry had no node id yet
 
 
+def test_a_round_wait_that_runs_out_mid_call_still_says_what_the_peer_last_answered() -> None:
+    """The last poll of a round may end in the transport's DEADLINE_EXCEEDED (a loaded machine answers
+    the final short call too late): the failure still says which round the peer had."""
+
+    def get_model(request: GetModelRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+        if server.calls == 1:
+            context.abort(grpc.StatusCode.NOT_FOUND, "round 9 not published yet (latest 4)")
+        yield from hold_open(context)  # every later poll: no answer before the deadline
+
+    with HostileServer(get_model=get_model) as server:
+        address = PeerAddress("peer", "127.0.0.1", server.port)
+        start = time.monotonic()
+        with pytest.raises(PeerUnreachable) as never:
+            pull_model(address, SPEC, FLEET, round=9, deadline_s=1.0, **PLAIN)
+        assert time.monotonic() - start < 1.0 + 1.0 and server.calls >= 2
+    assert never.value.kind == "not-ready"
+    assert "round 9 not published yet (latest 4)" in str(never.value), str(never.value)
+
+
 def test_lock_step_pull_waits_for_the_round_and_refuses_old_ones() -> None:
     with honest("slow") as (peer, address):
         weights, masks = model(7)
