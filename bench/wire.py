@@ -40,7 +40,15 @@ from edge_node.algorithm.masks import init_masks
 from edge_node.models import build_model
 from edge_node.net import ModelSnapshot, PeerAddress, PeerServer, create_server, pull_models
 from edge_node.node.memory import configure_allocator
-from edge_node.wire import PROTOCOL_VERSION, ModelSpec, ValueType, decode_model, encode_model, encoded_model_size
+from edge_node.wire import (
+    PROTOCOL_VERSION,
+    ModelSpec,
+    ValueType,
+    compile_decoder,
+    decode_model,
+    encode_model,
+    encoded_model_size,
+)
 from edge_node.wire.messages import GET_MODEL_METHOD, GetModelRequest
 
 DENSITIES = (0.1, 0.2, 0.5, 0.8, 1.0)
@@ -112,6 +120,7 @@ def bytes_table(names: list[str], densities: tuple[float, ...]) -> list[dict]:
 def codec_speed(name: str, density: float, repeats: int) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    compile_decoder()  # as a daemon does at start: the first decode would time numba's compiler
     weights, spec = model_and_spec(name)
     masks = masks_for(weights, density)
     out = {"model": name, "density": density}
@@ -255,6 +264,7 @@ def pull_speed(
 ) -> dict:
     """Raw TCP, the bare gRPC transport and ``pull_models``, interleaved; the gRPC peer in a process of
     its own (``separate``, as another node is) or in this one (its event loop then shares our GIL)."""
+    compile_decoder()  # as a daemon does at start
     weights, spec = model_and_spec(name)
     masks = masks_for(weights, density)
     frames = [

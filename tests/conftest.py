@@ -32,6 +32,15 @@ def cifar10_tgz() -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _decoder_compiled() -> None:
+    """Compile the decoder's numba loop once, as a daemon does at start: a test that times its first
+    pull would otherwise time the compiler."""
+    from edge_node.wire import compile_decoder
+
+    compile_decoder()
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads_restored():
     """Undo a test's ``torch.set_num_threads`` (an in-process node applies its ``threads`` key, and the

@@ -84,7 +84,7 @@ from edge_node.node.state import (
 from edge_node.node.status import StatusServer, round_label, rounds_done_text, write_status_file
 from edge_node.seeding import Stream, numpy_generator
 from edge_node.storage import append_line, truncate_jsonl
-from edge_node.wire import DecodedModel, ValueType
+from edge_node.wire import DecodedModel, ValueType, compile_decoder
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -206,6 +206,7 @@ class Node:
         with self.interruptible():
             self.local: LocalData = load_local_data(config, self.client_index, self.device)
         release_free_memory()  # the whole data set it was sliced from, decoded
+        compile_decoder()  # about half a second of numba now, not in the first round's pulls
         if config.privacy == "dp-sgd":
             assert config.epsilon is not None  # NodeConfig refused dp-sgd without one
             self.budget = PrivacyBudget.calibrate(

@@ -3,7 +3,8 @@
 Encoding is vectorised (``numpy.packbits(..., bitorder="little")``, boolean indexing); decoding
 validates every chunk as it arrives and the whole model at the end, and only then builds tensors,
 so a bad stream raises ``WireDecodeError`` (or ``WireLimitError`` / ``HeaderMismatch``) naming the
-tensor and the problem, having touched nothing of the caller's.
+tensor and the problem, having touched nothing of the caller's. A tensor is built (values put in
+their places) by the compiled loop of ``_expand``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from google.protobuf.message import DecodeError
 
 from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
 from edge_node.protocol import MAX_ROUND, NODE_ID_PATTERN, check_fleet_id, check_node_id, check_round, is_valid_node_id
+from edge_node.wire._expand import place_values
 from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_stream, varint_size
 from edge_node.wire.messages import (
     ProtoModelChunk,
@@ -278,8 +280,8 @@ class _TensorState:
     """What has arrived of one tensor so far: raw bytes until its last chunk, then its build.
 
     A tensor is built (checked and expanded) on ``_BUILDERS`` as soon as its last chunk arrives,
-    while the receiving thread goes on with the next messages (numpy releases the GIL for the
-    expansion; gRPC receives in C).
+    while the receiving thread goes on with the next messages (numpy and the compiled loop release
+    the GIL for the expansion; gRPC receives in C).
     """
 
     dense: bool
@@ -692,7 +694,7 @@ def _build_tensor(
     bad = sum(bad for _values, bad in converted)
     if bad:
         raise WireDecodeError(f"tensor {name!r}: {bad} values are NaN or Inf")
-    weight = np.empty(numel, dtype=np.float32) if dense else np.zeros(numel, dtype=np.float32)
+    weight = np.empty(numel, dtype=np.float32)
     if dense:
         start = 0
         for values in chunks:
@@ -702,15 +704,12 @@ def _build_tensor(
     bits = np.frombuffer(b"".join(bitmaps), dtype=np.uint8)
     if numel % 8 and int(bits[-1]) >> (numel % 8):
         raise WireDecodeError(f"tensor {name!r}: bitmap has bits set beyond its {numel} elements")
-    mask = np.unpackbits(bits, count=numel, bitorder="little").view(np.bool_)
-    where = np.flatnonzero(mask)  # then an integer scatter: 3-4x faster than weight[mask] = values
-    if where.size != nnz:
-        raise WireDecodeError(f"tensor {name!r}: bitmap has {where.size} active elements but {nnz} values arrived")
-    start = 0
-    for values in chunks:
-        weight[where[start : start + values.size]] = values
-        start += values.size
-    return weight, mask
+    mask = np.unpackbits(bits, count=numel, bitorder="little")
+    active = int(np.count_nonzero(mask))
+    if active != nnz:
+        raise WireDecodeError(f"tensor {name!r}: bitmap has {active} active elements but {nnz} values arrived")
+    place_values(mask, chunks, weight)  # one compiled pass: ~4x less CPU than flatnonzero and a scatter
+    return weight, mask.view(np.bool_)
 
 
 def decode_model(

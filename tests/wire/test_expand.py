@@ -1,0 +1,71 @@
+"""The compiled expansion equals numpy's boolean scatter bit for bit, however the values are chunked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edge_node.wire._expand import _SHORT, compile_decoder, place_values
+
+_STRETCH = 64 * _SHORT  # sizes that take several runs and the careful loop
+
+
+def reference(mask: np.ndarray, values: np.ndarray) -> np.ndarray:
+    out = np.zeros(mask.size, dtype=np.float32)
+    out[mask.astype(bool)] = values
+    return out
+
+
+def split(values: np.ndarray, cuts: list[int]) -> list[np.ndarray]:
+    return np.split(values, sorted(min(c, values.size) for c in cuts))  # empty chunks included
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(0, 3 * _STRETCH + 17),
+    density=st.sampled_from([0.0, 0.01, 0.5, 0.99, 1.0]),
+    seed=st.integers(0, 2**32 - 1),
+    cuts=st.lists(st.integers(0, 3 * _STRETCH), max_size=5),
+    read_only=st.booleans(),
+)
+def test_places_every_value_bit_exactly(size: int, density: float, seed: int, cuts: list[int], read_only: bool) -> None:
+    rng = np.random.default_rng(seed)
+    mask = (rng.random(size) < density).astype(np.uint8)
+    values = rng.standard_normal(int(mask.sum())).astype(np.float32)
+    values[::7] = -0.0  # a float multiply by 0 would turn inactive places of negatives into -0.0
+    values.setflags(write=not read_only)
+    out = np.full(size, np.nan, dtype=np.float32)  # every element must be written
+    place_values(mask, split(values, cuts), out)
+    assert np.array_equal(out.view(np.uint32), reference(mask, values).view(np.uint32))
+
+
+def test_a_chunk_that_ends_where_a_run_ends() -> None:
+    mask = np.zeros(4 * _STRETCH, dtype=np.uint8)
+    mask[: 2 * _STRETCH] = 1  # the first chunk ends exactly at a stretch boundary
+    mask[-1] = 1
+    values = np.arange(2 * _STRETCH + 1, dtype=np.float32)
+    out = np.empty(mask.size, dtype=np.float32)
+    place_values(mask, [values[: 2 * _STRETCH], values[2 * _STRETCH :]], out)
+    assert np.array_equal(out, reference(mask, values))
+
+
+def test_more_active_elements_than_values_is_refused() -> None:
+    mask = np.ones(10, dtype=np.uint8)
+    with pytest.raises(ValueError, match="set elements from 4 on beyond the 4 values"):
+        place_values(mask, [np.ones(3, dtype=np.float32), np.ones(1, dtype=np.float32)], np.empty(10, np.float32))
+
+
+def test_wrong_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="1-d uint8 mask"):
+        place_values(np.ones(4, dtype=bool), [np.ones(4, dtype=np.float32)], np.empty(4, np.float32))
+    with pytest.raises(ValueError, match="same size"):
+        place_values(np.ones(4, dtype=np.uint8), [np.ones(4, dtype=np.float32)], np.empty(5, np.float32))
+
+
+def test_compile_decoder_compiles_both_kinds_of_values() -> None:
+    compile_decoder()
+    from edge_node.wire._expand import _place_chunk
+
+    assert len(_place_chunk.signatures) >= 2
