@@ -30,20 +30,20 @@ def _place_run(mask: np.ndarray, values: np.ndarray, out: np.ndarray, count: int
     """
     k = 0
     for i in range(count):
-        bit = np.uint32(mask[i])
+        bit = np.uint32(mask[i]) & np.uint32(1)  # the low bit: a byte above 1 cannot move k by more than 1
         out[i] = values[k] * bit
         k += bit
     return k
 
 
 @numba.njit(nogil=True, boundscheck=False)
-def _place_chunk(mask: np.ndarray, start: int, values: np.ndarray, out: np.ndarray) -> int:
+def _place_chunk(mask: np.ndarray, start: int, values: np.ndarray, out: np.ndarray) -> tuple[int, int]:
     """Write ``values`` (uint32) to ``out`` at ``mask``'s set elements from ``start`` on, 0 elsewhere.
 
-    Returns the element where the next chunk's values begin: the first set element this chunk had
-    no value for, or ``out.size``. Reads stay in bounds whatever the mask: a run of m elements uses
-    at most m values, so runs are as long as the values left (halving each time at density 0.5),
-    and the last few elements take the careful loop.
+    Returns where the next chunk's values begin (the first set element this chunk had no value for,
+    or ``out.size``) and how many of ``values`` it placed. Reads stay in bounds whatever the mask: a
+    run of m elements uses at most m values, so runs are as long as the values left (halving each
+    time at density 0.5), and the last few elements take the careful loop.
     """
     n = values.size
     size = out.size
@@ -56,30 +56,33 @@ def _place_chunk(mask: np.ndarray, start: int, values: np.ndarray, out: np.ndarr
         k += _place_run(mask[i:], values[k:], out[i:], count)
         i += count
     for j in range(i, size):
-        if mask[j]:
+        if mask[j] & 1:
             if k == n:
-                return j
+                return j, k
             out[j] = values[k]
             k += 1
         else:
             out[j] = 0
-    return size
+    return size, k
 
 
 def place_values(mask: np.ndarray, chunks: Sequence[np.ndarray], out: np.ndarray) -> None:
     """Fill float32 ``out`` with the chunks' float32 values at ``mask``'s set elements, 0.0 elsewhere.
 
-    ``mask`` is one byte (0 or 1) per element, as ``np.unpackbits`` gives it; the caller has checked
-    that it has exactly as many set elements as the chunks have values.
+    ``mask`` is one byte per element, 0 or 1, as ``np.unpackbits`` gives it (of a larger byte only
+    its low bit counts). Raises ``ValueError`` when the mask has more or fewer set elements than the
+    chunks have values; ``out`` is then partly written.
     """
     if mask.dtype != np.uint8 or mask.shape != out.shape or out.dtype != np.float32 or out.ndim != 1:
         raise ValueError("place_values needs a 1-d uint8 mask and float32 out of the same size")
     target = out.view(np.uint32)
     position = 0
     for values in chunks or [np.empty(0, dtype=np.float32)]:
-        position = _place_chunk(mask, position, np.ascontiguousarray(values).view(np.uint32), target)
+        position, placed = _place_chunk(mask, position, np.ascontiguousarray(values).view(np.uint32), target)
+        if placed != values.size:
+            raise ValueError("the mask has fewer set elements than there are values")
     if position != out.size:
-        raise ValueError(f"mask has set elements from {position} on beyond the {sum(c.size for c in chunks)} values")
+        raise ValueError("the mask has more set elements than there are values")
 
 
 def compile_decoder() -> None:

@@ -705,10 +705,13 @@ def _build_tensor(
     if numel % 8 and int(bits[-1]) >> (numel % 8):
         raise WireDecodeError(f"tensor {name!r}: bitmap has bits set beyond its {numel} elements")
     mask = np.unpackbits(bits, count=numel, bitorder="little")
-    active = int(np.count_nonzero(mask))
-    if active != nnz:
-        raise WireDecodeError(f"tensor {name!r}: bitmap has {active} active elements but {nnz} values arrived")
-    place_values(mask, chunks, weight)  # one compiled pass: ~4x less CPU than flatnonzero and a scatter
+    try:
+        place_values(mask, chunks, weight)  # one compiled pass: 2.5x faster than flatnonzero and a scatter
+    except ValueError:
+        active = int(np.count_nonzero(mask))
+        raise WireDecodeError(
+            f"tensor {name!r}: bitmap has {active} active elements but {nnz} values arrived"
+        ) from None
     return weight, mask.view(np.bool_)
 
 

@@ -51,10 +51,33 @@ def test_a_chunk_that_ends_where_a_run_ends() -> None:
     assert np.array_equal(out, reference(mask, values))
 
 
-def test_more_active_elements_than_values_is_refused() -> None:
-    mask = np.ones(10, dtype=np.uint8)
-    with pytest.raises(ValueError, match="set elements from 4 on beyond the 4 values"):
-        place_values(mask, [np.ones(3, dtype=np.float32), np.ones(1, dtype=np.float32)], np.empty(10, np.float32))
+@pytest.mark.parametrize("size", [10, 5 * _SHORT])  # the careful loop alone, and runs first
+def test_more_active_elements_than_values_is_refused(size: int) -> None:
+    mask = np.ones(size, dtype=np.uint8)
+    chunks = [np.ones(3, dtype=np.float32), np.ones(size - 5, dtype=np.float32)]
+    with pytest.raises(ValueError, match="more set elements than there are values"):
+        place_values(mask, chunks, np.empty(size, np.float32))
+
+
+@pytest.mark.parametrize("size", [10, 5 * _SHORT])
+def test_fewer_active_elements_than_values_is_refused(size: int) -> None:
+    mask = np.ones(size, dtype=np.uint8)
+    mask[size // 2] = 0
+    with pytest.raises(ValueError, match="fewer set elements than there are values"):
+        place_values(mask, [np.ones(size, dtype=np.float32)], np.empty(size, np.float32))
+    # a middle chunk whose values outlast the mask
+    with pytest.raises(ValueError, match="fewer set elements"):
+        place_values(mask, [np.ones(size, dtype=np.float32), np.ones(0, dtype=np.float32)], np.empty(size, np.float32))
+
+
+def test_a_mask_byte_above_one_counts_by_its_low_bit_and_reads_stay_in_bounds() -> None:
+    mask = np.full(8 * _SHORT, 2, dtype=np.uint8)  # no low bit set: no element active
+    with pytest.raises(ValueError, match="fewer set elements"):
+        place_values(mask, [np.ones(8 * _SHORT, dtype=np.float32)], np.empty(mask.size, np.float32))
+    mask[::2] = 3  # low bit set on every other element
+    out = np.empty(mask.size, np.float32)
+    place_values(mask, [np.arange(4 * _SHORT, dtype=np.float32)], out)
+    assert np.array_equal(out, reference(mask & 1, np.arange(4 * _SHORT, dtype=np.float32)))
 
 
 def test_wrong_arguments_are_refused() -> None:
