@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-# Below this many elements a chunk's last stretch takes the careful loop.
+# Fewer elements than this left for a chunk's values: the careful loop takes them.
 _SHORT = 64
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from edge_node.wire._expand import _SHORT, compile_decoder, place_values
 
-_STRETCH = 64 * _SHORT  # sizes that take several runs and the careful loop
+_LONG = 64 * _SHORT  # sizes that take several runs and the careful loop
 
 
 def reference(mask: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -24,10 +24,10 @@ def split(values: np.ndarray, cuts: list[int]) -> list[np.ndarray]:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    size=st.integers(0, 3 * _STRETCH + 17),
+    size=st.integers(0, 3 * _LONG + 17),
     density=st.sampled_from([0.0, 0.01, 0.5, 0.99, 1.0]),
     seed=st.integers(0, 2**32 - 1),
-    cuts=st.lists(st.integers(0, 3 * _STRETCH), max_size=5),
+    cuts=st.lists(st.integers(0, 3 * _LONG), max_size=5),
     read_only=st.booleans(),
 )
 def test_places_every_value_bit_exactly(size: int, density: float, seed: int, cuts: list[int], read_only: bool) -> None:
@@ -42,12 +42,12 @@ def test_places_every_value_bit_exactly(size: int, density: float, seed: int, cu
 
 
 def test_a_chunk_that_ends_where_a_run_ends() -> None:
-    mask = np.zeros(4 * _STRETCH, dtype=np.uint8)
-    mask[: 2 * _STRETCH] = 1  # the first chunk ends exactly at a stretch boundary
+    mask = np.zeros(4 * _LONG, dtype=np.uint8)
+    mask[: 2 * _LONG] = 1  # its values end where the first run (as many elements as values) ends
     mask[-1] = 1
-    values = np.arange(2 * _STRETCH + 1, dtype=np.float32)
+    values = np.arange(2 * _LONG + 1, dtype=np.float32)
     out = np.empty(mask.size, dtype=np.float32)
-    place_values(mask, [values[: 2 * _STRETCH], values[2 * _STRETCH :]], out)
+    place_values(mask, [values[: 2 * _LONG], values[2 * _LONG :]], out)
     assert np.array_equal(out, reference(mask, values))
 
 
