@@ -3,8 +3,7 @@
 The only package that touches the generated ``edge_node.v1`` modules (through ``messages``).
 """
 
-from edge_node.wire._expand import compile_decoder
-from edge_node.wire.codec import ModelDecoder, decode_model, encode_model, encoded_model_size
+from edge_node.wire.codec import ModelDecoder, compile_decoder, decode_model, encode_model, encoded_model_size
 from edge_node.wire.spec import (
     DEFAULT_MAX_MESSAGE_BYTES,
     PROTOCOL_MAJOR,

@@ -85,8 +85,8 @@ def place_values(mask: np.ndarray, chunks: Sequence[np.ndarray], out: np.ndarray
         raise ValueError("the mask has more set elements than there are values")
 
 
-def compile_decoder() -> None:
-    """Compile the loop (about half a second) now rather than in the first pull: a daemon calls it at start."""
+def compile_loops() -> None:
+    """Compile the loops for both kinds of values they are called with (about half a second)."""
     mask = np.array([1, 0], dtype=np.uint8)
     for writable in (True, False):  # values arrive read-only (fp32, views of the message) or not (fp16)
         values = np.ones(1, dtype=np.float32)

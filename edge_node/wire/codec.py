@@ -25,7 +25,6 @@ from google.protobuf.message import DecodeError
 
 from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
 from edge_node.protocol import MAX_ROUND, NODE_ID_PATTERN, check_fleet_id, check_node_id, check_round, is_valid_node_id
-from edge_node.wire._expand import place_values
 from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_stream, varint_size
 from edge_node.wire.messages import (
     ProtoModelChunk,
@@ -705,6 +704,8 @@ def _build_tensor(
     if numel % 8 and int(bits[-1]) >> (numel % 8):
         raise WireDecodeError(f"tensor {name!r}: bitmap has bits set beyond its {numel} elements")
     mask = np.unpackbits(bits, count=numel, bitorder="little")
+    from edge_node.wire._expand import place_values  # numba loads with the first decode: see compile_decoder
+
     try:
         place_values(mask, chunks, weight)  # one compiled pass: 2.5x faster than flatnonzero and a scatter
     except ValueError:
@@ -713,6 +714,18 @@ def _build_tensor(
             f"tensor {name!r}: bitmap has {active} active elements but {nnz} values arrived"
         ) from None
     return weight, mask.view(np.bool_)
+
+
+def compile_decoder() -> None:
+    """Compile the decoder's expansion loop now (about half a second) rather than in the first pull.
+
+    numba loads here or with the first decode, not with this package: a simulation uses the wire
+    format's specs and sizes but never decodes, and need not pay numba's import (0.1 s) and memory
+    (about 70 MiB resident). A daemon calls this at start.
+    """
+    from edge_node.wire._expand import compile_loops
+
+    compile_loops()
 
 
 def decode_model(

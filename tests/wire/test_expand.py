@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_node.wire._expand import _SHORT, compile_decoder, place_values
+from edge_node.wire import compile_decoder
+from edge_node.wire._expand import _SHORT, place_values
 
 _LONG = 64 * _SHORT  # sizes that take several runs and the careful loop
 
