@@ -59,7 +59,7 @@ for s in $selected; do
 done
 want() { [[ $selected == *" $1 "* ]]; }
 step versions nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv
-step python python3 -c 'import torch, google.protobuf as p; print("torch", torch.__version__, "cuda", torch.version.cuda, "protobuf", p.__version__)'
+step python python3 -c 'import sys, torch, google.protobuf as p; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "protobuf", p.__version__)'
 want energy && step energy_nvml python3 bench/energy_nvml.py --seconds 30 --output "$out/energy_nvml.json"
 want equality && step cuda_vs_cpu python3 bench/cuda_vs_cpu.py --dataset cifar10 --data-dir "$cifar" --clients 10 \
     --neighbours 3 --rounds 3 --epochs 2 --samples-per-client 500 --json "$out/cuda_vs_cpu.json"

@@ -16,9 +16,13 @@ optimised setting's step replayed as a CUDA graph (``edge-node simulate --cuda-g
 [C ...]`` adds one process per C with the clients' training batched C at a time (``edge-node simulate
 --batch-clients C``, whole batches), so the per-client loop and the batched one are timed in the same run.
 ``--breakdown`` profiles one round of the optimised
-setting in process (``--breakdown graphs`` / ``batched``: the captured or the largest batched one; cProfile: its
-overhead inflates Python-heavy parts) and splits it into training compute, evaluation, data, aggregation, mask
-update, copies, energy-meter reads and the rest; with ``--repeats 0`` that round is all that runs.
+setting in process (``--breakdown graphs`` / ``batched``: the captured or the largest batched one) and splits
+its wall time into training compute, evaluation, data, aggregation, mask update, copies, energy-meter reads and
+the rest, from the main thread's stack sampled every millisecond (not cProfile: on the GPU machine's Python
+its parts came out negative, as when a profiler takes the round's helper threads' calls for the main
+thread's: cProfile uses ``sys.monitoring`` since Python 3.12, which is not per thread); on CUDA a part
+holds the time the main thread waited in it, including kernels queued before it. With ``--repeats 0`` that
+round is all that runs.
 
     .venv/bin/python bench/sim_speed.py --processes 1 2 --compare-naive --breakdown       # tiny demo run
     .venv/bin/python bench/sim_speed.py --dataset cifar10 --data-dir CIFAR.tar.gz --clients 100 \\
@@ -46,13 +50,64 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _provenance import commit, machine  # noqa: E402
 
 NAIVE_MICRO_BATCH = 16  # the daemon's slices (DisPFLParams.micro_batch): bitwise equal to a device's step
-PROFILE_PARTS = {  # category: functions whose cumulative time it is (non-overlapping within a round)
+PROFILE_PARTS = {  # category: functions in which the main thread's time counts to it (the innermost wins)
+    "training compute (forward, backward, SGD)": ["train_masked", "train_local_batched"],
+    "evaluation (forward)": ["count_correct"],
     "data (batches drawn, uint8 -> float)": ["train_batches", "eval_batches"],
     "aggregation (screen, aggregate)": ["screen_peer_models", "aggregate_peers", "neighbourhood_average"],
     "mask update (prune, regrow)": ["update_mask"],
     "copies (weights in and out of the model)": ["load_weights", "read_weights"],
     "energy meter reads": ["_charge"],
 }
+REST = "rest (Python, bookkeeping, records)"
+SAMPLE_INTERVAL_S = 0.001
+
+
+class MainThreadSampler:
+    """Where the calling thread's wall time goes: its stack sampled from a thread of its own.
+
+    Each sample weighs the time since the one before and counts to the innermost frame named in
+    :data:`PROFILE_PARTS`, else to :data:`REST` when a method's ``round`` is on the stack; samples
+    outside a round (start-up, the records after it) count to nothing.
+    """
+
+    def __init__(self, interval: float = SAMPLE_INTERVAL_S) -> None:
+        self.interval = interval
+        self.seconds: dict[str, float] = dict.fromkeys([*PROFILE_PARTS, REST], 0.0)
+        self.samples = 0
+        self._category = {name: label for label, names in PROFILE_PARTS.items() for name in names}
+        self._ident = threading.get_ident()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sim-speed-sampler", daemon=True)
+
+    def __enter__(self) -> MainThreadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _classify(self, frame: Any) -> str | None:
+        while frame is not None:
+            code = frame.f_code
+            label = self._category.get(code.co_name)
+            if label is not None:
+                return label
+            if code.co_name == "round" and "methods" in code.co_filename:
+                return REST
+            frame = frame.f_back
+        return None
+
+    def _run(self) -> None:
+        last = time.perf_counter()
+        while not self._stop.wait(self.interval):
+            label = self._classify(sys._current_frames().get(self._ident))
+            now = time.perf_counter()
+            if label is not None:
+                self.seconds[label] += now - last
+                self.samples += 1
+            last = now
 
 
 def matmul_peak(device: str, threads: int, n: int = 4096, repeats: int = 5) -> float:
@@ -171,14 +226,11 @@ def median_row(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def breakdown(args: argparse.Namespace, micro_batch: int, out: Path, of: str = "eager") -> dict[str, float]:
-    """One round of the configuration, in this process under cProfile, split into :data:`PROFILE_PARTS`.
+    """One round of the configuration, in this process, its wall time split by :class:`MainThreadSampler`.
 
     ``of``: the setting profiled: eager steps, ``graphs`` (``--cuda-graphs``) or ``batched`` (the largest
     ``--batch-clients``; its training compute includes stacking the group's weights in and out).
     """
-    import cProfile
-    import pstats
-
     from edge_node.api import run_simulation
     from edge_node.sim.config import SimConfig
 
@@ -191,24 +243,11 @@ def breakdown(args: argparse.Namespace, micro_batch: int, out: Path, of: str = "
         samples_per_client=args.samples_per_client, cuda_graphs=of == "graphs",
         batch_clients=max(args.batch_clients) if of == "batched" else 1,
     )  # fmt: skip
-    profile = cProfile.Profile()
-    profile.enable()
-    run_simulation(config, fresh=True)
-    profile.disable()
-    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
-    cumulative: dict[str, float] = {}
-    for (_file, _line, name), (_cc, _nc, _tt, ct, _callers) in stats.items():
-        cumulative[name] = cumulative.get(name, 0.0) + ct
-    total = cumulative.get("round", 0.0)  # the method's round (``Method.round``)
-    train_data, eval_data = cumulative.get("train_batches", 0.0), cumulative.get("eval_batches", 0.0)
-    trainer = "train_local_batched" if of == "batched" else "train_masked"
-    parts = {  # train_masked and count_correct draw their batches: that time is counted once, under data
-        "training compute (forward, backward, SGD)": cumulative.get(trainer, 0.0) - train_data,
-        "evaluation (forward)": cumulative.get("count_correct", 0.0) - eval_data,
-        **{label: sum(cumulative.get(f, 0.0) for f in names) for label, names in PROFILE_PARTS.items()},
-    }
-    parts["rest (Python, bookkeeping, records)"] = total - sum(parts.values())
-    return {"round_s": total, **parts}
+    with MainThreadSampler() as sampler:
+        run_simulation(config, fresh=True)
+    if sampler.samples < 100:
+        raise SystemExit(f"sim_speed: the breakdown's round gave {sampler.samples} samples: too short to split")
+    return {"round_s": sum(sampler.seconds.values()), **sampler.seconds}
 
 
 def print_rows(rows: list[dict[str, Any]], peak: float) -> None:
@@ -295,8 +334,8 @@ def main() -> None:
     if parts is not None:
         setting = {"eager": "eager steps", "graphs": "--cuda-graphs",
                    "batched": f"--batch-clients {max(args.batch_clients or [1])}"}[args.breakdown]  # fmt: skip
-        print(f"\nwhere one round's {parts['round_s']:.2f} s go ({setting}; 1 process, cProfile, its overhead "
-              "included):")  # fmt: skip
+        print(f"\nwhere one round's {parts['round_s']:.2f} s go ({setting}; 1 process, the main thread's stack "
+              f"sampled every {SAMPLE_INTERVAL_S * 1e3:.0f} ms):")  # fmt: skip
         for label, seconds in parts.items():
             if label != "round_s":
                 print(f"  {label:<44} {seconds:>8.2f} s {100 * seconds / max(parts['round_s'], 1e-9):>5.1f} %")
