@@ -20,9 +20,9 @@
 #    grpcio, xxhash and cryptography come from .device/wheels (CPython 3.10 to 3.13) when the image lacks them.
 # 7. `graphs` (about 2 minutes): bench/graphs_check.py, --cuda-graphs' captured step against the eager one (weights,
 #    losses, images/s for cnn and resnet18), then a 10-client CIFAR-10 cnn run of 2 rounds without and with it.
-# 8. issue 22 (`batched`, about 2-3 minutes, not yet run on a GPU): bench/sim_speed.py on the cnn paper setting, one
+# 8. issue 22 (`batched`, about 2 minutes; 2026-11-27 on an H100: 224 s with `profile`): bench/sim_speed.py on the cnn paper setting, one
 #    client at a time, --cuda-graphs, and --batch-clients 10 and 100, in one run (the cnn target is 2 s a round).
-# 9. issue 22 (`profile`, about 2 minutes, not yet run): where a round's time goes with the graphs (cnn and resnet18,
+# 9. issue 22 (`profile`, about 2 minutes): where a round's time goes with the graphs (cnn and resnet18,
 #    one round each) and with 100 cnn clients batched: bench/sim_speed.py --breakdown graphs / batched.
 # Each step's exit code is collected; the script exits non-zero if any step failed. $OUT gets at most
 # 7 small files (the device tool returns 8): session.log, two JSON results, the CUDA run's records.
