@@ -245,7 +245,7 @@ def breakdown(args: argparse.Namespace, micro_batch: int, out: Path, of: str = "
     )  # fmt: skip
     with MainThreadSampler() as sampler:
         run_simulation(config, fresh=True)
-    if sampler.samples < 100:
+    if sampler.samples < 20:
         raise SystemExit(f"sim_speed: the breakdown's round gave {sampler.samples} samples: too short to split")
     return {"round_s": sum(sampler.seconds.values()), **sampler.seconds}
 

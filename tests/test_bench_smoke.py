@@ -256,6 +256,47 @@ def test_sim_speed_bench_tiny_run_prints_every_setting_and_the_breakdown(tmp_pat
     assert figures["rows"] == [] and figures["breakdown"]["round_s"] > 0 and "(eager steps; 1" in alone.stdout
 
 
+def test_sim_speed_breakdown_counts_the_main_thread_alone_while_another_thread_runs_python() -> None:
+    """The sampler splits the round's wall time by the main thread's stack; a busy helper thread counts nowhere.
+
+    (The cProfile breakdown it replaced printed negative parts on Python 3.12, with the round's helper threads.)
+    """
+    import importlib
+    import threading
+    import time
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        sim_speed = importlib.import_module("sim_speed")
+    finally:
+        sys.path.remove(str(BENCH))
+    source = (  # named as the breakdown knows them, "compiled" from a file under methods/ as Method.round is
+        "def spin(seconds):\n    end = time.perf_counter() + seconds\n"
+        "    while time.perf_counter() < end:\n        pass\n"
+        "def train_masked():\n    time.sleep(0.3)\n"  # waits as the main thread waits in torch: GIL released
+        "def update_mask(stop):\n    while not stop.is_set():\n        spin(0.001)\n        time.sleep(0.0005)\n"
+        "def round():\n    train_masked()\n    time.sleep(0.1)\n"
+    )
+    names: dict = {"time": time}
+    exec(compile(source, "edge_node/sim/methods/fake.py", "exec"), names)
+    stop = threading.Event()
+    helper = threading.Thread(target=names["update_mask"], args=(stop,))
+    helper.start()
+    try:
+        with sim_speed.MainThreadSampler() as sampler:
+            time.sleep(0.05)  # outside the round: counts nowhere
+            names["round"]()
+    finally:
+        stop.set()
+        helper.join()
+    seconds = sampler.seconds
+    assert all(v >= 0 for v in seconds.values()) and sampler.samples >= 20
+    assert seconds["mask update (prune, regrow)"] == 0.0  # the helper thread's function
+    assert 0.25 < seconds["training compute (forward, backward, SGD)"] < 0.6
+    assert 0.07 < seconds[sim_speed.REST] < 0.3
+    assert sum(seconds.values()) < 0.8
+
+
 def test_graphs_check_smoke_run_on_the_cpu_and_its_refusal_without_cuda(tmp_path: Path):
     """bench/graphs_check.py's code runs (--device cpu: the step uncaptured); without CUDA it says so, exit 2."""
     out = tmp_path / "graphs.json"
