@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from edge_node.wire.spec import MIN_MAX_MESSAGE_BYTES, ModelSpec, ValueType
@@ -20,8 +20,8 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def varint_size(value: int) -> int:
-    """Bytes of a non-negative protobuf varint."""
-    return max(1, (value.bit_length() + 6) // 7)
+    """Bytes of a protobuf varint: a negative int64 or enum takes ten (two's complement, 64 bits)."""
+    return 10 if value < 0 else max(1, (value.bit_length() + 6) // 7)
 
 
 def _len_field(length: int) -> int:
@@ -32,6 +32,40 @@ def _len_field(length: int) -> int:
 def _varint_field(value: int) -> int:
     """A varint field (tag < 16); proto3 omits it when zero."""
     return 0 if value == 0 else 1 + varint_size(value)
+
+
+def tensor_entry_bytes(
+    name_len: int,
+    shape: Sequence[int],
+    value_type: int,
+    bitmap_len: int,
+    values_len: int,
+    nnz: int,
+    dense: bool,
+    start: int,
+    count: int,
+    value_start: int,
+) -> int:
+    """A SparseTensor's canonical bytes inside its ModelChunk (tag + length + message).
+
+    The one formula for both sides: the encoder's layout, and the decoder's check that a message
+    received is exactly its fields' canonical encoding (cheaper than protobuf's ``ByteSize``, which
+    serializes the whole message again).
+    """
+    packed = sum(varint_size(d) for d in shape)  # proto3 packs a repeated int64
+    size = (
+        _len_field(name_len)
+        + _len_field(packed)
+        + _varint_field(value_type)
+        + _len_field(bitmap_len)
+        + _len_field(values_len)
+        + _varint_field(nnz)
+        + (2 if dense else 0)
+        + _varint_field(start)
+        + _varint_field(count)
+        + _varint_field(value_start)  # field 10: still a one-byte tag
+    )
+    return 1 + varint_size(size) + size
 
 
 @dataclass(frozen=True)
@@ -61,40 +95,20 @@ class StreamPlan:
         return sum(c.entry_bytes for m in self.messages for c in m)
 
 
-def _chunk_entry_bytes(
-    name_len: int,
-    shape_field: int,
-    value_type: ValueType,
-    start: int,
-    count: int,
-    value_start: int,
-    nnz: int,
-    dense: bool,
-) -> int:
-    bitmap_len = 0 if dense else (count + 7) // 8
-    size = (
-        _len_field(name_len)
-        + shape_field
-        + _varint_field(int(value_type))
-        + _len_field(bitmap_len)
-        + _len_field(nnz * value_type.itemsize)
-        + _varint_field(nnz)
-        + (2 if dense else 0)
-        + _varint_field(start)
-        + _varint_field(count)
-        + _varint_field(value_start)  # field 10: still a one-byte tag
-    )
-    return 1 + varint_size(size) + size
-
-
 def _tensor_chunks(name: str, shape: tuple[int, ...], nnz: int, value_type: ValueType, budget: int) -> list[ChunkPlan]:
     """Chunks of one tensor: one if it fits in an (empty) message, else the fewest equal ranges that fit."""
     numel = math.prod(shape)
     dense = nnz == numel
     name_len = len(name.encode())
-    packed = sum(varint_size(d) for d in shape)
-    shape_field = _len_field(packed) if shape else 0
-    whole = _chunk_entry_bytes(name_len, shape_field, value_type, 0, numel, 0, nnz, dense)
+    itemsize = value_type.itemsize
+
+    def entry_bytes(start: int, count: int, value_start: int, values: int) -> int:
+        bitmap_len = 0 if dense else (count + 7) // 8
+        return tensor_entry_bytes(
+            name_len, shape, value_type, bitmap_len, values * itemsize, values, dense, start, count, value_start
+        )
+
+    whole = entry_bytes(0, numel, 0, nnz)
     if whole <= budget:
         return [ChunkPlan(name, 0, numel, 0, nnz, dense, whole)]
     payload = (0 if dense else (numel + 7) // 8) + nnz * value_type.itemsize
@@ -109,7 +123,7 @@ def _tensor_chunks(name: str, shape: tuple[int, ...], nnz: int, value_type: Valu
             count = min(span, numel - start)
             value_start = min(k * per_chunk, nnz)
             values = min(per_chunk, nnz - value_start)
-            size = _chunk_entry_bytes(name_len, shape_field, value_type, start, count, value_start, values, dense)
+            size = entry_bytes(start, count, value_start, values)
             chunks.append(ChunkPlan(name, start, count, value_start, values, dense, size))
         if max(c.entry_bytes for c in chunks) <= budget:
             return chunks

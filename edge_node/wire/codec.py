@@ -1,23 +1,21 @@
 """Masked model <-> stream of protobuf messages (bitmap + values), and the exact size of that stream.
 
 Encoding is vectorised (``numpy.packbits(..., bitorder="little")``, boolean indexing); decoding
-validates every chunk as it arrives and the whole model at the end, and only then builds tensors,
-so a bad stream raises ``WireDecodeError`` (or ``WireLimitError`` / ``HeaderMismatch``) naming the
-tensor and the problem, having touched nothing of the caller's. A tensor is built (values put in
-their places) by the compiled loop of ``_expand``.
+validates every chunk as it arrives and the whole model at the end, so a bad stream raises
+``WireDecodeError`` (or ``WireLimitError`` / ``HeaderMismatch``) naming the tensor and the problem,
+having touched nothing of the caller's. Each chunk, once checked against the stream, goes on to its
+tensor's build (``_build``: values put in their places by the compiled loop of ``_expand``) on
+builder threads while the next messages arrive; the model is handed over only when every check of
+the whole stream has passed.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 import math
-import os
-import queue
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,7 +23,8 @@ from google.protobuf.message import DecodeError
 
 from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
 from edge_node.protocol import MAX_ROUND, NODE_ID_PATTERN, check_fleet_id, check_node_id, check_round, is_valid_node_id
-from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_stream, varint_size
+from edge_node.wire._build import Built, TensorBuild
+from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_stream, tensor_entry_bytes, varint_size
 from edge_node.wire.messages import (
     ProtoModelChunk,
     ProtoSparseTensor,
@@ -271,67 +270,22 @@ def header_for_version(messages: list[ProtoModelChunk], protocol_version: str) -
     return header
 
 
-_Built = tuple[np.ndarray, np.ndarray | None]  # a tensor's float32 weights and bool mask (None: dense)
-
-
 @dataclass
 class _TensorState:
-    """What has arrived of one tensor so far: raw bytes until its last chunk, then its build.
+    """What has arrived of one tensor so far; its chunks go on to its build as they arrive."""
 
-    A tensor is built (checked and expanded) on ``_BUILDERS`` as soon as its last chunk arrives,
-    while the receiving thread goes on with the next messages (numpy and the compiled loop release
-    the GIL for the expansion; gRPC receives in C).
-    """
-
-    dense: bool
+    build: TensorBuild
     numel: int
     next_element: int = 0
     next_value: int = 0
-    bitmaps: list[bytes] = field(default_factory=list)
-    values: list[bytes] = field(default_factory=list)
-    built: Future[_Built] | None = None  # float32 weights and bool mask (None: dense), once submitted
+
+    @property
+    def dense(self) -> bool:
+        return self.build.dense
 
     @property
     def complete(self) -> bool:
         return self.next_element == self.numel
-
-
-class _BuildPool:
-    """Daemon threads, one per CPU, that build the tensors of every stream (started on first use).
-
-    Not a ``ThreadPoolExecutor``: its workers are non-daemon threads that live as long as the process
-    and that interpreter exit joins. These are daemon threads: idle, they hold nothing and never delay
-    an exit; a build is bounded work.
-    """
-
-    def __init__(self, workers: int) -> None:
-        self._workers = workers
-        self._queue: queue.SimpleQueue[tuple[Future[_Built], Callable[[], _Built]]] = queue.SimpleQueue()
-        self._started = False
-        self._lock = threading.Lock()
-
-    def submit(self, job: Callable[[], _Built]) -> Future[_Built]:
-        with self._lock:
-            if not self._started:
-                for i in range(self._workers):
-                    threading.Thread(target=self._work, name=f"edge-node-build-{i}", daemon=True).start()
-                self._started = True
-        future: Future[_Built] = Future()
-        self._queue.put((future, job))
-        return future
-
-    def _work(self) -> None:
-        while True:
-            future, job = self._queue.get()
-            try:
-                result = job()
-            except BaseException as exc:  # handed to whoever waits on the future
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-
-
-_BUILDERS = _BuildPool(os.cpu_count() or 2)
 
 
 def _check_known_fields(index: int, chunk: ProtoModelChunk) -> None:
@@ -348,6 +302,37 @@ def _check_known_fields(index: int, chunk: ProtoModelChunk) -> None:
                 break
     if found:
         raise WireDecodeError(f"{where}: unknown field number(s) {found[:8]} (not in protocol {PROTOCOL_VERSION})")
+
+
+def _contents(model_chunk: ProtoModelChunk) -> list[tuple[ProtoSparseTensor, bytes, bytes]]:
+    """Each tensor chunk with its bitmap and values, read once: each read of a bytes field copies it."""
+    return [(tensor, tensor.bitmap, tensor.values) for tensor in model_chunk.tensors]
+
+
+def _canonical_bytes(model_chunk: ProtoModelChunk, contents: list[tuple[ProtoSparseTensor, bytes, bytes]]) -> int:
+    """The bytes of ``model_chunk``'s canonical encoding (its unknown fields, already refused, not counted).
+
+    Counted from the fields (the bytes fields' lengths from ``contents``) rather than by ``ByteSize``,
+    which encodes the message again: about 1 ms of a resnet18 pull. A header message, small and once
+    per stream, takes ``ByteSize``.
+    """
+    if model_chunk.HasField("header"):
+        return int(model_chunk.ByteSize())
+    return sum(
+        tensor_entry_bytes(
+            len(tensor.name.encode()),
+            tensor.shape,
+            tensor.value_type,
+            len(bitmap),
+            len(values),
+            tensor.nnz,
+            tensor.dense,
+            tensor.start,
+            tensor.count,
+            tensor.value_start,
+        )
+        for tensor, bitmap, values in contents
+    )
 
 
 class ModelDecoder:
@@ -387,7 +372,7 @@ class ModelDecoder:
         self._next_tensor = 0  # index into the spec's names of the next tensor to start
         self._current: _TensorState | None = None
         self._tensors: dict[str, _TensorState] = {}
-        self._building: collections.deque[Future[_Built]] = collections.deque()
+        self._building: collections.deque[Future[Built]] = collections.deque()  # each tensor's, in order
         self._digest: PayloadHasher | None = None  # the header's version says which, once it arrives
 
     @property
@@ -407,7 +392,8 @@ class ModelDecoder:
             except DecodeError as exc:
                 raise WireDecodeError(f"message {index} is not a valid ModelChunk: {exc}") from exc
             _check_known_fields(index, model_chunk)
-            canonical = model_chunk.ByteSize()
+            contents = _contents(model_chunk)
+            canonical = _canonical_bytes(model_chunk, contents)
             if canonical != size:
                 raise WireDecodeError(
                     f"message {index} is {size} bytes but its fields encode in {canonical}:"
@@ -416,8 +402,8 @@ class ModelDecoder:
         else:
             model_chunk = message
             _check_known_fields(index, model_chunk)
-            size = model_chunk.ByteSize()
-            self._check_sizes(index, size)
+            contents = _contents(model_chunk)
+            self._check_sizes(index, _canonical_bytes(model_chunk, contents))
         self.messages += 1
         if self.header is None:
             if not model_chunk.HasField("header") or len(model_chunk.tensors):
@@ -430,13 +416,13 @@ class ModelDecoder:
             raise WireDecodeError(f"message {index} carries no tensors")
         if index > self.header.message_count:
             raise WireDecodeError(f"stream goes on past the {self.header.message_count} messages its header announced")
-        for tensor in model_chunk.tensors:
+        for tensor, bitmap, values in contents:
             self.chunks += 1
             if self.chunks > self.limits.max_chunks:
                 raise WireLimitError(f"stream has more than {self.limits.max_chunks} tensor chunks (the limit)")
             if self.chunks > self.header.chunk_count:
                 raise WireDecodeError(f"stream has more than the {self.header.chunk_count} chunks its header announced")
-            self._take_chunk(index, tensor)
+            self._take_chunk(index, tensor, bitmap, values)
         while self._building and self._building[0].done():  # a tensor refused by its build stops the stream
             self._building.popleft().result()
 
@@ -524,10 +510,14 @@ class ModelDecoder:
                 f"{where}: out of order, expected tensor {expected!r} (tensors come in the model's order)"
             )
         self._next_tensor += 1
-        state = self._current = self._tensors[name] = _TensorState(dense, numel)
+        assert self.value_type is not None  # set by the stream's first chunk, before its tensor starts
+        build = TensorBuild(name, numel, dense, self.value_type)
+        self._building.append(build.future)
+        state = self._current = self._tensors[name] = _TensorState(build, numel)
         return state
 
-    def _take_chunk(self, index: int, chunk: ProtoSparseTensor) -> None:
+    def _take_chunk(self, index: int, chunk: ProtoSparseTensor, bitmap: bytes, values: bytes) -> None:
+        """Check one chunk against the stream so far and keep it (``bitmap``, ``values``: its fields, read once)."""
         name = chunk.name
         where = f"message {index}, tensor {name[:300]!r}"
         if name not in self.spec.shapes:
@@ -564,7 +554,6 @@ class ModelDecoder:
             raise WireDecodeError(f"{where}: chunk range [{chunk.start}, {end}) is empty or beyond numel {numel}")
         if end < numel and chunk.count % 8:
             raise WireDecodeError(f"{where}: a chunk that is not the tensor's last must cover a multiple of 8 elements")
-        bitmap, values = chunk.bitmap, chunk.values  # each read copies the bytes: read them once
         if chunk.dense:
             if bitmap:
                 raise WireDecodeError(f"{where}: a dense chunk carries a bitmap")
@@ -590,18 +579,9 @@ class ModelDecoder:
         assert self._digest is not None  # set with the header
         self._digest.update(bitmap)
         self._digest.update(values)
-        state.bitmaps.append(bitmap)
-        state.values.append(values)
+        state.build.add(bitmap, values, chunk.count)
         state.next_element = end
         state.next_value += chunk.nnz
-        if state.complete:
-            state.built = _BUILDERS.submit(
-                functools.partial(
-                    _build_tensor, name, numel, state.dense, state.bitmaps, state.values, state.next_value, value_type
-                )
-            )
-            state.bitmaps, state.values = [], []
-            self._building.append(state.built)
 
     def finish(self) -> DecodedModel:
         """Check the stream is complete and consistent, then build float32 weights and bool masks."""
@@ -627,8 +607,7 @@ class ModelDecoder:
                 raise WireDecodeError(
                     f"tensor {name!r} is incomplete: {state.next_element} of {numel} elements arrived"
                 )
-            assert state.built is not None  # submitted when its last chunk arrived
-            weight, mask = state.built.result()  # raises the tensor's refusal, if any
+            weight, mask = state.build.future.result()  # raises the tensor's refusal, if any
             weights[name] = torch.from_numpy(weight).reshape(shape)
             if mask is None:  # numpy's fill: torch's would wake its OpenMP workers, which then spin for a while
                 mask = np.ones(numel, dtype=np.bool_)
@@ -650,70 +629,6 @@ class ModelDecoder:
             )
         assert self.value_type is not None
         return DecodedModel(header, weights, masks, self.value_type, self.total_bytes)
-
-
-_HALF_EXPONENT = 0x7C00  # binary16: all exponent bits set is Inf or NaN
-_HALF_REBIAS = np.float32(2.0**112)  # 2 ** (127 - 15): binary16's exponent bias to binary32's
-
-
-def _float32_values(raw: bytes, value_type: ValueType) -> tuple[np.ndarray, int]:
-    """One chunk's values as float32 (a read-only view of ``raw`` for fp32), and how many are NaN or Inf.
-
-    fp16 is widened with integer operations: the 15 bits below the sign, moved to binary32's place
-    and scaled by 2**112 (exact: a power of two; binary16's subnormals become normal floats), then
-    the sign; numpy's ``astype`` took 4x longer here. Non-finite values are counted on the raw bits.
-    """
-    if value_type is ValueType.FLOAT32:
-        values = np.frombuffer(raw, dtype="<f4")
-        return values, int(values.size - np.count_nonzero(np.isfinite(values)))
-    bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32)
-    if value_type is ValueType.BFLOAT16:
-        values = (bits << 16).view(np.float32)
-        return values, int(values.size - np.count_nonzero(np.isfinite(values)))
-    bad = int(np.count_nonzero((bits & _HALF_EXPONENT) == _HALF_EXPONENT))
-    magnitude = ((bits & 0x7FFF) << 13).view(np.float32) * _HALF_REBIAS
-    return (magnitude.view(np.uint32) | ((bits & 0x8000) << 16)).view(np.float32), bad
-
-
-def _build_tensor(
-    name: str,
-    numel: int,
-    dense: bool,
-    bitmaps: list[bytes],
-    raw_values: list[bytes],
-    nnz: int,
-    value_type: ValueType,
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Float32 weights (zero where inactive) and the bool mask (None when dense) of one tensor.
-
-    Each chunk's values are copied once, straight to their places (no joined copy of the tensor's).
-    """
-    converted = [_float32_values(raw, value_type) for raw in raw_values]
-    chunks = [values for values, _bad in converted]
-    bad = sum(bad for _values, bad in converted)
-    if bad:
-        raise WireDecodeError(f"tensor {name!r}: {bad} values are NaN or Inf")
-    weight = np.empty(numel, dtype=np.float32)
-    if dense:
-        start = 0
-        for values in chunks:
-            weight[start : start + values.size] = values
-            start += values.size
-        return weight, None
-    bits = np.frombuffer(b"".join(bitmaps), dtype=np.uint8)
-    if numel % 8 and int(bits[-1]) >> (numel % 8):
-        raise WireDecodeError(f"tensor {name!r}: bitmap has bits set beyond its {numel} elements")
-    mask = np.unpackbits(bits, count=numel, bitorder="little")
-    from edge_node.wire._expand import place_values  # numba loads with the first decode: see compile_decoder
-
-    try:
-        place_values(mask, chunks, weight)  # one compiled pass: 2.5x faster than flatnonzero and a scatter
-    except ValueError:
-        active = int(np.count_nonzero(mask))
-        raise WireDecodeError(
-            f"tensor {name!r}: bitmap has {active} active elements but {nnz} values arrived"
-        ) from None
-    return weight, mask.view(np.bool_)
 
 
 def compile_decoder() -> None:

@@ -8,6 +8,8 @@ import re
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
 from edge_node.wire import (
@@ -20,6 +22,7 @@ from edge_node.wire import (
     encode_model,
     encoded_model_size,
 )
+from edge_node.wire.codec import _canonical_bytes, _contents
 from edge_node.wire.messages import ProtoModelChunk
 from tests import wire_models
 from tests.wire_models import find_tensor, kept_fraction
@@ -425,7 +428,7 @@ def test_header_digest_of_another_size_than_its_version_names_is_refused(
 
 def test_fp16_widening_is_exact_for_every_finite_half_and_counts_the_rest() -> None:
     """The integer widening of fp16 values gives numpy's float32 for each of the 63,488 finite halves."""
-    from edge_node.wire.codec import _float32_values
+    from edge_node.wire._build import float32_values as _float32_values
 
     halves = np.arange(1 << 16, dtype="<u2")
     expected = halves.view(np.float16).astype(np.float32)
@@ -433,3 +436,48 @@ def test_fp16_widening_is_exact_for_every_finite_half_and_counts_the_rest() -> N
     values, bad = _float32_values(halves.tobytes(), ValueType.FLOAT16)
     assert bad == int((~finite).sum()) == 2048  # every Inf and NaN, counted on the raw bits
     assert np.array_equal(values[finite].view(np.uint32), expected[finite].view(np.uint32))  # -0.0 and subnormals too
+
+
+_UINT64 = st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1))
+_TENSOR_FIELDS = st.fixed_dictionaries(
+    {
+        "name": st.text(max_size=40),
+        "shape": st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(0, 5000), max_size=5),
+        "value_type": st.integers(-(2**31), 2**31 - 1) | st.sampled_from([0, 1, 2]),
+        "bitmap": st.binary(max_size=300),
+        "values": st.binary(max_size=300),
+        "nnz": _UINT64,
+        "dense": st.booleans(),
+        "start": _UINT64,
+        "count": _UINT64,
+        "value_start": _UINT64,
+    }
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_TENSOR_FIELDS, max_size=4))
+def test_the_decoders_canonical_size_is_protobufs_for_any_field_values(tensors: list[dict]) -> None:
+    """The size the decoder counts from a message's fields (instead of ``ByteSize``) is protobuf's own."""
+    chunk = ProtoModelChunk(tensors=tensors)
+    parsed = ProtoModelChunk.FromString(chunk.SerializeToString())
+    assert _canonical_bytes(parsed, _contents(parsed)) == parsed.ByteSize() == len(chunk.SerializeToString())
+
+
+def test_a_tensor_field_sent_twice_or_encoded_long_is_refused_as_non_canonical() -> None:
+    weights, masks = random_model(13)
+    messages = [m.SerializeToString() for m in encode(weights, masks, max_message_bytes=SMALL)]
+    tensor = ProtoModelChunk.FromString(messages[1]).tensors[0]
+    body = tensor.SerializeToString()
+
+    def message(inner: bytes) -> bytes:
+        assert len(inner) < 2**14
+        return b"\x12" + bytes([len(inner) & 0x7F | 0x80, len(inner) >> 7]) + inner
+
+    assert message(body) == messages[1][: len(message(body))]
+    nnz_again = body + b"\x30" + bytes([tensor.nnz & 0x7F | 0x80, tensor.nnz >> 7])  # field 6 twice: last wins
+    long_start = body + b"\x40\x80\x00"  # field 8 (start) = 0 in a two-byte varint; a canonical sender omits it
+    unpacked = b"".join(b"\x10" + bytes([d]) for d in tensor.shape) + body  # shape as unpacked int64s
+    for inner in (nnz_again, long_start, unpacked):
+        with pytest.raises(WireDecodeError, match="non-canonically encoded"):
+            decode_model([messages[0], message(inner), *messages[2:]], SPEC, "fleet-1")

@@ -1,4 +1,4 @@
-"""The compiled expansion equals numpy's boolean scatter bit for bit, however the values are chunked."""
+"""The compiled expansion equals numpy's boolean scatter bit for bit, however the stream cuts its chunks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_node.wire import compile_decoder
-from edge_node.wire._expand import _SHORT, place_values
+from edge_node.wire._expand import _SHORT, _UNPACKED, Expansion, _unpack
 
 _LONG = 64 * _SHORT  # sizes that take several runs and the careful loop
 
@@ -19,8 +19,18 @@ def reference(mask: np.ndarray, values: np.ndarray) -> np.ndarray:
     return out
 
 
-def split(values: np.ndarray, cuts: list[int]) -> list[np.ndarray]:
-    return np.split(values, sorted(min(c, values.size) for c in cuts))  # empty chunks included
+def expand(mask: np.ndarray, values: np.ndarray, element_cuts: list[int], value_cuts: list[int]) -> Expansion:
+    """Feed ``mask`` and ``values`` as a stream would: bitmap ranges cut at multiples of 8, values anywhere."""
+    ends = sorted({min(c // 8 * 8, mask.size) for c in element_cuts} | {mask.size})
+    starts = [0, *ends[:-1]]
+    value_parts = np.split(values, sorted(min(c, values.size) for c in value_cuts[: len(ends) - 1]))
+    value_parts += [values[:0]] * (len(ends) - len(value_parts))  # fewer value cuts: empty chunks at the end
+    expansion = Expansion(mask.size)
+    for start, end, part in zip(starts, ends, value_parts, strict=True):
+        bitmap = np.packbits(mask[start:end], bitorder="little")
+        bitmap.setflags(write=False)  # as a view of the message
+        expansion.add(bitmap, end - start, part)
+    return expansion
 
 
 @settings(max_examples=200, deadline=None)
@@ -28,18 +38,34 @@ def split(values: np.ndarray, cuts: list[int]) -> list[np.ndarray]:
     size=st.integers(0, 3 * _LONG + 17),
     density=st.sampled_from([0.0, 0.01, 0.5, 0.99, 1.0]),
     seed=st.integers(0, 2**32 - 1),
-    cuts=st.lists(st.integers(0, 3 * _LONG), max_size=5),
+    element_cuts=st.lists(st.integers(0, 3 * _LONG + 17), max_size=5),
+    value_cuts=st.lists(st.integers(0, 3 * _LONG), max_size=5),
     read_only=st.booleans(),
 )
-def test_places_every_value_bit_exactly(size: int, density: float, seed: int, cuts: list[int], read_only: bool) -> None:
+def test_places_every_value_bit_exactly_however_the_chunks_cut(
+    size: int, density: float, seed: int, element_cuts: list[int], value_cuts: list[int], read_only: bool
+) -> None:
     rng = np.random.default_rng(seed)
     mask = (rng.random(size) < density).astype(np.uint8)
     values = rng.standard_normal(int(mask.sum())).astype(np.float32)
     values[::7] = -0.0  # a float multiply by 0 would turn inactive places of negatives into -0.0
     values.setflags(write=not read_only)
-    out = np.full(size, np.nan, dtype=np.float32)  # every element must be written
-    place_values(mask, split(values, cuts), out)
-    assert np.array_equal(out.view(np.uint32), reference(mask, values).view(np.uint32))
+    expansion = expand(mask, values, element_cuts, value_cuts)
+    expansion.finish()
+    assert np.array_equal(expansion.weight.view(np.uint32), reference(mask, values).view(np.uint32))
+    assert np.array_equal(expansion.mask, mask) and expansion.values == values.size
+
+
+def test_values_ahead_of_the_bitmap_wait_for_it() -> None:
+    """A first chunk's values may belong to the next chunk's range: they are placed once it arrives."""
+    mask = np.zeros(4 * _LONG, dtype=np.uint8)
+    mask[2 * _LONG :] = 1  # every active element in the second half
+    values = np.arange(2 * _LONG, dtype=np.float32)
+    expansion = Expansion(mask.size)
+    expansion.add(np.packbits(mask[: 2 * _LONG], bitorder="little"), 2 * _LONG, values)  # none placeable yet
+    expansion.add(np.packbits(mask[2 * _LONG :], bitorder="little"), 2 * _LONG, values[:0])
+    expansion.finish()
+    assert np.array_equal(expansion.weight, reference(mask, values))
 
 
 def test_a_chunk_that_ends_where_a_run_ends() -> None:
@@ -47,49 +73,52 @@ def test_a_chunk_that_ends_where_a_run_ends() -> None:
     mask[: 2 * _LONG] = 1  # its values end where the first run (as many elements as values) ends
     mask[-1] = 1
     values = np.arange(2 * _LONG + 1, dtype=np.float32)
-    out = np.empty(mask.size, dtype=np.float32)
-    place_values(mask, [values[: 2 * _LONG], values[2 * _LONG :]], out)
-    assert np.array_equal(out, reference(mask, values))
+    expansion = expand(mask, values, [2 * _LONG], [2 * _LONG])
+    expansion.finish()
+    assert np.array_equal(expansion.weight, reference(mask, values))
 
 
-@pytest.mark.parametrize("size", [10, 5 * _SHORT])  # the careful loop alone, and runs first
+@pytest.mark.parametrize("size", [16, 5 * _LONG])  # the careful loop alone, and runs first
 def test_more_active_elements_than_values_is_refused(size: int) -> None:
     mask = np.ones(size, dtype=np.uint8)
-    chunks = [np.ones(3, dtype=np.float32), np.ones(size - 5, dtype=np.float32)]
+    expansion = expand(mask, np.ones(size - 2, dtype=np.float32), [size // 2], [3])
     with pytest.raises(ValueError, match="more set elements than there are values"):
-        place_values(mask, chunks, np.empty(size, np.float32))
+        expansion.finish()
 
 
-@pytest.mark.parametrize("size", [10, 5 * _SHORT])
+@pytest.mark.parametrize("size", [16, 5 * _LONG])
 def test_fewer_active_elements_than_values_is_refused(size: int) -> None:
     mask = np.ones(size, dtype=np.uint8)
     mask[size // 2] = 0
+    expansion = expand(mask, np.ones(size, dtype=np.float32), [size // 2], [size])  # all values in the first chunk
     with pytest.raises(ValueError, match="fewer set elements than there are values"):
-        place_values(mask, [np.ones(size, dtype=np.float32)], np.empty(size, np.float32))
-    # a middle chunk whose values outlast the mask
-    with pytest.raises(ValueError, match="fewer set elements"):
-        place_values(mask, [np.ones(size, dtype=np.float32), np.ones(0, dtype=np.float32)], np.empty(size, np.float32))
+        expansion.finish()
 
 
-def test_a_mask_byte_above_one_counts_by_its_low_bit_and_reads_stay_in_bounds() -> None:
-    mask = np.full(8 * _SHORT, 2, dtype=np.uint8)  # no low bit set: no element active
-    with pytest.raises(ValueError, match="fewer set elements"):
-        place_values(mask, [np.ones(8 * _SHORT, dtype=np.float32)], np.empty(mask.size, np.float32))
-    mask[::2] = 3  # low bit set on every other element
-    out = np.empty(mask.size, np.float32)
-    place_values(mask, [np.arange(4 * _SHORT, dtype=np.float32)], out)
-    assert np.array_equal(out, reference(mask & 1, np.arange(4 * _SHORT, dtype=np.float32)))
+def test_finish_before_the_whole_bitmap_and_wrong_arguments_are_refused() -> None:
+    expansion = Expansion(16)
+    expansion.add(np.array([255], dtype=np.uint8), 8, np.ones(8, dtype=np.float32))
+    with pytest.raises(ValueError, match="the bitmap of 8 of 16 elements arrived"):
+        expansion.finish()
+    with pytest.raises(ValueError, match="at least count bits"):
+        expansion.add(np.array([255], dtype=np.uint8), 9, np.ones(8, dtype=np.float32))  # a bitmap too short
+    with pytest.raises(ValueError, match="within the tensor"):
+        expansion.add(np.array([255, 255], dtype=np.uint8), 16, np.ones(8, dtype=np.float32))  # past numel
+    with pytest.raises(ValueError, match="float32 values"):
+        expansion.add(np.array([255], dtype=np.uint8), 8, np.ones(8, dtype=np.float64))
 
 
-def test_wrong_arguments_are_refused() -> None:
-    with pytest.raises(ValueError, match="1-d uint8 mask"):
-        place_values(np.ones(4, dtype=bool), [np.ones(4, dtype=np.float32)], np.empty(4, np.float32))
-    with pytest.raises(ValueError, match="same size"):
-        place_values(np.ones(4, dtype=np.uint8), [np.ones(4, dtype=np.float32)], np.empty(5, np.float32))
+@settings(max_examples=50, deadline=None)
+@given(size=st.integers(0, 200), seed=st.integers(0, 2**32 - 1))
+def test_unpacking_equals_numpys(size: int, seed: int) -> None:
+    bits = np.random.default_rng(seed).integers(0, 256, (size + 7) // 8, dtype=np.uint8)
+    out = np.full(size, 7, dtype=np.uint8)
+    _unpack(bits, out, _UNPACKED)
+    assert np.array_equal(out, np.unpackbits(bits, count=size, bitorder="little"))
 
 
 def test_compile_decoder_compiles_both_kinds_of_values() -> None:
     compile_decoder()
     from edge_node.wire._expand import _place_chunk
 
-    assert len(_place_chunk.signatures) >= 2
+    assert len(_place_chunk.signatures) >= 2 and len(_unpack.signatures) >= 2
