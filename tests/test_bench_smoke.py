@@ -273,9 +273,9 @@ def test_sim_speed_breakdown_counts_the_main_thread_alone_while_another_thread_r
     source = (  # named as the breakdown knows them, "compiled" from a file under methods/ as Method.round is
         "def spin(seconds):\n    end = time.perf_counter() + seconds\n"
         "    while time.perf_counter() < end:\n        pass\n"
-        "def train_masked():\n    time.sleep(0.3)\n"  # waits as the main thread waits in torch: GIL released
+        "def train_masked():\n    time.sleep(0.5)\n"  # waits as the main thread waits in torch: GIL released
         "def update_mask(stop):\n    while not stop.is_set():\n        spin(0.001)\n        time.sleep(0.0005)\n"
-        "def round():\n    train_masked()\n    time.sleep(0.1)\n"
+        "def round():\n    train_masked()\n    time.sleep(0.3)\n"
     )
     names: dict = {"time": time}
     exec(compile(source, "edge_node/sim/methods/fake.py", "exec"), names)
@@ -292,9 +292,10 @@ def test_sim_speed_breakdown_counts_the_main_thread_alone_while_another_thread_r
     seconds = sampler.seconds
     assert all(v >= 0 for v in seconds.values()) and sampler.samples >= 20
     assert seconds["mask update (prune, regrow)"] == 0.0  # the helper thread's function
-    assert 0.25 < seconds["training compute (forward, backward, SGD)"] < 0.6
-    assert 0.07 < seconds[sim_speed.REST] < 0.3
-    assert sum(seconds.values()) < 0.8
+    # wide bounds: a sample the loaded machine delays counts its whole wait to the stack it then finds
+    assert 0.35 < seconds["training compute (forward, backward, SGD)"] < 1.0
+    assert 0.15 < seconds[sim_speed.REST] < 0.6
+    assert sum(seconds.values()) < 1.5
 
 
 def test_graphs_check_smoke_run_on_the_cpu_and_its_refusal_without_cuda(tmp_path: Path):
