@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every check that needs the GPU machine, in one call (device time is scarce: one call, few starts).
 # Stage first with bench/prepare_device.sh, then run from the repository root on the GPU machine:
-#     bash bench/gpu_session.sh [energy] [equality] [cifar10] [ceiling] [speed] [wire] [graphs] [batched] [profile]
+#     bash bench/gpu_session.sh [energy] [equality] [cifar10] [ceiling] [speed] [wire] [graphs] [profile]
 #                                                                        (no argument: the first three;
 #                                                                        results under $OUT, else runs/gpu)
 # The device tool allows 10 minutes a command: if all three do not fit, run `energy equality`, then
@@ -12,18 +12,18 @@
 # 3. issues 4+5: the CIFAR-10 check of issue 4 (cnn, 100 clients, 5 rounds) on CUDA with the energy
 #    meter on auto (NVML there), then `edge-node energy` on that run;
 # 4. issue 22 (`ceiling`, about a minute): bench/train_ceiling.py, what a training step alone runs at (one client
-#    at a time, bf16, channels_last, C clients at once by vmap) for cnn and resnet18;
+#    at a time, bf16, channels_last, compiled) for cnn and resnet18;
 # 5. issue 22 (`speed`): bench/sim_speed.py on the cnn paper setting (100 clients, 5 epochs, batch 128; whole
 #    batch vs the daemon's slices of 16, where a round's time goes), then one round of the resnet18 paper
 #    setting (5 epochs). `ceiling speed` in one call: 314 s on an H100 (2026-11-26; docs/RESULTS.md).
 # 6. issue 19 (`wire`, about 30 s): bench/wire.py on the machine's CPUs (the pull against a raw socket); its
-#    grpcio, xxhash and cryptography come from .device/wheels (CPython 3.10 to 3.13) when the image lacks them.
+#    grpcio, xxhash and cryptography come from .device/wheels (CPython 3.10 to 3.13) when the image lacks them. It
+#    also needs numba (the decoder's compiled loop), which the image lacked on 2026-11-27 and which .device cannot
+#    carry (llvmlite's wheel is 42 MB a Python version against the tool's 64 MiB): the step then fails, saying so.
 # 7. `graphs` (about 2 minutes): bench/graphs_check.py, --cuda-graphs' captured step against the eager one (weights,
 #    losses, images/s for cnn and resnet18), then a 10-client CIFAR-10 cnn run of 2 rounds without and with it.
-# 8. issue 22 (`batched`, about 2 minutes; 2026-11-27 on an H100: 224 s with `profile`): bench/sim_speed.py on the cnn paper setting, one
-#    client at a time, --cuda-graphs, and --batch-clients 10 and 100, in one run (the cnn target is 2 s a round).
-# 9. issue 22 (`profile`, about 2 minutes): where a round's time goes with the graphs (cnn and resnet18,
-#    one round each) and with 100 cnn clients batched: bench/sim_speed.py --breakdown graphs / batched.
+# 8. issue 22 (`profile`, about 2 minutes): where a round's time goes with the graphs (cnn and resnet18,
+#    one round each): bench/sim_speed.py --breakdown graphs.
 # Each step's exit code is collected; the script exits non-zero if any step failed. $OUT gets at most
 # 7 small files (the device tool returns 8): session.log, two JSON results, the CUDA run's records.
 set -uo pipefail
@@ -52,9 +52,8 @@ step() {  # step NAME CMD...: run, append its output to session.log, remember a 
 }
 selected=" ${*:-energy equality cifar10} "
 for s in $selected; do
-    case $s in energy|equality|cifar10|ceiling|speed|wire|graphs|batched|profile) ;;
-        *) echo "gpu_session: unknown step '$s' (energy, equality, cifar10, ceiling, speed, wire, graphs, batched," \
-                "profile)" >&2
+    case $s in energy|equality|cifar10|ceiling|speed|wire|graphs|profile) ;;
+        *) echo "gpu_session: unknown step '$s' (energy, equality, cifar10, ceiling, speed, wire, graphs, profile)" >&2
            exit 2;; esac
 done
 want() { [[ $selected == *" $1 "* ]]; }
@@ -72,9 +71,9 @@ if want cifar10; then
     done
     step cifar10_cuda_energy python3 -m edge_node energy "$runs/cifar10-cnn-cuda"
 fi
-want ceiling && step ceiling_cnn python3 bench/train_ceiling.py --device cuda --models cnn --clients 10 100 \
+want ceiling && step ceiling_cnn python3 bench/train_ceiling.py --device cuda --models cnn \
     --steps 30 --json "$out/ceiling_cnn.json"
-want ceiling && step ceiling_resnet18 python3 bench/train_ceiling.py --device cuda --models resnet18 --clients 10 \
+want ceiling && step ceiling_resnet18 python3 bench/train_ceiling.py --device cuda --models resnet18 \
     --steps 20 --json "$out/ceiling_resnet18.json"
 paper=(--dataset cifar10 --data-dir "$cifar" --clients 100 --neighbours 10 --batch-size 128 --density 0.5
        --partition dir:0.3 --device cuda --energy-backend auto --processes 1)
@@ -87,13 +86,9 @@ if want wire; then
         step wire_deps install --find-links .device/wheels grpcio xxhash cryptography cffi pycparser
     step wire python3 bench/wire.py --server separate --malloc both --json "$out/wire.json"
 fi
-want batched && step sim_speed_batched python3 bench/sim_speed.py "${paper[@]}" --model cnn --epochs 5 --rounds 2 \
-    --skip 1 --micro-batch 0 --cuda-graphs --batch-clients 10 100 --json "$out/sim_speed_batched.json"
-for model in cnn resnet18; do  # --repeats 0: the profiled round alone (the `batched` step times the rows)
+for model in cnn resnet18; do  # --repeats 0: the profiled round alone
     want profile && step "profile_graphs_$model" python3 bench/sim_speed.py "${paper[@]}" --model "$model" --epochs 5 \
         --repeats 0 --micro-batch 0 --cuda-graphs --breakdown graphs --json "$out/profile_graphs_$model.json"
 done
-want profile && step profile_batched python3 bench/sim_speed.py "${paper[@]}" --model cnn --epochs 5 --repeats 0 \
-    --micro-batch 0 --batch-clients 100 --breakdown batched --json "$out/profile_batched.json"
 want graphs && step graphs_check python3 bench/graphs_check.py --data-dir "$cifar" --json "$out/graphs_check.json"
 exit $status

@@ -12,11 +12,8 @@ training images per second, the executed training FLOP/s (dense: masked training
 straightforward path: one process, each batch in the daemon's slices of 16 samples (its default
 ``--micro-batch``, bitwise equal to a device's step) against the whole batch at once (``--micro-batch 0``,
 the same algorithm up to float noise), ratios printed. ``--cuda-graphs`` (CUDA) adds one process with the
-optimised setting's step replayed as a CUDA graph (``edge-node simulate --cuda-graphs``). ``--batch-clients C
-[C ...]`` adds one process per C with the clients' training batched C at a time (``edge-node simulate
---batch-clients C``, whole batches), so the per-client loop and the batched one are timed in the same run.
-``--breakdown`` profiles one round of the optimised
-setting in process (``--breakdown graphs`` / ``batched``: the captured or the largest batched one) and splits
+optimised setting's step replayed as a CUDA graph (``edge-node simulate --cuda-graphs``). ``--breakdown``
+profiles one round of the optimised setting in process (``--breakdown graphs``: the captured one) and splits
 its wall time into training compute, evaluation, data, aggregation, mask update, copies, energy-meter reads and
 the rest, from the main thread's stack sampled every millisecond (not cProfile: on the GPU machine's Python
 its parts came out negative, as when a profiler takes the round's helper threads' calls for the main
@@ -51,7 +48,7 @@ from _provenance import commit, machine  # noqa: E402
 
 NAIVE_MICRO_BATCH = 16  # the daemon's slices (DisPFLParams.micro_batch): bitwise equal to a device's step
 PROFILE_PARTS = {  # category: functions in which the main thread's time counts to it (the innermost wins)
-    "training compute (forward, backward, SGD)": ["train_masked", "train_local_batched"],
+    "training compute (forward, backward, SGD)": ["train_masked"],
     "evaluation (forward)": ["count_correct"],
     "data (batches drawn, uint8 -> float)": ["train_batches", "eval_batches"],
     "aggregation (screen, aggregate)": ["screen_peer_models", "aggregate_peers", "neighbourhood_average"],
@@ -178,18 +175,17 @@ def simulate_args(args: argparse.Namespace) -> list[str]:
 
 
 def run_setting(
-    args: argparse.Namespace, processes: int, micro_batch: int, out: Path, graphs: bool = False, batch: int = 1
+    args: argparse.Namespace, processes: int, micro_batch: int, out: Path, graphs: bool = False
 ) -> dict[str, Any]:
-    """One fresh run of the configuration (with ``graphs``: ``--cuda-graphs``; ``batch``: ``--batch-clients``): its
-    rounds' figures and peak memory."""
+    """One fresh run of the configuration (with ``graphs``: ``--cuda-graphs``): its rounds' figures and peak
+    memory."""
     threads = max(args.threads // processes, 1)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     launcher = [sys.executable]
     if processes > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
     command = [*launcher, "-m", "edge_node", "simulate", *simulate_args(args), "--micro-batch", str(micro_batch),
-               *(["--cuda-graphs"] if graphs else []), "--batch-clients", str(batch),
-               "--output", str(out)]  # fmt: skip
+               *(["--cuda-graphs"] if graphs else []), "--output", str(out)]  # fmt: skip
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     memory = PeakMemory(proc, args.device == "cuda")
@@ -209,7 +205,6 @@ def run_setting(
     executed = 3 * records[0]["forward_flops_dense"] * images
     return {
         "processes": processes, "threads_per_process": threads, "micro_batch": micro_batch, "cuda_graphs": graphs,
-        "batch_clients": batch,
         "rounds_timed": len(timed), "s_per_round": s_round, "images_per_s": images / s_round,
         "flops_executed_per_s": executed / s_round,
         "flops_sparse_per_s": sum(r["flops_per_client_mean"] * r["trained_clients"] for r in timed) / len(timed)
@@ -228,8 +223,7 @@ def median_row(samples: list[dict[str, Any]]) -> dict[str, Any]:
 def breakdown(args: argparse.Namespace, micro_batch: int, out: Path, of: str = "eager") -> dict[str, float]:
     """One round of the configuration, in this process, its wall time split by :class:`MainThreadSampler`.
 
-    ``of``: the setting profiled: eager steps, ``graphs`` (``--cuda-graphs``) or ``batched`` (the largest
-    ``--batch-clients``; its training compute includes stacking the group's weights in and out).
+    ``of``: the setting profiled: eager steps, or ``graphs`` (``--cuda-graphs``).
     """
     from edge_node.api import run_simulation
     from edge_node.sim.config import SimConfig
@@ -241,7 +235,6 @@ def breakdown(args: argparse.Namespace, micro_batch: int, out: Path, of: str = "
         density=args.density, partition=args.partition, rounds=1, seed=0, device=args.device,
         energy_backend=args.energy_backend, progress=False, micro_batch=micro_batch, output=out,
         samples_per_client=args.samples_per_client, cuda_graphs=of == "graphs",
-        batch_clients=max(args.batch_clients) if of == "batched" else 1,
     )  # fmt: skip
     with MainThreadSampler() as sampler:
         run_simulation(config, fresh=True)
@@ -253,19 +246,18 @@ def breakdown(args: argparse.Namespace, micro_batch: int, out: Path, of: str = "
 def print_rows(rows: list[dict[str, Any]], peak: float) -> None:
     """The settings' table; ratios against the first row."""
     base = rows[0]
-    print(f"{'K':>2} {'thr':>4} {'micro':>5} {'graphs':>6} {'batch':>5} {'s/round':>8} {'x':>6} {'img/s':>8} "
+    print(f"{'K':>2} {'thr':>4} {'micro':>5} {'graphs':>6} {'s/round':>8} {'x':>6} {'img/s':>8} "
           f"{'GFLOP/s':>8} {'% peak':>7} {'host GiB':>8} {'dev GiB':>8} {'acc':>6}")  # fmt: skip
     for row in rows:
         device_gib = "-" if row["device_peak_gib"] is None else f"{row['device_peak_gib']:.2f}"
         print(f"{row['processes']:>2} {row['threads_per_process']:>4} {row['micro_batch']:>5} "
-              f"{'yes' if row['cuda_graphs'] else 'no':>6} {row['batch_clients']:>5} "
+              f"{'yes' if row['cuda_graphs'] else 'no':>6} "
               f"{row['s_per_round']:>8.2f} {row['s_per_round'] / base['s_per_round']:>6.2f} "
               f"{row['images_per_s']:>8.0f} {row['flops_executed_per_s'] / 1e9:>8.2f} "
               f"{100 * row['flops_executed_per_s'] / peak:>6.1f}% {row['host_peak_gib']:>8.2f} {device_gib:>8} "
               f"{100 * row['acc_mean_last']:>5.1f}%")  # fmt: skip
     print("x: seconds per round (median of the repeats) over the first row's; GFLOP/s: executed dense training "
-          "FLOPs (3 x forward per image); the naive row (micro 16) is one process in the daemon's slices; batch: "
-          "clients trained at once")  # fmt: skip
+          "FLOPs (3 x forward per image); the naive row (micro 16) is one process in the daemon's slices")  # fmt: skip
 
 
 def main() -> None:
@@ -289,11 +281,13 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=0, help="the optimised setting [default: 0, whole batch]")
     parser.add_argument("--compare-naive", action="store_true")
     parser.add_argument("--cuda-graphs", action="store_true", help="add a row with --cuda-graphs (CUDA, micro 0)")
-    parser.add_argument("--batch-clients", type=int, nargs="+", default=[],
-                        help="add a row per C with C clients trained at once (1 process, micro 0)")  # fmt: skip
-    parser.add_argument("--breakdown", nargs="?", const="eager", choices=["eager", "graphs", "batched"],
-                        help="profile one round of a setting: eager steps (no value), --cuda-graphs' or the largest "
-                        "--batch-clients'")  # fmt: skip
+    parser.add_argument(
+        "--breakdown",
+        nargs="?",
+        const="eager",
+        choices=["eager", "graphs"],
+        help="profile one round of a setting: eager steps (no value) or --cuda-graphs'",
+    )
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of each setting, interleaved; the median (0: only --breakdown's round)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per setting")
@@ -301,29 +295,26 @@ def main() -> None:
     args = parser.parse_args()
     if args.cuda_graphs and (args.device != "cuda" or args.micro_batch != 0):
         parser.error("--cuda-graphs needs --device cuda and --micro-batch 0 (what edge-node simulate accepts it with)")
-    if args.batch_clients and (args.micro_batch != 0 or min(args.batch_clients) < 2):
-        parser.error("--batch-clients needs --micro-batch 0 and group sizes of 2 or more")
     if args.repeats < 0 or (args.repeats == 0 and not args.breakdown):
         parser.error("--repeats must be >= 1, or 0 with --breakdown (its round alone, no timed rows)")
-    if {"graphs": not args.cuda_graphs, "batched": not args.batch_clients}.get(args.breakdown or "eager", False):
-        parser.error(f"--breakdown {args.breakdown} profiles that row: give --cuda-graphs or --batch-clients too")
+    if args.breakdown == "graphs" and not args.cuda_graphs:
+        parser.error("--breakdown graphs profiles that row: give --cuda-graphs too")
     peak = matmul_peak(args.device, args.threads)
     if args.dataset != "demo":  # decode (and cache) the data set here first: its worker processes would count in
         from edge_node.data import load_dataset  # the first setting's host memory (4.7-5.3 GiB against 1.9 for cnn)
 
         load_dataset(args.dataset, Path(args.data_dir) if args.data_dir else None)
-    settings = [(k, args.micro_batch, False, 1) for k in args.processes]
+    settings = [(k, args.micro_batch, False) for k in args.processes]
     if args.cuda_graphs:
-        settings.append((1, args.micro_batch, True, 1))
-    settings += [(1, args.micro_batch, False, c) for c in args.batch_clients]
+        settings.append((1, args.micro_batch, True))
     if args.compare_naive:
-        settings.append((1, NAIVE_MICRO_BATCH, False, 1))
+        settings.append((1, NAIVE_MICRO_BATCH, False))
     runs: list[list[dict[str, Any]]] = [[] for _ in settings]
     with tempfile.TemporaryDirectory(prefix="sim_speed-") as tmp:
         for _ in range(args.repeats):  # settings interleaved: a machine that gets busier slows each alike
-            for n, (k, micro, graphs, batch) in enumerate(settings):
-                out = Path(tmp) / f"k{k}-m{micro}-g{int(graphs)}-b{batch}"
-                runs[n].append(run_setting(args, k, micro, out, graphs, batch))
+            for n, (k, micro, graphs) in enumerate(settings):
+                out = Path(tmp) / f"k{k}-m{micro}-g{int(graphs)}"
+                runs[n].append(run_setting(args, k, micro, out, graphs))
         parts = breakdown(args, args.micro_batch, Path(tmp) / "profile", args.breakdown) if args.breakdown else None
     rows = [median_row(samples) for samples in runs] if args.repeats else []
     print(f"sim_speed: {args.model} on {args.dataset}, {args.clients} clients, {args.neighbours} neighbours, "
@@ -332,8 +323,7 @@ def main() -> None:
     if rows:
         print_rows(rows, peak)
     if parts is not None:
-        setting = {"eager": "eager steps", "graphs": "--cuda-graphs",
-                   "batched": f"--batch-clients {max(args.batch_clients or [1])}"}[args.breakdown]  # fmt: skip
+        setting = {"eager": "eager steps", "graphs": "--cuda-graphs"}[args.breakdown]
         print(f"\nwhere one round's {parts['round_s']:.2f} s go ({setting}; 1 process, the main thread's stack "
               f"sampled every {SAMPLE_INTERVAL_S * 1e3:.0f} ms):")  # fmt: skip
         for label, seconds in parts.items():

@@ -9,15 +9,15 @@ Per model (CIFAR-sized input, batch ``--batch-size``, masks of density 0.5), on 
   simulation does (it trains in float32), what a precision option would buy;
 - ``compiled`` and ``compiled+graphs``: the per-client step with the model under ``torch.compile`` (inductor;
   ``+graphs``: mode ``reduce-overhead``, CUDA graphs, on CUDA only), the same ``train_masked`` around it; its
-  compile time (the warm-up calls) is printed, and its weights after one step are checked against eager's;
-- ``vmap Cx``: C clients stepped at once (the step of ``edge-node simulate --batch-clients``: ``torch.func.vmap``
-  over their stacked weights and masks, the same loss, clipping, weight decay and masking per client). Its
-  weights after one step are checked against C single ``train_masked`` steps (largest absolute difference).
+  compile time (the warm-up calls) is printed, and its weights after one step are checked against eager's.
+
+(A ``vmap Cx`` row, C clients stepped at once, went with the simulation's ``--batch-clients``, removed when it
+did not beat ``--cuda-graphs`` on an H100: docs/RESULTS.md.)
 
 Run on the GPU machine (the ratios against ``per-client`` are measured in the same run)::
 
     python3 bench/train_ceiling.py --device cuda --json runs/train_ceiling.json
-    .venv/bin/python bench/train_ceiling.py --device cpu --steps 3 --clients 2     # a smoke run here
+    .venv/bin/python bench/train_ceiling.py --device cpu --steps 3     # a smoke run here
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _provenance import commit, machine  # noqa: E402
 
-from edge_node.algorithm.batched import masked_step  # noqa: E402
 from edge_node.algorithm.training import SGDConfig, train_masked  # noqa: E402
 from edge_node.models import build_model  # noqa: E402
 
 SGD = SGDConfig(lr=0.1)
+BATCHES = 4  # distinct batches the timed steps cycle through
 
 
 def random_masks(model: nn.Module, density: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -65,25 +65,13 @@ def timed(device: str, steps: int, run: Callable[[int], None]) -> float:
     return time.perf_counter() - started
 
 
-def batched_step(model: nn.Module, config: SGDConfig) -> Callable[..., Any]:
-    """The simulation's ``--batch-clients`` step (edge_node.algorithm.batched) on full batches of active clients:
-    ``(weights, masks, x, y) -> (weights, loss)``, all stacked over clients."""
-    step = masked_step(model, config)
-
-    def full(weights: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor):
-        sample_weight = x.new_ones(y.shape)
-        return step(weights, masks, x, y, sample_weight, torch.ones(y.shape[0], dtype=torch.bool, device=x.device))
-
-    return full
-
-
 def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     device, batch = args.device, args.batch_size
     generator = torch.Generator().manual_seed(0)
     model = build_model(name, 10, seed=0).to(device)
     masks = random_masks(model, 0.5, generator)
-    x = torch.randn(max(args.clients), batch, 3, 32, 32, generator=generator).to(device)
-    y = torch.randint(0, 10, (max(args.clients), batch), generator=generator).to(device)
+    x = torch.randn(BATCHES, batch, 3, 32, 32, generator=generator).to(device)
+    y = torch.randint(0, 10, (BATCHES, batch), generator=generator).to(device)
     rows: list[dict[str, Any]] = []
 
     def single(autocast: bool, channels_last: bool) -> Callable[[int], None]:
@@ -112,14 +100,6 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             label = "compiled" if mode == "default" else "compiled+graphs"
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             rows.append({"model": name, "setting": label, "clients": 1, "images_per_s": None, "error": error})
-
-    for clients in args.clients:
-        try:
-            rows.append(measure_batched(name, model, masks, x[:clients], y[:clients], args))
-        except torch.OutOfMemoryError:
-            rows.append({"model": name, "setting": f"vmap {clients}x", "clients": clients, "images_per_s": None})
-        if device == "cuda":
-            torch.cuda.empty_cache()
     return rows
 
 
@@ -156,47 +136,11 @@ def measure_compiled(
             "max_abs_diff_vs_single": worst, "compile_s": compile_s}  # fmt: skip
 
 
-def measure_batched(
-    name: str,
-    model: nn.Module,
-    masks: dict[str, torch.Tensor],
-    x: torch.Tensor,
-    y: torch.Tensor,
-    args: argparse.Namespace,
-) -> dict[str, Any]:
-    """C clients stepped at once by vmap (C = ``len(x)``), checked against C single steps from the same start."""
-    clients, batch = x.shape[0], x.shape[1]
-    start = {n: p.detach().clone() for n, p in model.named_parameters()}
-    stacked = {n: w.unsqueeze(0).repeat(clients, *[1] * w.dim()) for n, w in start.items()}
-    stacked_masks = {n: m.unsqueeze(0).repeat(clients, *[1] * m.dim()).float() for n, m in masks.items()}
-    step = batched_step(model, SGD)
-    after, _ = step(stacked, stacked_masks, x, y)
-    worst = 0.0
-    for c in range(clients):
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                p.copy_(start[n])
-        train_masked(model, masks, [(x[c], y[c])], SGD)
-        for n, p in model.named_parameters():
-            worst = max(worst, float((p.detach() - after[n][c]).abs().max()))
-    del after
-
-    def run_batched(steps: int) -> None:
-        weights = stacked
-        for _ in range(steps):
-            weights, _loss = step(weights, stacked_masks, x, y)
-
-    seconds = timed(args.device, args.steps, run_batched)
-    return {"model": name, "setting": f"vmap {clients}x", "clients": clients,
-            "images_per_s": args.steps * batch * clients / seconds, "max_abs_diff_vs_single": worst}  # fmt: skip
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--models", nargs="+", default=["cnn", "resnet18"])
     parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--clients", type=int, nargs="+", default=[10, 100], help="clients stepped at once by vmap")
     parser.add_argument("--steps", type=int, default=100, help="timed steps per setting")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
     parser.add_argument("--json")

@@ -224,24 +224,20 @@ def test_reference_round_bench_tiny_run(tmp_path: Path):
 def test_sim_speed_bench_tiny_run_prints_every_setting_and_the_breakdown(tmp_path: Path):
     out = tmp_path / "speed.json"
     args = ["--clients", "2", "--neighbours", "1", "--samples-per-client", "40", "--batch-size", "16", "--rounds", "1",
-            "--skip", "0", "--processes", "1", "2", "--threads", "2", "--batch-clients", "2", "--compare-naive",
-            "--breakdown", "batched"]  # fmt: skip
+            "--skip", "0", "--processes", "1", "2", "--threads", "2", "--compare-naive", "--breakdown"]  # fmt: skip
     proc = subprocess.run([sys.executable, str(BENCH / "sim_speed.py"), *args, "--json", str(out)],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     figures = json.loads(out.read_text())
-    assert [(r["processes"], r["threads_per_process"], r["micro_batch"], r["batch_clients"])
-            for r in figures["rows"]] == [(1, 2, 0, 1), (2, 1, 0, 1), (1, 2, 0, 2), (1, 2, 16, 1)]  # fmt: skip
+    assert [(r["processes"], r["threads_per_process"], r["micro_batch"])
+            for r in figures["rows"]] == [(1, 2, 0), (2, 1, 0), (1, 2, 16)]  # fmt: skip
     assert all(r["s_per_round"] > 0 and r["host_peak_gib"] > 0 for r in figures["rows"])
-    assert figures["breakdown"]["round_s"] > 0 and "(--batch-clients 2; 1 process" in proc.stdout
-    assert figures["breakdown"]["training compute (forward, backward, SGD)"] > 0  # train_local_batched's time
+    assert figures["breakdown"]["round_s"] > 0 and "(eager steps; 1 process" in proc.stdout
+    assert figures["breakdown"]["training compute (forward, backward, SGD)"] > 0  # train_masked's time
     assert not any(r["cuda_graphs"] for r in figures["rows"])
     refused = subprocess.run([sys.executable, str(BENCH / "sim_speed.py"), "--cuda-graphs"],
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     assert refused.returncode == 2 and "--cuda-graphs needs --device cuda" in refused.stderr
-    refused = subprocess.run([sys.executable, str(BENCH / "sim_speed.py"), "--batch-clients", "4",
-                              "--micro-batch", "16"], capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert refused.returncode == 2 and "--batch-clients needs --micro-batch 0" in refused.stderr
     refused = subprocess.run([sys.executable, str(BENCH / "sim_speed.py"), "--breakdown", "graphs"],
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     assert refused.returncode == 2 and "--breakdown graphs profiles that row" in refused.stderr

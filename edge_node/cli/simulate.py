@@ -129,7 +129,7 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     type=int,
     help="Send a batch through the model in slices of this many samples, summing their gradients (a device's "
     "memory; the same default as edge-node start); 0: the whole batch [default: "
-    f"{DisPFLParams().micro_batch}; 0 with --cuda-graphs or --batch-clients].",
+    f"{DisPFLParams().micro_batch}; 0 with --cuda-graphs].",
 )
 @click.option("--lr", type=float, help=f"Initial learning rate, x0.998 per round [default: {_default('lr')}].")
 @click.option(
@@ -239,14 +239,6 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     "--micro-batch 0 unless it is given (another value is refused); "
     "DisPFL, dispfl-s2s, fedp3, dpsgd, dpsgd-ft and local use it [default: off].",
 )
-@click.option(
-    "--batch-clients",
-    type=int,
-    help="Train this many clients at once as one vmap'd step (clients with equal step counts together): one "
-    "client's kernel launches for the group, the same models up to float rounding. Pays on a GPU with a small "
-    "model (docs/RESULTS.md); sets --micro-batch 0 unless it is given; not with --cuda-graphs or --privacy. "
-    f"DisPFL and dispfl-s2s use it [default: {_default('batch_clients')}: one at a time].",
-)
 @click.option("--device", type=_choice(DEVICES), help=f"[default: {_default('device')}]")
 @click.option(
     "--output",
@@ -295,9 +287,6 @@ def simulate(
     config = build(SimConfig, values, str(config_file) if config_file else "the command line")
     for warning in config.ignored(set(chosen)):
         click.echo(f"edge-node: warning: {warning}", err=True)
-    if config.batch_clients > 1 and config.device == "cpu" and "batch_clients" in config.method_spec.uses:
-        click.echo("edge-node: warning: --batch-clients is for a GPU: on this project's CPU a cnn round took 1.2x "
-                   "(5 at once) to 1.7x (20) as long as one client at a time (docs/RESULTS.md)", err=True)  # fmt: skip
     if print_config:
         click.echo(to_toml(config), nl=False)
         return

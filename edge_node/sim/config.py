@@ -31,9 +31,7 @@ _DISPFL = DisPFLParams()  # the one default of each hyper-parameter of the clien
 SETTINGS = ("i", "ii")
 DEVICES = ("cpu", "cuda")
 # Settings that may change when a run is resumed (the rest must match the checkpoint).
-RESUMABLE_CHANGES = frozenset(
-    {"rounds", "device", "output", "data_dir", "progress", "energy_backend", "cuda_graphs", "batch_clients"}
-)
+RESUMABLE_CHANGES = frozenset({"rounds", "device", "output", "data_dir", "progress", "energy_backend", "cuda_graphs"})
 # Values of settings added after runs were saved, for a saved config that lacks them (what those runs did): the
 # baselines' and sparse-to-sparser's settings came with them (the DisPFL runs before used none of them: today's
 # defaults; so did Ditto's and Sub-FedAvg's), the receive-path screen later (runs before ran without). A saved
@@ -44,7 +42,7 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "epsilon": None, "delta": 1e-5, "dp_clip": 1.0,
     "ditto_lambda": DITTO_LAMBDA, "ditto_personal_share": DITTO_PERSONAL_SHARE,
     "subfedavg_prune_rate": SUBFEDAVG_PRUNE_RATE, "subfedavg_dist_threshold": SUBFEDAVG_DIST,
-    "subfedavg_acc_threshold": SUBFEDAVG_ACC, "cuda_graphs": False, "batch_clients": 1,
+    "subfedavg_acc_threshold": SUBFEDAVG_ACC, "cuda_graphs": False,
 }  # fmt: skip
 # Keys config.json holds beyond the fields (derived, written for readers; ignored when the file is read back).
 DERIVED_KEYS = frozenset({"partition_variant"})
@@ -78,7 +76,7 @@ class SimConfig:
     epochs: int = 1
     batch_size: int = 32
     # Slices of a batch through the model at once; 0: the whole batch. None: ``default_micro_batch`` (0 where the
-    # steps take whole batches: cuda_graphs, batch_clients > 1; else a device's slices, DisPFLParams' default).
+    # steps take whole batches: cuda_graphs; else a device's slices, DisPFLParams' default).
     micro_batch: int | None = None
     lr: float = _DISPFL.lr
     lr_decay: float = _DISPFL.lr_decay  # per round
@@ -112,9 +110,6 @@ class SimConfig:
     # Replay each full training batch's step as one captured CUDA graph (edge_node.algorithm.graphed): the
     # same steps up to float rounding, fewer kernel launches. CUDA only; DisPFL's family of methods only.
     cuda_graphs: bool = False
-    # Clients whose local training runs as one vmap'd step (edge_node.algorithm.batched): the same models up to
-    # float rounding, one client's kernel launches for the whole group. 1: one client at a time.
-    batch_clients: int = 1
     output: Path | None = None  # None: OUTPUT_PATTERN, filled in on construction
     eval_batch_size: int = 1000
     energy_backend: str = "auto"
@@ -153,7 +148,6 @@ class SimConfig:
             raise ConfigError(f"privacy {self.privacy!r} is not implemented for method {self.method} (only {users})")
         check_density(self.density)
         self._check_cuda_graphs()
-        self._check_batch_clients()
         for name in ("clients", "rounds", "eval_batch_size", "fedavg_clients"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
@@ -182,9 +176,9 @@ class SimConfig:
 
     @property
     def default_micro_batch(self) -> int:
-        """``micro_batch`` when none is given: 0 where the steps take whole batches (captured or batched, which
-        refuse slices), else a device's slices (DisPFLParams' default: the lock-step fleet equals the simulation)."""
-        return 0 if self.cuda_graphs or self.batch_clients != 1 else _DISPFL.micro_batch
+        """``micro_batch`` when none is given: 0 where the steps take whole batches (captured, which refuses
+        slices), else a device's slices (DisPFLParams' default: the lock-step fleet equals the simulation)."""
+        return 0 if self.cuda_graphs else _DISPFL.micro_batch
 
     def _check_cuda_graphs(self) -> None:
         """ConfigError unless a run with ``cuda_graphs`` can capture its step (whole batches of plain SGD on CUDA)."""
@@ -193,17 +187,6 @@ class SimConfig:
         if self.device != "cuda":
             raise ConfigError(f"cuda_graphs needs device cuda (it replays CUDA kernels), not {self.device!r}")
         self._check_plain_whole_batches("cuda_graphs", "does not capture", "captures", "needs eager steps")
-
-    def _check_batch_clients(self) -> None:
-        """ConfigError unless the clients' training can be batched (whole batches of plain SGD, eager steps)."""
-        value = self.batch_clients
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"batch_clients={value!r} must be an integer >= 1 (1: one client at a time)")
-        if value == 1:
-            return
-        self._check_plain_whole_batches("batch_clients", "does not batch", "steps", "needs 1")
-        if self.cuda_graphs:
-            raise ConfigError("batch_clients and cuda_graphs exclude each other (a captured step is one client's)")
 
     def _check_plain_whole_batches(self, name: str, refuses: str, takes: str, instead: str) -> None:
         """ConfigError unless the steps are whole batches of plain SGD (what ``name``'s step computes)."""
@@ -290,7 +273,7 @@ class SimConfig:
                              "resumed without it (--no-screen)")  # fmt: skip
         # A resume keeps the saved micro_batch when the command leaves it at its default (a note says so): it changes
         # how a step is computed (memory), not what it computes, and its default changed. Not where this command's
-        # steps take whole batches (captured or batched: settings a resume may change), which refuse slices.
+        # steps take whole batches (captured: a setting a resume may change), which refuse slices.
         default, saved_micro_batch = self.default_micro_batch, then["micro_batch"]
         if default != 0 and self.micro_batch == default != saved_micro_batch:
             changes["micro_batch"] = saved_micro_batch

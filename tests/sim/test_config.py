@@ -41,21 +41,22 @@ def test_a_run_saved_with_another_micro_batch_resumes_with_it(saved_micro_batch)
 
 
 def test_whole_batch_settings_default_to_whole_batches_in_the_python_api_too():
-    """micro_batch left out means whole batches where the steps take them (batched clients; captured steps, whose
-    device check comes first), a device's slices otherwise; a value given is never replaced."""
+    """micro_batch left out means whole batches where the steps take them (captured steps), a device's slices
+    otherwise; a value given is never replaced."""
+    graphed = {"cuda_graphs": True, "device": "cuda"}
     assert SimConfig().micro_batch == DisPFLParams().micro_batch == SimConfig().default_micro_batch
-    assert SimConfig(batch_clients=4).micro_batch == 0 == SimConfig(batch_clients=4).default_micro_batch
+    assert SimConfig(**graphed).micro_batch == 0 == SimConfig(**graphed).default_micro_batch
     assert SimConfig(micro_batch=8).micro_batch == 8
-    with pytest.raises(ConfigError, match="batch_clients steps whole batches: it needs micro_batch 0, not 16"):
-        SimConfig(batch_clients=4, micro_batch=16)
+    with pytest.raises(ConfigError, match="cuda_graphs captures whole batches: it needs micro_batch 0, not 16"):
+        SimConfig(**graphed, micro_batch=16)
 
 
-def test_a_resume_that_batches_clients_never_takes_the_saved_slices():
-    """A batched run resumed one client at a time keeps its whole batches (with the note); a run of slices resumed
-    with batched clients is not given its slices back (they would be refused): it is refused as another micro_batch."""
-    batched = SimConfig(batch_clients=4).to_json()
-    resumed, notes = SimConfig().resumed_as(batched)
-    assert resumed.micro_batch == 0 and resumed.differences(batched) == [] and len(notes) == 1
+def test_a_resume_with_captured_steps_never_takes_the_saved_slices():
+    """A captured run resumed without the graphs keeps its whole batches (with the note); a run of slices resumed
+    with the graphs is not given its slices back (they would be refused): it is refused as another micro_batch."""
+    graphed = SimConfig(cuda_graphs=True, device="cuda").to_json()
+    resumed, notes = SimConfig().resumed_as(graphed)
+    assert resumed.micro_batch == 0 and resumed.differences(graphed) == [] and len(notes) == 1
     sliced = SimConfig().to_json()
-    resumed, notes = SimConfig(batch_clients=4).resumed_as(sliced)
+    resumed, notes = SimConfig(cuda_graphs=True, device="cuda").resumed_as(sliced)
     assert (resumed.micro_batch, notes) == (0, []) and resumed.differences(sliced) == ["micro_batch"]

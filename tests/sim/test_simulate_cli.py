@@ -133,8 +133,6 @@ def test_setting_ii_with_gradient_regrowth(tmp_path: Path, capsys):
         (["--density", "0.3", "--setting", "ii"], "--setting ii"),
         (["--cuda-graphs"], "cuda_graphs needs device cuda"),
         (["--cuda-graphs", "--device", "cuda", "--micro-batch", "16"], "cuda_graphs captures whole batches: it needs"),
-        (["--batch-clients", "2", "--micro-batch", "16"], "batch_clients steps whole batches: it needs micro_batch 0"),
-        (["--batch-clients", "0"], "batch_clients=0 must be an integer >= 1"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, capsys, extra, needle):

@@ -50,8 +50,6 @@ NEIGHBOURHOOD = frozenset({"neighbours", "topology", "max_in_degree"})  # pulls 
 MASKS = frozenset({"density", "regrow", "mask_init", "prune_alpha", "planned_rounds"})  # trains sparse masks
 # Trains through RoundHooks (evaluate_and_train), whose ``graphs`` replays captured steps (--cuda-graphs).
 GRAPHED = frozenset({"cuda_graphs"})
-# Trains its clients through DisPFL's round, whose local training may batch clients (--batch-clients).
-BATCHED = frozenset({"batch_clients"})
 # A server round's bytes: per-client received, sent, paper MB, and the server's (received, sent, paper MB).
 Traffic = tuple[list[int], list[int], list[float], tuple[int, int, float]]
 

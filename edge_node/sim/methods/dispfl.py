@@ -5,31 +5,20 @@ device's daemon runs too)."""
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from edge_node.algorithm import nnz_per_tensor
-from edge_node.algorithm.batched import groups_by_steps, train_local_batched
 from edge_node.algorithm.dispfl import (
-    ClientRound,
     ClientState,
     RoundHooks,
     client_round,
-    keep_and_evaluate,
     published,
-    screen_and_aggregate,
     start,
-    update_mask,
 )
 from edge_node.algorithm.robust import StatsMemo
-from edge_node.algorithm.training import load_weights
-from edge_node.errors import ConfigError
-from edge_node.sim.methods.base import BATCHED, GRAPHED, MASKS, NEIGHBOURHOOD, Method, RoundResult, RunState, SimContext
+from edge_node.sim.methods.base import GRAPHED, MASKS, NEIGHBOURHOOD, Method, RoundResult, RunState, SimContext
 
 _LOGGER = logging.getLogger(__name__)
 Keep = Callable[[ClientState], ClientState]
@@ -80,17 +69,12 @@ class DisPFL(Method):
         def hooks(i: int) -> RoundHooks:
             return ctx.hooks(i, keep=plan.keep(i), stats_of=stats)
 
-        batched = _BatchedRounds(ctx, t, at_start, offers, hooks) if config.batch_clients > 1 else None
-
         def one(i: int) -> tuple[ClientState, tuple[float, float, float, float, dict[str, str]]]:
-            if batched is not None:
-                done = batched.client(i)
-            else:
-                with ctx.stopping_on_divergence(t):
-                    done = client_round(
-                        at_start[i], offers(i), ctx.model, t, params, seed=config.seed, client=i, hooks=hooks(i),
-                        screen=config.screen,
-                    )  # fmt: skip
+            with ctx.stopping_on_divergence(t):
+                done = client_round(
+                    at_start[i], offers(i), ctx.model, t, params, seed=config.seed, client=i, hooks=hooks(i),
+                    screen=config.screen,
+                )  # fmt: skip
             for peer, reason in done.refused.items():
                 _LOGGER.warning("round screen: client-%d refused %s: %s", i, peer, reason)
             flops = ctx.training_flops(nnz_per_tensor(done.trained.state.train_mask), ctx.data[i].num_train,
@@ -107,75 +91,8 @@ class DisPFL(Method):
         return RunState(clients, extra), result
 
 
-@contextmanager
-def _batching_errors(model: str, clients: int) -> Iterator[None]:
-    """A group that does not fit the device, or a model ``torch.func.vmap`` cannot batch, as one ConfigError line
-    (the run stops before recording the round; --batch-clients may change on resume)."""
-    try:
-        yield
-    except torch.OutOfMemoryError as exc:
-        raise ConfigError(
-            f"batch_clients: {clients} clients of {model} at once ran out of device memory; resume with fewer"
-            " (--batch-clients may change on resume) or 1"
-        ) from exc
-    except RuntimeError as exc:
-        if "vmap" not in str(exc) and "functorch" not in str(exc):
-            raise
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        first = text.split(". ")[0][:200]  # torch's first sentence says what vmap could not do
-        raise ConfigError(f"batch_clients: model {model} cannot be batched by torch.func.vmap ({first}); "
-                          "run with --batch-clients 1") from exc  # fmt: skip
-
-
-class _BatchedRounds:
-    """The round of ``--batch-clients``: each client's round as :func:`client_round` runs it, but the local training
-    of a group of clients with equal step counts as one batched step (edge_node.algorithm.batched). A group runs when
-    its first client is asked for; the others' rounds are then ready."""
-
-    def __init__(
-        self, ctx: SimContext, t: int, at_start: list[ClientState], offers: Callable[[int], list[Any]],
-        hooks: Callable[[int], RoundHooks],
-    ) -> None:  # fmt: skip
-        self.ctx, self.t, self.at_start, self.offers, self.hooks = ctx, t, at_start, offers, hooks
-        config, params = ctx.config, ctx.params
-        mine = list(ctx.shard.clients(config.clients))
-        steps = [params.epochs * math.ceil(ctx.data[i].num_train / params.batch_size) for i in mine]
-        self.groups = [[mine[k] for k in group] for group in groups_by_steps(steps, config.batch_clients)]
-        self.group_of = {i: g for g, group in enumerate(self.groups) for i in group}
-        self.done: dict[int, ClientRound] = {}
-
-    def client(self, i: int) -> ClientRound:
-        if i not in self.done:
-            self._run(self.groups[self.group_of[i]])
-        return self.done.pop(i)
-
-    def _run(self, group: list[int]) -> None:
-        ctx, t, config, params = self.ctx, self.t, self.ctx.config, self.ctx.params
-        hooks = {i: self.hooks(i) for i in group}
-        screened = {}
-        with ctx.phase("aggregate"):
-            for i in group:
-                screened[i] = screen_and_aggregate(self.at_start[i], self.offers(i), hooks[i], screen=config.screen)
-        with ctx.phase("train"):
-            before = {}
-            for i in group:
-                load_weights(ctx.model, screened[i][0].weights)
-                before[i] = hooks[i].evaluate(ctx.model)
-            with ctx.stopping_on_divergence(t), _batching_errors(config.model, len(group)):
-                trained = train_local_batched(
-                    [screened[i][0] for i in group], ctx.model, [hooks[i].batches for i in group], t, params,
-                    seed=config.seed, clients=group,
-                )  # fmt: skip
-            for i, result in zip(group, trained, strict=True):
-                load_weights(ctx.model, result.state.weights)
-                done = keep_and_evaluate(result, ctx.model, hooks[i], before[i])
-                state = update_mask(done.kept, t, params, seed=config.seed, client=i, gradients=result.gradients)
-                _, accepted, refused = screened[i]
-                self.done[i] = ClientRound(state, result, done.acc_before, done.acc_after, accepted, refused)
-
-
 DISPFL = DisPFL(
     name="dispfl", label="DisPFL", acc_before_is="aggregated personal model, before local training",
-    acc_after_is="after local training", sparse=True, uses=NEIGHBOURHOOD | MASKS | GRAPHED | BATCHED | {"screen"},
+    acc_after_is="after local training", sparse=True, uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen"},
     shardable=True,
 )  # fmt: skip

@@ -24,7 +24,7 @@ from edge_node.algorithm.sparse_to_sparser import (
     weight_distance,
 )
 from edge_node.errors import ConfigError
-from edge_node.sim.methods.base import BATCHED, GRAPHED, MASKS, NEIGHBOURHOOD, SimContext
+from edge_node.sim.methods.base import GRAPHED, MASKS, NEIGHBOURHOOD, SimContext
 from edge_node.sim.methods.dispfl import DisPFL, Keep, RoundPlan
 
 if TYPE_CHECKING:
@@ -108,5 +108,5 @@ DISPFL_S2S = SparseToSparser(
     name="dispfl-s2s", label="DisPFL + sparse-to-sparser",
     acc_before_is="aggregated personal model, before local training",
     acc_after_is="after local training and any further prune", sparse=True,
-    uses=NEIGHBOURHOOD | MASKS | GRAPHED | BATCHED | {"screen", "target_density", "s2s_stable_threshold"},
+    uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen", "target_density", "s2s_stable_threshold"},
 )  # fmt: skip
