@@ -17,7 +17,7 @@ profiles one round of the optimised setting in process (``--breakdown graphs``: 
 its wall time into training compute, evaluation, data, aggregation, mask update, copies, energy-meter reads and
 the rest, from the main thread's stack sampled every millisecond (not cProfile: on the GPU machine's Python
 its parts came out negative, as when a profiler takes the round's helper threads' calls for the main
-thread's: cProfile uses ``sys.monitoring`` since Python 3.12, which is not per thread); on CUDA a part
+thread's, which Python 3.12's cProfile, built on ``sys.monitoring``, presumably did); on CUDA a part
 holds the time the main thread waited in it, including kernels queued before it. With ``--repeats 0`` that
 round is all that runs.
 

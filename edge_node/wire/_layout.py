@@ -34,9 +34,14 @@ def _varint_field(value: int) -> int:
     return 0 if value == 0 else 1 + varint_size(value)
 
 
+def packed_size(values: Sequence[int]) -> int:
+    """Bytes of a packed repeated int64 field's payload (proto3 packs ``SparseTensor.shape``)."""
+    return sum(varint_size(v) for v in values)
+
+
 def tensor_entry_bytes(
     name_len: int,
-    shape: Sequence[int],
+    shape_len: int,
     value_type: int,
     bitmap_len: int,
     values_len: int,
@@ -50,12 +55,11 @@ def tensor_entry_bytes(
 
     The one formula for both sides: the encoder's layout, and the decoder's check that a message
     received is exactly its fields' canonical encoding (cheaper than protobuf's ``ByteSize``, which
-    serializes the whole message again).
+    serializes the whole message again). ``shape_len``: the shape's ``packed_size``.
     """
-    packed = sum(varint_size(d) for d in shape)  # proto3 packs a repeated int64
     size = (
         _len_field(name_len)
-        + _len_field(packed)
+        + _len_field(shape_len)
         + _varint_field(value_type)
         + _len_field(bitmap_len)
         + _len_field(values_len)
@@ -99,13 +103,12 @@ def _tensor_chunks(name: str, shape: tuple[int, ...], nnz: int, value_type: Valu
     """Chunks of one tensor: one if it fits in an (empty) message, else the fewest equal ranges that fit."""
     numel = math.prod(shape)
     dense = nnz == numel
-    name_len = len(name.encode())
-    itemsize = value_type.itemsize
+    name_len, shape_len, itemsize = len(name.encode()), packed_size(shape), value_type.itemsize
 
     def entry_bytes(start: int, count: int, value_start: int, values: int) -> int:
         bitmap_len = 0 if dense else (count + 7) // 8
         return tensor_entry_bytes(
-            name_len, shape, value_type, bitmap_len, values * itemsize, values, dense, start, count, value_start
+            name_len, shape_len, value_type, bitmap_len, values * itemsize, values, dense, start, count, value_start
         )
 
     whole = entry_bytes(0, numel, 0, nnz)

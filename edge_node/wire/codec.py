@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError
 from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
 from edge_node.protocol import MAX_ROUND, NODE_ID_PATTERN, check_fleet_id, check_node_id, check_round, is_valid_node_id
 from edge_node.wire._build import Built, TensorBuild
-from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_stream, tensor_entry_bytes, varint_size
+from edge_node.wire._layout import ChunkPlan, StreamPlan, packed_size, plan_stream, tensor_entry_bytes, varint_size
 from edge_node.wire.messages import (
     ProtoModelChunk,
     ProtoSparseTensor,
@@ -275,9 +275,12 @@ class _TensorState:
     """What has arrived of one tensor so far; its chunks go on to its build as they arrive."""
 
     build: TensorBuild
-    numel: int
     next_element: int = 0
     next_value: int = 0
+
+    @property
+    def numel(self) -> int:
+        return self.build.numel
 
     @property
     def dense(self) -> bool:
@@ -321,7 +324,7 @@ def _canonical_bytes(model_chunk: ProtoModelChunk, contents: list[tuple[ProtoSpa
     return sum(
         tensor_entry_bytes(
             len(tensor.name.encode()),
-            tensor.shape,
+            packed_size(tensor.shape),
             tensor.value_type,
             len(bitmap),
             len(values),
@@ -513,7 +516,7 @@ class ModelDecoder:
         assert self.value_type is not None  # set by the stream's first chunk, before its tensor starts
         build = TensorBuild(name, numel, dense, self.value_type)
         self._building.append(build.future)
-        state = self._current = self._tensors[name] = _TensorState(build, numel)
+        state = self._current = self._tensors[name] = _TensorState(build)
         return state
 
     def _take_chunk(self, index: int, chunk: ProtoSparseTensor, bitmap: bytes, values: bytes) -> None:
