@@ -323,6 +323,9 @@ def _stream(
             decoder.feed(raw)  # raises at the first bad message
             if decoder.complete:
                 break  # a peer that keeps the stream open after its model costs nothing more
+    except BaseException:
+        decoder.abandon()  # a call that failed or was cancelled part-way: its queued builds are dropped
+        raise
     finally:
         responses.cancel()  # no-op when the call has ended
         stop.unregister(token)

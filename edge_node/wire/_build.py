@@ -112,10 +112,26 @@ class TensorBuild:
         self._weight: np.ndarray | None = None  # dense: filled in order
         self._filled = 0
         self._expansion: Expansion | None = None  # sparse: made by the first chunk
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        """Drop the chunks not yet built: the stream was refused or abandoned, nobody will read this tensor.
+
+        A chunk being built runs to its end (bounded work); ``future`` may then stay pending.
+        """
+        with self._lock:
+            self._cancelled = True
+            self._queue.clear()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
 
     def add(self, bitmap: bytes, values: bytes, count: int) -> None:
         """The tensor's next chunk: its bitmap (empty when dense), values, and elements covered."""
         with self._lock:
+            if self._cancelled:
+                return
             self._queue.append((bitmap, values, count))
             if self._running:  # the running drain takes it in turn
                 return

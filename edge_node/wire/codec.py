@@ -377,6 +377,7 @@ class ModelDecoder:
         self._tensors: dict[str, _TensorState] = {}
         self._building: collections.deque[Future[Built]] = collections.deque()  # each tensor's, in order
         self._digest: PayloadHasher | None = None  # the header's version says which, once it arrives
+        self._abandoned = False
 
     @property
     def complete(self) -> bool:
@@ -384,7 +385,29 @@ class ModelDecoder:
         return self.header is not None and self.messages - 1 >= self.header.message_count
 
     def feed(self, message: ProtoModelChunk | bytes) -> None:
-        """Check and keep one message (a ``ModelChunk`` or its serialized bytes)."""
+        """Check and keep one message (a ``ModelChunk`` or its serialized bytes).
+
+        A refused message abandons the stream (``abandon``): its queued builds are dropped.
+        """
+        self._check_live()
+        try:
+            self._feed(message)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def abandon(self) -> None:
+        """Give the stream up: the chunks its tensors have queued are not built (a refused stream, a
+        call that failed or was cancelled part-way); ``feed`` and ``finish`` then refuse. Idempotent."""
+        self._abandoned = True
+        for state in self._tensors.values():
+            state.build.cancel()
+
+    def _check_live(self) -> None:
+        if self._abandoned:
+            raise WireDecodeError("stream was abandoned (refused or ended part-way)")
+
+    def _feed(self, message: ProtoModelChunk | bytes) -> None:
         index = self.messages
         model_chunk: ProtoModelChunk
         if isinstance(message, (bytes, bytearray, memoryview)):
@@ -587,7 +610,18 @@ class ModelDecoder:
         state.next_value += chunk.nnz
 
     def finish(self) -> DecodedModel:
-        """Check the stream is complete and consistent, then build float32 weights and bool masks."""
+        """Check the stream is complete and consistent, then build float32 weights and bool masks.
+
+        A refusal abandons the stream (the other tensors' builds are dropped).
+        """
+        self._check_live()
+        try:
+            return self._finish()
+        except BaseException:
+            self.abandon()
+            raise
+
+    def _finish(self) -> DecodedModel:
         header = self.header
         if header is None:
             raise WireDecodeError("stream ended before its header")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge_node.errors import ConfigError, ListenError
+from edge_node.errors import ConfigError, ListenError, WireDecodeError
 from edge_node.net import (
     ModelSnapshot,
     PeerAddress,
@@ -369,3 +369,52 @@ def test_peer_server_checks_its_arguments_up_front() -> None:
         PeerServer(SPEC, node_id="", fleet_id=FLEET)
     with pytest.raises(ValueError, match="value_type='int8'"):
         PeerServer(SPEC, node_id="p", fleet_id=FLEET, value_type="int8")
+
+
+class _BrokenCall(grpc.RpcError):
+    """A call whose stream breaks after ``good`` messages (the peer vanished mid-transfer)."""
+
+    def __init__(self, messages: list[bytes], good: int) -> None:
+        self._messages, self._good = messages, good
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._messages[: self._good]
+        raise self
+
+    def cancel(self) -> bool:
+        return False
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "peer went away"
+
+
+class _BrokenChannel:
+    def __init__(self, call: _BrokenCall) -> None:
+        self._call = call
+
+    def unary_stream(self, *_args: object, **_kwargs: object):
+        return lambda _request, timeout: self._call
+
+
+def test_a_call_that_breaks_part_way_abandons_its_decoder() -> None:
+    """The chunks of a stream that will never complete are not built (their builds are dropped)."""
+    from edge_node.net import client
+    from edge_node.wire import ModelDecoder
+
+    weights, masks = random_model(4)
+    messages = encode_model(
+        SPEC, weights, masks, node_id="good", fleet_id=FLEET, round=3, density=kept_fraction(masks),
+        max_message_bytes=4096,
+    )  # fmt: skip
+    raw = [m.SerializeToString() for m in messages]
+    decoder = ModelDecoder(SPEC, FLEET)
+    request = GetModelRequest(protocol_version=PROTOCOL_VERSION, fleet_id=FLEET, arch_id=SPEC.arch_id)
+    channel = _BrokenChannel(_BrokenCall(raw, good=2))
+    with pytest.raises(grpc.RpcError):
+        client._stream(channel, request, decoder, 5.0, client._Stop())  # type: ignore[arg-type]
+    assert decoder.chunks > 0
+    with pytest.raises(WireDecodeError, match="abandoned"):
+        decoder.finish()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+import threading
+import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -18,6 +22,7 @@ from edge_node.wire import (
     ModelSpec,
     ValueType,
     WireLimits,
+    _build,
     decode_model,
     encode_model,
     encoded_model_size,
@@ -481,3 +486,90 @@ def test_a_tensor_field_sent_twice_or_encoded_long_is_refused_as_non_canonical()
     for inner in (nnz_again, long_start, unpacked):
         with pytest.raises(WireDecodeError, match="non-canonically encoded"):
             decode_model([messages[0], message(inner), *messages[2:]], SPEC, "fleet-1")
+
+
+@contextlib.contextmanager
+def _builders_held() -> Iterator[None]:
+    """Every builder thread busy until the block ends, so that the chunks fed meanwhile queue up."""
+    release, started = threading.Event(), threading.Semaphore(0)
+
+    def hold() -> None:
+        started.release()
+        release.wait(10)
+
+    workers = _build.BUILDERS._workers
+    for _ in range(workers):
+        _build.BUILDERS.submit(hold)
+    for _ in range(workers):
+        assert started.acquire(timeout=10)
+    try:
+        yield
+    finally:
+        release.set()
+
+
+def _wait_idle(builds: list[_build.TensorBuild]) -> None:
+    deadline = time.monotonic() + 10
+    while any(b._running for b in builds) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not any(b._running for b in builds)
+
+
+@pytest.mark.parametrize("end", ["refused message", "abandoned call"])
+def test_a_stream_given_up_part_way_drops_the_chunks_its_tensors_queued(
+    end: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused stream, or a call that ends part-way, costs no more building: queued chunks are dropped."""
+    built: list[str] = []
+    take = _build.TensorBuild._take
+
+    def counting_take(self: _build.TensorBuild, *args: object) -> None:
+        built.append(self.name)
+        take(self, *args)
+
+    monkeypatch.setattr(_build.TensorBuild, "_take", counting_take)
+    weights, masks = random_model(11)
+    messages = copies(encode(weights, masks, max_message_bytes=SMALL))
+    decoder = ModelDecoder(SPEC, "fleet-1")
+    with _builders_held():
+        for message in messages[:2]:
+            decoder.feed(message)
+        assert decoder.chunks >= 3 and not built  # queued behind the held builders
+        if end == "refused message":
+            bad = copies(messages[2:3])[0]
+            bad.tensors[0].start += 8
+            with pytest.raises(WireDecodeError, match="expected"):
+                decoder.feed(bad)
+        else:
+            decoder.abandon()
+    builds = [state.build for state in decoder._tensors.values()]
+    _wait_idle(builds)
+    assert built == [] and all(b.cancelled for b in builds)
+    with pytest.raises(WireDecodeError, match="abandoned"):
+        decoder.feed(messages[2])
+    with pytest.raises(WireDecodeError, match="abandoned"):
+        decoder.finish()
+    assert decode_model(messages, SPEC, "fleet-1").header.round == 7  # the builders are free for the next stream
+
+
+def test_a_tensor_refused_by_its_build_drops_the_other_tensors_queued_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+    take = _build.TensorBuild._take
+
+    def counting_take(self: _build.TensorBuild, *args: object) -> None:
+        built.append(self.name)
+        take(self, *args)
+
+    monkeypatch.setattr(_build.TensorBuild, "_take", counting_take)
+    weights, masks = random_model(12)
+    messages = copies(encode(weights, masks, max_message_bytes=SMALL))
+    _nan_value(messages)  # fc2.weight, near the end
+    decoder = ModelDecoder(SPEC, "fleet-1")
+    for message in messages:
+        decoder.feed(message)
+    with pytest.raises(WireDecodeError, match="NaN or Inf"):
+        decoder.finish()
+    builds = [state.build for state in decoder._tensors.values()]
+    _wait_idle(builds)
+    assert all(b.cancelled for b in builds)
+    assert "fc2.weight" in built
