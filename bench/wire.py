@@ -52,9 +52,9 @@ from edge_node.wire import (
 from edge_node.wire.messages import GET_MODEL_METHOD, GetModelRequest
 
 DENSITIES = (0.1, 0.2, 0.5, 0.8, 1.0)
-# Pulls of each row run, and printed, before the timed ones: a process's first ResNet18 pull took 170-195 ms
-# here (145 ms of CPU: gRPC's first channel, first-use code), its second 83 ms (73 ms of system time
-# faulting in 8,000 pages as the heap grew), the third on about 20 ms. A daemon pays that once in its
+# Pulls of each row run, and printed, before the timed ones: a process's first ResNet18 pull took 150-250 ms
+# here (about 145 ms of CPU: gRPC's first channel, first-use code), its second 30-100 ms (up to 73 ms of
+# system time faulting in 8,000 pages as the heap grew), the third on about 20 ms. A daemon pays that once in its
 # life, not every round.
 WARMUP = 3
 MB = 1e6

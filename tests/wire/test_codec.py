@@ -508,26 +508,33 @@ def _builders_held() -> Iterator[None]:
         release.set()
 
 
-def _wait_idle(builds: list[_build.TensorBuild]) -> None:
+def _idle_builds(decoder: ModelDecoder) -> list[_build.TensorBuild]:
+    """The decoder's tensor builds, once none of them is running any more."""
+    builds = [state.build for state in decoder._tensors.values()]
     deadline = time.monotonic() + 10
     while any(b._running for b in builds) and time.monotonic() < deadline:
         time.sleep(0.005)
     assert not any(b._running for b in builds)
+    return builds
 
 
-@pytest.mark.parametrize("end", ["refused message", "abandoned call"])
-def test_a_stream_given_up_part_way_drops_the_chunks_its_tensors_queued(
-    end: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A refused stream, or a call that ends part-way, costs no more building: queued chunks are dropped."""
-    built: list[str] = []
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the tensors whose chunks a builder took, one entry a chunk."""
+    names: list[str] = []
     take = _build.TensorBuild._take
 
     def counting_take(self: _build.TensorBuild, *args: object) -> None:
-        built.append(self.name)
+        names.append(self.name)
         take(self, *args)
 
     monkeypatch.setattr(_build.TensorBuild, "_take", counting_take)
+    return names
+
+
+@pytest.mark.parametrize("end", ["refused message", "abandoned call"])
+def test_a_stream_given_up_part_way_drops_the_chunks_its_tensors_queued(end: str, built: list[str]) -> None:
+    """A refused stream, or a call that ends part-way, costs no more building: queued chunks are dropped."""
     weights, masks = random_model(11)
     messages = copies(encode(weights, masks, max_message_bytes=SMALL))
     decoder = ModelDecoder(SPEC, "fleet-1")
@@ -542,8 +549,7 @@ def test_a_stream_given_up_part_way_drops_the_chunks_its_tensors_queued(
                 decoder.feed(bad)
         else:
             decoder.abandon()
-    builds = [state.build for state in decoder._tensors.values()]
-    _wait_idle(builds)
+    builds = _idle_builds(decoder)
     assert built == [] and all(b.cancelled for b in builds)
     with pytest.raises(WireDecodeError, match="abandoned"):
         decoder.feed(messages[2])
@@ -552,15 +558,7 @@ def test_a_stream_given_up_part_way_drops_the_chunks_its_tensors_queued(
     assert decode_model(messages, SPEC, "fleet-1").header.round == 7  # the builders are free for the next stream
 
 
-def test_a_tensor_refused_by_its_build_drops_the_other_tensors_queued_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    built: list[str] = []
-    take = _build.TensorBuild._take
-
-    def counting_take(self: _build.TensorBuild, *args: object) -> None:
-        built.append(self.name)
-        take(self, *args)
-
-    monkeypatch.setattr(_build.TensorBuild, "_take", counting_take)
+def test_a_tensor_refused_by_its_build_drops_the_other_tensors_queued_chunks(built: list[str]) -> None:
     weights, masks = random_model(12)
     messages = copies(encode(weights, masks, max_message_bytes=SMALL))
     _nan_value(messages)  # fc2.weight, near the end
@@ -569,7 +567,6 @@ def test_a_tensor_refused_by_its_build_drops_the_other_tensors_queued_chunks(mon
         decoder.feed(message)
     with pytest.raises(WireDecodeError, match="NaN or Inf"):
         decoder.finish()
-    builds = [state.build for state in decoder._tensors.values()]
-    _wait_idle(builds)
+    builds = _idle_builds(decoder)
     assert all(b.cancelled for b in builds)
     assert "fc2.weight" in built
