@@ -108,7 +108,8 @@ class TensorBuild:
         self.future: Future[Built] = Future()
         self._queue: collections.deque[tuple[bytes, bytes, int]] = collections.deque()
         self._lock = threading.Lock()
-        self._running = False
+        self._scheduled = False  # a builder job for this tensor is queued or running
+        self._draining = False  # a thread (a builder, or a helper: ``build_here``) is taking the chunks
         self._weight: np.ndarray | None = None  # dense: filled in order
         self._filled = 0
         self._expansion: Expansion | None = None  # sparse: made by the first chunk
@@ -127,22 +128,48 @@ class TensorBuild:
     def cancelled(self) -> bool:
         return self._cancelled
 
+    @property
+    def idle(self) -> bool:
+        """No thread is taking this tensor's chunks and none is about to."""
+        return not (self._scheduled or self._draining)
+
     def add(self, bitmap: bytes, values: bytes, count: int) -> None:
         """The tensor's next chunk: its bitmap (empty when dense), values, and elements covered."""
         with self._lock:
             if self._cancelled:
                 return
             self._queue.append((bitmap, values, count))
-            if self._running:  # the running drain takes it in turn
+            if self._scheduled or self._draining:  # the job queued, or the thread draining, takes it in turn
                 return
-            self._running = True
-        BUILDERS.submit(self._drain)
+            self._scheduled = True
+        BUILDERS.submit(self._drain_job)
+
+    def build_here(self) -> None:
+        """Take this tensor's queued chunks on the calling thread, unless another thread is taking them.
+
+        The decoder calls it at the stream's end for the tensors still waiting, so that the receiving
+        thread builds the last tensors beside the builder instead of only waiting for it.
+        """
+        with self._lock:
+            if self._draining or not self._queue:
+                return
+            self._draining = True
+        self._drain()
+
+    def _drain_job(self) -> None:
+        with self._lock:
+            self._scheduled = False
+            if self._draining:  # a helper is at it: it takes what is queued
+                return
+            self._draining = True
+        self._drain()
 
     def _drain(self) -> None:
+        """Build queued chunks in order until none is left (the caller has set ``_draining``)."""
         while True:
             with self._lock:
                 if not self._queue:
-                    self._running = False
+                    self._draining = False
                     return
                 bitmap, values, count = self._queue.popleft()
             if self.future.done():  # refused already

@@ -632,6 +632,10 @@ class ModelDecoder:
             )
         if self.chunks != header.chunk_count:
             raise WireDecodeError(f"stream has {self.chunks} chunks, its header announced {header.chunk_count}")
+        for waiting in reversed(self._tensors.values()):  # the builders work from the first: help from the last
+            waiting.build.build_here()
+            if waiting.build.future.done() and waiting.build.future.exception() is not None:
+                break  # refused: raised below, and the stream abandoned
         weights: dict[str, torch.Tensor] = {}
         masks: dict[str, torch.Tensor] = {}
         active = 0

@@ -512,9 +512,9 @@ def _idle_builds(decoder: ModelDecoder) -> list[_build.TensorBuild]:
     """The decoder's tensor builds, once none of them is running any more."""
     builds = [state.build for state in decoder._tensors.values()]
     deadline = time.monotonic() + 10
-    while any(b._running for b in builds) and time.monotonic() < deadline:
+    while not all(b.idle for b in builds) and time.monotonic() < deadline:
         time.sleep(0.005)
-    assert not any(b._running for b in builds)
+    assert all(b.idle for b in builds)
     return builds
 
 
