@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 import grpc
+import grpc.experimental  # ChannelOptions: not imported by grpc itself
 from google.protobuf.message import DecodeError
 
 from edge_node.algorithm.heterogeneous import parse_tier
@@ -177,6 +178,11 @@ def channel_options(limits: WireLimits, peer: PeerAddress, tls: TlsConfig | None
         ("grpc.http2.max_pings_without_data", 0),  # keep pinging through a long, quiet stream
         ("grpc.enable_retries", 0),  # retries are ours, bounded and logged
         ("grpc.experimental.tcp_read_chunk_size", READ_CHUNK_BYTES),
+        # A stream's messages are read by the thread that iterates it, not handed over one by one from
+        # gRPC's channel thread: one thread switch less a message. ResNet18 pulls 15.6-16.3 ms against
+        # 17.0-18.0 ms, interleaved in one process, three runs. Cancelling from another thread still ends the
+        # read (``_Stop`` relies on it).
+        (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
     ]
     if tls is not None:
         options.append(("grpc.ssl_target_name_override", peer.node_id))  # verify the cert names this node
@@ -333,9 +339,27 @@ def _stream(
         decoder.abandon()  # a call that failed or was cancelled part-way: its queued builds are dropped
         raise
     finally:
-        responses.cancel()  # no-op when the call has ended
         stop.unregister(token)
+        _end_call(responses)
     return decoder.finish()
+
+
+def _end_call(responses: grpc.Call) -> None:
+    """Cancel a stream's call (a no-op once it has ended) and take the events its cancellation leaves.
+
+    A stream read on the calling thread (``SingleThreadedUnaryStream``) has no gRPC thread to take
+    the last events of a call cancelled part-way, as every pull's is once its model is in: left there,
+    each call kept its connection open and about 20 KB (RSS +25 MB over 1,250 pulls; none with them
+    taken). gRPC has no public call for it: ``_consume_next_event`` is that rendezvous's own step. Other
+    rendezvous (gRPC's threaded one, tests' fakes) have no such step and need none.
+    """
+    responses.cancel()
+    consume = getattr(responses, "_consume_next_event", None)
+    state = getattr(responses, "_state", None)
+    if consume is None or state is None:
+        return
+    while state.due:  # a cancelled call's operations all complete at once
+        consume()
 
 
 def _pull(

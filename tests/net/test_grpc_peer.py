@@ -418,3 +418,36 @@ def test_a_call_that_breaks_part_way_abandons_its_decoder() -> None:
     assert decoder.chunks > 0
     with pytest.raises(WireDecodeError, match="abandoned"):
         decoder.finish()
+
+
+def _connections_to(port: int) -> int:
+    """This process's TCP connections to ``port`` that are not closed yet (any state but TIME_WAIT)."""
+    import psutil
+
+    return sum(
+        1
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == port and c.status != psutil.CONN_TIME_WAIT
+    )
+
+
+def test_pulls_leave_no_call_and_no_connection_behind() -> None:
+    """Every pull ends its call and its connection: complete streams (cancelled once the model is in),
+    refused ones (cancelled part-way) and pulls cancelled by the caller alike. A stream read on the calling
+    thread left each cancelled call, and its connection, open when its last events were not taken."""
+    good = PeerServer(SPEC, node_id="good", fleet_id=FLEET, max_message_bytes=4096)
+    good.publish(snapshot("good", 1))
+    with serving(good) as port, good_and_bad(crafted(_nan)) as (_bad, peers):
+        address = PeerAddress("good", "127.0.0.1", port)
+        for _ in range(3):
+            assert not pull_models([address], SPEC, FLEET, **FAST).failures
+        result = pull_models(peers, SPEC, FLEET, **FAST)
+        assert set(result.received) == {"good"} and result.failures["bad"].kind == "decode"
+        cancel = threading.Event()
+        cancel.set()
+        assert pull_models([address], SPEC, FLEET, cancel=cancel, **FAST).failures["good"].kind == "cancelled"
+        deadline = time.monotonic() + 2.0
+        ports = [port, *(p.port for p in peers)]
+        while any(_connections_to(p) for p in ports) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [_connections_to(p) for p in ports] == [0, 0, 0]
