@@ -335,13 +335,15 @@ def _stream(
             decoder.feed(raw)  # raises at the first bad message
             if decoder.complete:
                 break  # a peer that keeps the stream open after its model costs nothing more
+        # Built before the call is ended: the peer meanwhile ends it itself (its trailers follow the last
+        # message), and the last tensors' building does not wait behind the cancellation's work.
+        return decoder.finish()
     except BaseException:
         decoder.abandon()  # a call that failed or was cancelled part-way: its queued builds are dropped
         raise
     finally:
         stop.unregister(token)
         _end_call(responses)
-    return decoder.finish()
 
 
 def _end_call(responses: grpc.Call) -> None:
