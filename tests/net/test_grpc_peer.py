@@ -432,9 +432,9 @@ def _connections_to(port: int) -> int:
 
 
 def test_pulls_leave_no_call_and_no_connection_behind() -> None:
-    """Every pull ends its call and its connection: complete streams (cancelled once the model is in),
-    refused ones (cancelled part-way) and pulls cancelled by the caller alike. A stream read on the calling
-    thread left each cancelled call, and its connection, open when its last events were not taken."""
+    """Every pull ends its call and its connection: complete streams (cancelled once the model is in) and
+    refused ones (cancelled part-way); a pull cancelled before it starts opens none. A stream read on the
+    calling thread left each cancelled call, and its connection, open when its last events were not taken."""
     good = PeerServer(SPEC, node_id="good", fleet_id=FLEET, max_message_bytes=4096)
     good.publish(snapshot("good", 1))
     with serving(good) as port, good_and_bad(crafted(_nan)) as (_bad, peers):
