@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_node.wire import compile_decoder
+from edge_node.wire import ValueType, compile_decoder
+from edge_node.wire._build import WIDENED
 from edge_node.wire._expand import _SHORT, _UNPACKED, Expansion, _unpack
 
 _LONG = 64 * _SHORT  # sizes that take several runs and the careful loop
@@ -19,13 +21,19 @@ def reference(mask: np.ndarray, values: np.ndarray) -> np.ndarray:
     return out
 
 
-def expand(mask: np.ndarray, values: np.ndarray, element_cuts: list[int], value_cuts: list[int]) -> Expansion:
+def expand(
+    mask: np.ndarray,
+    values: np.ndarray,
+    element_cuts: list[int],
+    value_cuts: list[int],
+    table: np.ndarray | None = None,
+) -> Expansion:
     """Feed ``mask`` and ``values`` as a stream would: bitmap ranges cut at multiples of 8, values anywhere."""
     ends = sorted({min(c // 8 * 8, mask.size) for c in element_cuts} | {mask.size})
     starts = [0, *ends[:-1]]
     value_parts = np.split(values, sorted(min(c, values.size) for c in value_cuts[: len(ends) - 1]))
     value_parts += [values[:0]] * (len(ends) - len(value_parts))  # fewer value cuts: empty chunks at the end
-    expansion = Expansion(mask.size)
+    expansion = Expansion(mask.size, table)
     for start, end, part in zip(starts, ends, value_parts, strict=True):
         bitmap = np.packbits(mask[start:end], bitorder="little")
         bitmap.setflags(write=False)  # as a view of the message
@@ -41,18 +49,34 @@ def expand(mask: np.ndarray, values: np.ndarray, element_cuts: list[int], value_
     element_cuts=st.lists(st.integers(0, 3 * _LONG + 17), max_size=5),
     value_cuts=st.lists(st.integers(0, 3 * _LONG), max_size=5),
     read_only=st.booleans(),
+    kind=st.sampled_from([ValueType.FLOAT32, ValueType.FLOAT16, ValueType.BFLOAT16]),
 )
 def test_places_every_value_bit_exactly_however_the_chunks_cut(
-    size: int, density: float, seed: int, element_cuts: list[int], value_cuts: list[int], read_only: bool
+    size: int,
+    density: float,
+    seed: int,
+    element_cuts: list[int],
+    value_cuts: list[int],
+    read_only: bool,
+    kind: ValueType,
 ) -> None:
+    """float32 values placed as they are; fp16 and bf16 ones widened as numpy and torch widen them."""
     rng = np.random.default_rng(seed)
     mask = (rng.random(size) < density).astype(np.uint8)
-    values = rng.standard_normal(int(mask.sum())).astype(np.float32)
-    values[::7] = -0.0  # a float multiply by 0 would turn inactive places of negatives into -0.0
+    wide = (rng.standard_normal(int(mask.sum())) * 10.0 ** int(rng.integers(-9, 4))).astype(np.float32)
+    wide[::7] = -0.0  # a float multiply by 0 would turn inactive places of negatives into -0.0
+    if kind is ValueType.FLOAT16:
+        values = wide.astype(np.float16).view(np.uint16)  # subnormals and zeros among the small ones
+        expected = values.view(np.float16).astype(np.float32)
+    elif kind is ValueType.BFLOAT16:
+        values = torch.from_numpy(wide).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        expected = torch.from_numpy(values.view(np.int16)).view(torch.bfloat16).float().numpy()
+    else:
+        values = expected = wide
     values.setflags(write=not read_only)
-    expansion = expand(mask, values, element_cuts, value_cuts)
+    expansion = expand(mask, values, element_cuts, value_cuts, WIDENED.get(kind))
     expansion.finish()
-    assert np.array_equal(expansion.weight.view(np.uint32), reference(mask, values).view(np.uint32))
+    assert np.array_equal(expansion.weight.view(np.uint32), reference(mask, expected).view(np.uint32))
     assert np.array_equal(expansion.mask, mask) and expansion.values == values.size
 
 
@@ -106,6 +130,12 @@ def test_finish_before_the_whole_bitmap_and_wrong_arguments_are_refused() -> Non
         expansion.add(np.array([255, 255], dtype=np.uint8), 16, np.ones(8, dtype=np.float32))  # past numel
     with pytest.raises(ValueError, match="float32 values"):
         expansion.add(np.array([255], dtype=np.uint8), 8, np.ones(8, dtype=np.float64))
+    with pytest.raises(ValueError, match="float32 values"):  # 16-bit values need a table to widen them
+        expansion.add(np.array([255], dtype=np.uint8), 8, np.ones(8, dtype=np.uint16))
+    with pytest.raises(ValueError, match="uint16 values"):
+        Expansion(16, WIDENED[ValueType.FLOAT16]).add(np.array([255], dtype=np.uint8), 8, np.ones(8, dtype=np.float32))
+    with pytest.raises(ValueError, match="65,536"):
+        Expansion(16, np.zeros(256, dtype=np.uint32))
 
 
 @settings(max_examples=50, deadline=None)
@@ -119,6 +149,7 @@ def test_unpacking_equals_numpys(size: int, seed: int) -> None:
 
 def test_compile_decoder_compiles_both_kinds_of_values() -> None:
     compile_decoder()
-    from edge_node.wire._expand import _place_chunk
+    from edge_node.wire._expand import _place_chunk, _place_run_widened
 
-    assert len(_place_chunk.signatures) >= 2 and len(_unpack.signatures) >= 2
+    assert len(_place_chunk.signatures) >= 4 and len(_unpack.signatures) >= 2  # float32 and 16-bit, each ro and rw
+    assert len(_place_run_widened.signatures) >= 2
