@@ -166,16 +166,19 @@ class TensorBuild:
         The decoder calls it at the stream's end for the tensors still waiting, so that the receiving
         thread builds the last tensors beside the builder instead of only waiting for it.
         """
-        with self._lock:
-            if self._draining or not self._queue:
-                return
-            self._draining = True
-        self._drain()
+        self._take_turn(job=False)
 
     def _drain_job(self) -> None:
+        self._take_turn(job=True)
+
+    def _take_turn(self, *, job: bool) -> None:
+        """Build the queued chunks on this thread unless another thread is at it (a builder's job, or a
+        helper: ``build_here``). A job first marks itself run, so that a chunk added later gets a job of
+        its own unless a thread is still draining."""
         with self._lock:
-            self._scheduled = False
-            if self._draining:  # a helper is at it: it takes what is queued
+            if job:
+                self._scheduled = False
+            if self._draining or not self._queue:  # the thread at it takes what is queued
                 return
             self._draining = True
         self._drain()

@@ -21,6 +21,25 @@ GetModel = Callable[[GetModelRequest, grpc.ServicerContext], Iterator[bytes]]
 Hello = Callable[[HelloRequest, grpc.ServicerContext], bytes]
 
 
+def connections_to(port: int) -> int:
+    """This process's TCP connections to ``port`` that are not closed yet (any state but TIME_WAIT)."""
+    import psutil
+
+    return sum(
+        1
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == port and c.status != psutil.CONN_TIME_WAIT
+    )
+
+
+def no_connections_to(ports: list[int], within_s: float = 2.0) -> list[int]:
+    """Each port's open connections from this process, once none is left or ``within_s`` has passed."""
+    deadline = time.monotonic() + within_s
+    while any(connections_to(p) for p in ports) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return [connections_to(p) for p in ports]
+
+
 def hold_open(context: grpc.ServicerContext) -> Iterator[bytes]:
     """Keep a stream open, sending nothing, until the client goes away (or 60 s)."""
     end = time.monotonic() + 60

@@ -31,6 +31,7 @@ from edge_node.net import tls as tls_module
 from edge_node.wire import PROTOCOL_VERSION, DecodedModel, ModelSpec, ValueType, WireLimits, decode_model, encode_model
 from edge_node.wire.messages import GET_MODEL_METHOD, GetModelRequest, ProtoModelChunk
 from tests import wire_models
+from tests.net.hostile import no_connections_to
 from tests.wire_models import PEER_FLEET as FLEET
 from tests.wire_models import PEER_SHAPES as SHAPES
 from tests.wire_models import PEER_SPEC as SPEC
@@ -420,21 +421,11 @@ def test_a_call_that_breaks_part_way_abandons_its_decoder() -> None:
         decoder.finish()
 
 
-def _connections_to(port: int) -> int:
-    """This process's TCP connections to ``port`` that are not closed yet (any state but TIME_WAIT)."""
-    import psutil
-
-    return sum(
-        1
-        for c in psutil.Process().net_connections(kind="tcp")
-        if c.raddr and c.raddr.port == port and c.status != psutil.CONN_TIME_WAIT
-    )
-
-
 def test_pulls_leave_no_call_and_no_connection_behind() -> None:
     """Every pull ends its call and its connection: complete streams (cancelled once the model is in) and
     refused ones (cancelled part-way); a pull cancelled before it starts opens none. A stream read on the
-    calling thread left each cancelled call, and its connection, open when its last events were not taken."""
+    calling thread left each cancelled call, and its connection, open when its last events were not taken.
+    Streams cancelled mid-way by the caller or the deadline: ``test_hostile``."""
     good = PeerServer(SPEC, node_id="good", fleet_id=FLEET, max_message_bytes=4096)
     good.publish(snapshot("good", 1))
     with serving(good) as port, good_and_bad(crafted(_nan)) as (_bad, peers):
@@ -446,8 +437,4 @@ def test_pulls_leave_no_call_and_no_connection_behind() -> None:
         cancel = threading.Event()
         cancel.set()
         assert pull_models([address], SPEC, FLEET, cancel=cancel, **FAST).failures["good"].kind == "cancelled"
-        deadline = time.monotonic() + 2.0
-        ports = [port, *(p.port for p in peers)]
-        while any(_connections_to(p) for p in ports) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert [_connections_to(p) for p in ports] == [0, 0, 0]
+        assert no_connections_to([port, *(p.port for p in peers)]) == [0, 0, 0]

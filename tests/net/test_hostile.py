@@ -41,7 +41,7 @@ from edge_node.wire.messages import (
     value_type_to_proto,
 )
 from tests import wire_models
-from tests.net.hostile import HostileServer, hold_open
+from tests.net.hostile import HostileServer, hold_open, no_connections_to
 from tests.wire_models import PEER_FLEET as FLEET
 from tests.wire_models import PEER_SHAPES as SHAPES
 from tests.wire_models import PEER_SPEC as SPEC
@@ -155,6 +155,22 @@ def test_cancel_abandons_every_transfer_within_a_second() -> None:
         with pytest.raises(PeerUnreachable) as caught:
             pull_model(peers[0], SPEC, FLEET, deadline_s=60, cancel=cancel, **PLAIN)
         assert caught.value.kind == "cancelled" and time.monotonic() - start < 0.3 + 1.0
+
+
+def test_a_stream_cancelled_mid_way_leaves_no_call_and_no_connection_behind() -> None:
+    """A pull whose stream is cut part-way, by the caller's cancel or by the deadline, ends its call and its
+    connection: a stream read on the pulling thread keeps both until its cancelled call's events are taken."""
+    with HostileServer(get_model=_trickle("loris", 5.0)) as loris:
+        peer = PeerAddress("loris", "127.0.0.1", loris.port)
+        for attempt in range(3):
+            cancel = threading.Event()
+            threading.Timer(0.3, cancel.set).start()
+            result = pull_models([peer], SPEC, FLEET, deadline_s=60, cancel=cancel, **PLAIN)
+            assert result.failures["loris"].kind == "cancelled", attempt
+            result = pull_models([peer], SPEC, FLEET, deadline_s=0.3, **PLAIN)
+            assert result.failures["loris"].kind == "timeout", attempt
+        assert loris.calls == 6 and loris.wait_ended(1.0)
+        assert no_connections_to([loris.port]) == [0]
 
 
 def test_one_deadline_covers_every_retry_and_backoff() -> None:
