@@ -174,15 +174,14 @@ class Expansion:
 
 
 def compile_loops() -> None:
-    """Compile the loops for every kind of array they are called with (about a second): float32 values
-    and 16-bit ones widened by a table, each read-only (views of a message) and writable."""
+    """Compile the loops for the arrays a decoder calls them with: a read-only bitmap and read-only values
+    (views of a message), float32 or 16-bit with a table. Other kinds compile on first use."""
     table = np.zeros(1 << 16, dtype=np.uint32)
-    for writable in (True, False):
-        for kind in (None, table):
-            bitmap = np.array([1], dtype=np.uint8)
-            values = np.ones(1, dtype=np.float32 if kind is None else np.uint16)
-            for array in (bitmap, values):
-                array.setflags(write=writable)
-            expansion = Expansion(2, kind)
-            expansion.add(bitmap, 2, values)
-            expansion.finish()
+    for kind in (None, table):
+        bitmap = np.array([1], dtype=np.uint8)
+        values = np.ones(1, dtype=np.float32 if kind is None else np.uint16)
+        for array in (bitmap, values):
+            array.setflags(write=False)
+        expansion = Expansion(2, kind)
+        expansion.add(bitmap, 2, values)
+        expansion.finish()

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_node.wire import ValueType, compile_decoder
+from edge_node.wire import ValueType
 from edge_node.wire._build import WIDENED
 from edge_node.wire._expand import _SHORT, _UNPACKED, Expansion, _unpack
 
@@ -147,9 +152,37 @@ def test_unpacking_equals_numpys(size: int, seed: int) -> None:
     assert np.array_equal(out, np.unpackbits(bits, count=size, bitorder="little"))
 
 
-def test_compile_decoder_compiles_both_kinds_of_values() -> None:
-    compile_decoder()
-    from edge_node.wire._expand import _place_chunk, _place_run_widened
+_DECODE_AFTER_COMPILE = """
+import json
 
-    assert len(_place_chunk.signatures) >= 4 and len(_unpack.signatures) >= 2  # float32 and 16-bit, each ro and rw
-    assert len(_place_run_widened.signatures) >= 2
+from edge_node.wire import ValueType, compile_decoder, decode_model, encode_model
+from edge_node.wire._expand import _place_chunk, _place_run, _place_run_widened, _unpack
+from tests.wire_models import PEER_FLEET, PEER_SHAPES, PEER_SPEC, kept_fraction, random_model
+
+compile_decoder()
+loops = (_place_chunk, _place_run, _place_run_widened, _unpack)
+compiled = [len(loop.signatures) for loop in loops]
+weights, masks = random_model(PEER_SHAPES, 3, 0.5)
+for value_type in ValueType:
+    messages = encode_model(
+        PEER_SPEC, weights, masks, node_id="node-a", fleet_id=PEER_FLEET, round=1, density=kept_fraction(masks),
+        value_type=value_type, max_message_bytes=4096,
+    )
+    decode_model([m.SerializeToString() for m in messages], PEER_SPEC, PEER_FLEET)
+print(json.dumps([compiled, [len(loop.signatures) for loop in loops]]))
+"""
+
+
+def test_compile_decoder_compiles_what_a_decode_uses() -> None:
+    """After ``compile_decoder``, decoding fp32, fp16 and bf16 streams compiles nothing more: a daemon compiles
+    at start, not in its first pull. In a fresh process (other tests here compile other kinds of arrays)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _DECODE_AFTER_COMPILE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr
+    compiled, after = json.loads(done.stdout)
+    assert compiled == after and all(compiled), (compiled, after)
