@@ -27,9 +27,6 @@ if TYPE_CHECKING:
 
 Built = tuple[np.ndarray, np.ndarray | None]  # a tensor's float32 weights and bool mask (None: dense)
 
-_HALF_EXPONENT = 0x7C00  # binary16: all exponent bits set is Inf or NaN
-_HALF_REBIAS = np.float32(2.0**112)  # 2 ** (127 - 15): binary16's exponent bias to binary32's
-
 
 class _BuildPool:
     """Daemon threads that run the builds of every stream (started on first use).
@@ -73,20 +70,14 @@ def _builder_count() -> int:
 BUILDERS = _BuildPool(_builder_count())
 
 
-def _widened_half_bits(halves: np.ndarray) -> np.ndarray:
-    """fp16 bit patterns (uint32) as float32 bit patterns, with integer operations: the 15 bits below
-    the sign moved to binary32's place and scaled by 2**112 (exact: a power of two; binary16's
-    subnormals become normal floats), then the sign."""
-    magnitude = ((halves & 0x7FFF) << 13).view(np.float32) * _HALF_REBIAS
-    return magnitude.view(np.uint32) | ((halves & 0x8000) << 16)
-
-
+_ALL_HALVES = np.arange(1 << 16, dtype=np.uint16)
 # The float32 bit pattern of each 16-bit value, indexed by its bits: the expansion widens as it places.
+# Built once by numpy (exact for every finite half; Inf and NaN are refused before any value is placed).
 WIDENED = {
-    ValueType.FLOAT16: _widened_half_bits(np.arange(1 << 16, dtype=np.uint32)),
-    ValueType.BFLOAT16: np.arange(1 << 16, dtype=np.uint32) << 16,
+    ValueType.FLOAT16: _ALL_HALVES.view(np.float16).astype(np.float32).view(np.uint32),
+    ValueType.BFLOAT16: _ALL_HALVES.astype(np.uint32) << 16,
 }
-_NON_FINITE_EXPONENT = {ValueType.FLOAT16: _HALF_EXPONENT, ValueType.BFLOAT16: 0x7F80}  # all exponent bits set
+_NON_FINITE_EXPONENT = {ValueType.FLOAT16: 0x7C00, ValueType.BFLOAT16: 0x7F80}  # all exponent bits set: Inf or NaN
 
 
 def chunk_values(raw: bytes, value_type: ValueType) -> tuple[np.ndarray, int]:

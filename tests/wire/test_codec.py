@@ -432,7 +432,8 @@ def test_header_digest_of_another_size_than_its_version_names_is_refused(
 
 
 def test_fp16_widening_is_exact_for_every_finite_half_and_counts_the_rest() -> None:
-    """The integer widening of fp16 values gives numpy's float32 for each of the 63,488 finite halves."""
+    """A chunk of fp16 bytes read through the widening table gives numpy's float32 for each of the 63,488
+    finite halves (byte order and lookup), and its Inf and NaN are counted on the raw bits."""
     from edge_node.wire._build import float32_values as _float32_values
 
     halves = np.arange(1 << 16, dtype="<u2")
