@@ -3,7 +3,10 @@
 Encoding is vectorised (``numpy.packbits(..., bitorder="little")``, boolean indexing); decoding
 validates every chunk as it arrives and the whole model at the end, so a bad stream raises
 ``WireDecodeError`` (or ``WireLimitError`` / ``HeaderMismatch``) naming the tensor and the problem,
-having touched nothing of the caller's. Each chunk, once checked against the stream, goes on to its
+having touched nothing of the caller's. A stream's first message (its header) is read by protobuf;
+every later one by ``_parse``'s compiled walk, which accepts only the canonical encoding and says
+where each chunk's bitmap and values lie, so they are read in the message as it arrived, never
+copied. Each chunk, once checked against the stream, goes on to its
 tensor's build (``_build``: values put in their places by the compiled loop of ``_expand``) on
 builder threads while the next messages arrive; the model is handed over only when every check of
 the whole stream has passed.
@@ -13,9 +16,10 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -23,8 +27,9 @@ from google.protobuf.message import DecodeError
 
 from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
 from edge_node.protocol import MAX_ROUND, NODE_ID_PATTERN, check_fleet_id, check_node_id, check_round, is_valid_node_id
+from edge_node.wire import _parse
 from edge_node.wire._build import Built, TensorBuild
-from edge_node.wire._layout import ChunkPlan, StreamPlan, packed_size, plan_stream, tensor_entry_bytes, varint_size
+from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_stream, varint_size
 from edge_node.wire.messages import (
     ProtoModelChunk,
     ProtoSparseTensor,
@@ -292,50 +297,19 @@ class _TensorState:
 
 
 def _check_known_fields(index: int, chunk: ProtoModelChunk) -> None:
-    """Refuse fields this protocol version does not define (a server never sends them: padding)."""
+    """Refuse fields this protocol version does not define in a header message (padding)."""
     found = unknown_field_numbers(chunk)
     where = f"message {index}"
     if not found and chunk.HasField("header"):
         found, where = unknown_field_numbers(chunk.header), f"message {index}, header"
-    if not found:
-        for tensor in chunk.tensors:
-            found = unknown_field_numbers(tensor)
-            if found:
-                where = f"message {index}, tensor {tensor.name!r}"
-                break
     if found:
         raise WireDecodeError(f"{where}: unknown field number(s) {found[:8]} (not in protocol {PROTOCOL_VERSION})")
 
 
-def _contents(model_chunk: ProtoModelChunk) -> list[tuple[ProtoSparseTensor, bytes, bytes]]:
-    """Each tensor chunk with its bitmap and values, read once: each read of a bytes field copies it."""
-    return [(tensor, tensor.bitmap, tensor.values) for tensor in model_chunk.tensors]
-
-
-def _canonical_bytes(model_chunk: ProtoModelChunk, contents: list[tuple[ProtoSparseTensor, bytes, bytes]]) -> int:
-    """The bytes of ``model_chunk``'s canonical encoding (its unknown fields, already refused, not counted).
-
-    Counted from the fields (the bytes fields' lengths from ``contents``) rather than by ``ByteSize``,
-    which encodes the message again: about 1 ms of a resnet18 pull. A header message, small and once
-    per stream, takes ``ByteSize``.
-    """
-    if model_chunk.HasField("header"):
-        return int(model_chunk.ByteSize())
-    return sum(
-        tensor_entry_bytes(
-            len(tensor.name.encode()),
-            packed_size(tensor.shape),
-            tensor.value_type,
-            len(bitmap),
-            len(values),
-            tensor.nnz,
-            tensor.dense,
-            tensor.start,
-            tensor.count,
-            tensor.value_start,
-        )
-        for tensor, bitmap, values in contents
-    )
+def _quoted_name(raw: bytes, row: Sequence[int]) -> str:
+    """A chunk's name as it arrived, for an error (undecodable bytes replaced)."""
+    at, length = row[_parse.NAME_AT], row[_parse.NAME_LEN]
+    return repr(raw[at : at + min(length, 300)].decode("utf-8", "replace"))
 
 
 class ModelDecoder:
@@ -372,6 +346,8 @@ class ModelDecoder:
         self.total_bytes = 0
         self.value_type: ValueType | None = None  # of the stream's first chunk; every chunk must have it
         self._names = spec.names
+        self._names_by_bytes = {name.encode(): name for name in spec.names}
+        self._rows = np.empty((0, _parse.COLUMNS), dtype=np.int64)  # one per chunk the header announces
         self._next_tensor = 0  # index into the spec's names of the next tensor to start
         self._current: _TensorState | None = None
         self._tensors: dict[str, _TensorState] = {}
@@ -409,48 +385,69 @@ class ModelDecoder:
 
     def _feed(self, message: ProtoModelChunk | bytes) -> None:
         index = self.messages
-        model_chunk: ProtoModelChunk
-        if isinstance(message, (bytes, bytearray, memoryview)):
-            size = len(message)
-            self._check_sizes(index, size)
-            try:
-                model_chunk = ProtoModelChunk.FromString(bytes(message))
-            except DecodeError as exc:
-                raise WireDecodeError(f"message {index} is not a valid ModelChunk: {exc}") from exc
-            _check_known_fields(index, model_chunk)
-            contents = _contents(model_chunk)
-            canonical = _canonical_bytes(model_chunk, contents)
-            if canonical != size:
-                raise WireDecodeError(
-                    f"message {index} is {size} bytes but its fields encode in {canonical}:"
-                    " repeated or non-canonically encoded fields are refused"
-                )
-        else:
-            model_chunk = message
-            _check_known_fields(index, model_chunk)
-            contents = _contents(model_chunk)
-            self._check_sizes(index, _canonical_bytes(model_chunk, contents))
+        if isinstance(message, ProtoModelChunk):  # checked as the bytes a peer would have sent
+            message = message.SerializeToString()
+        raw = bytes(message)
+        self._check_sizes(index, len(raw))
         self.messages += 1
         if self.header is None:
-            if not model_chunk.HasField("header") or len(model_chunk.tensors):
-                raise WireDecodeError("stream does not start with a header-only message")
-            self.header = self._check_header(model_chunk.header)
+            self.header = self._take_header(index, raw)
+            self._rows = np.empty((self.header.chunk_count + 1, _parse.COLUMNS), dtype=np.int64)
             return
-        if model_chunk.HasField("header"):
-            raise WireDecodeError(f"message {index} carries a second header")
-        if not len(model_chunk.tensors):
-            raise WireDecodeError(f"message {index} carries no tensors")
         if index > self.header.message_count:
             raise WireDecodeError(f"stream goes on past the {self.header.message_count} messages its header announced")
-        for tensor, bitmap, values in contents:
+        rows = self._rows[self.chunks :]
+        entries, code, detail, where, in_entry = _parse.parse(np.frombuffer(raw, dtype=np.uint8), rows)
+        if code != _parse.OK:
+            self._refuse_parse(index, raw, code, detail, where, rows[entries] if in_entry else None)
+        if not entries:
+            raise WireDecodeError(f"message {index} carries no tensors")
+        view = memoryview(raw)
+        for row in rows[:entries].tolist():
             self.chunks += 1
             if self.chunks > self.limits.max_chunks:
                 raise WireLimitError(f"stream has more than {self.limits.max_chunks} tensor chunks (the limit)")
-            if self.chunks > self.header.chunk_count:
-                raise WireDecodeError(f"stream has more than the {self.header.chunk_count} chunks its header announced")
-            self._take_chunk(index, tensor, bitmap, values)
+            self._take_chunk(index, raw, view, row)
         while self._building and self._building[0].done():  # a tensor refused by its build stops the stream
             self._building.popleft().result()
+
+    def _take_header(self, index: int, raw: bytes) -> StreamHeader:
+        """The stream's first message: a header and nothing else, its fields' canonical encoding."""
+        try:
+            model_chunk = ProtoModelChunk.FromString(raw)
+        except DecodeError as exc:
+            raise WireDecodeError(f"message {index} is not a valid ModelChunk: {exc}") from exc
+        _check_known_fields(index, model_chunk)
+        if model_chunk.ByteSize() != len(raw):
+            raise WireDecodeError(
+                f"message {index} is {len(raw)} bytes but its fields encode in {model_chunk.ByteSize()}:"
+                " repeated or non-canonically encoded fields are refused"
+            )
+        if not model_chunk.HasField("header") or len(model_chunk.tensors):
+            raise WireDecodeError("stream does not start with a header-only message")
+        return self._check_header(model_chunk.header)
+
+    def _refuse_parse(
+        self, index: int, raw: bytes, code: int, detail: int, where: int, row: Sequence[int] | None
+    ) -> NoReturn:
+        """Raise what ``_parse.parse`` found wrong with message ``index`` (``row``: the entry it broke in)."""
+        assert self.header is not None
+        if code == _parse.HEADER:
+            raise WireDecodeError(f"message {index} carries a second header")
+        if code == _parse.ENTRIES_OVER:
+            raise WireDecodeError(f"stream has more than the {self.header.chunk_count} chunks its header announced")
+        place = f"message {index}"
+        if row is not None and row[_parse.NAME_LEN]:
+            place += f", tensor {_quoted_name(raw, row)}"
+        if code == _parse.UNKNOWN:
+            raise WireDecodeError(f"{place}: unknown field number(s) [{detail}] (not in protocol {PROTOCOL_VERSION})")
+        words, non_canonical = _parse.parse_error(code, detail, where)
+        if non_canonical:
+            raise WireDecodeError(
+                f"{place} is not its fields' canonical encoding: {words}:"
+                " repeated or non-canonically encoded fields are refused"
+            )
+        raise WireDecodeError(f"{place} is not a valid ModelChunk: {words}")
 
     def _check_sizes(self, index: int, size: int) -> None:
         if size > self.limits.max_message_bytes:
@@ -542,19 +539,26 @@ class ModelDecoder:
         state = self._current = self._tensors[name] = _TensorState(build)
         return state
 
-    def _take_chunk(self, index: int, chunk: ProtoSparseTensor, bitmap: bytes, values: bytes) -> None:
-        """Check one chunk against the stream so far and keep it (``bitmap``, ``values``: its fields, read once)."""
-        name = chunk.name
-        where = f"message {index}, tensor {name[:300]!r}"
-        if name not in self.spec.shapes:
-            raise WireDecodeError(f"{where}: unknown tensor name (not in {self.spec.arch_id})")
+    def _take_chunk(self, index: int, raw: bytes, view: memoryview, row: list[int]) -> None:
+        """Check one chunk (``row``: what ``_parse.parse`` read of it from ``raw``) against the stream so
+        far, and hand its bitmap and values (views of the message) to its tensor's build."""
+        (name_at, name_len, type_number, bitmap_at, bitmap_len, values_at, values_len) = row[: _parse.NNZ]
+        nnz, dense, start, count, value_start, dims = row[_parse.NNZ : _parse.SHAPE]
+        name = self._names_by_bytes.get(raw[name_at : name_at + name_len])
+        if name is None:
+            raise WireDecodeError(
+                f"message {index}, tensor {_quoted_name(raw, row)}: unknown tensor name (not in {self.spec.arch_id})"
+            )
+        where = f"message {index}, tensor {name!r}"
         shape = self.spec.shapes[name]
-        if tuple(chunk.shape) != shape:
-            raise WireDecodeError(f"{where}: shape {tuple(chunk.shape)[:16]} does not match the model's {shape}")
+        if dims != len(shape) or tuple(row[_parse.SHAPE : _parse.SHAPE + dims]) != shape:
+            raise WireDecodeError(
+                f"{where}: shape {tuple(row[_parse.SHAPE : _parse.SHAPE + dims])} does not match the model's {shape}"
+            )
         try:
-            value_type = ValueType(chunk.value_type)
+            value_type = ValueType(type_number)
         except ValueError:
-            raise WireDecodeError(f"{where}: unknown value type {chunk.value_type}") from None
+            raise WireDecodeError(f"{where}: unknown value type {type_number}") from None
         if self.value_type is None:
             self.value_type = value_type
         elif value_type is not self.value_type:
@@ -563,51 +567,54 @@ class ModelDecoder:
                 " (one value type per stream)"
             )
         numel = math.prod(shape)
+        dense = bool(dense)
         state = self._tensors.get(name)
         if state is None:
-            state = self._start_tensor(where, name, numel, chunk.dense)
+            state = self._start_tensor(where, name, numel, dense)
         elif state.complete:
             raise WireDecodeError(f"{where}: tensor sent twice")
-        if chunk.dense != state.dense:
+        if dense != state.dense:
             raise WireDecodeError(f"{where}: dense flag changes between chunks of one tensor")
-        if chunk.start != state.next_element:
+        if start != state.next_element:
             raise WireDecodeError(
-                f"{where}: chunk starts at element {chunk.start}, expected {state.next_element}"
+                f"{where}: chunk starts at element {start}, expected {state.next_element}"
                 " (chunks must be contiguous and in order)"
             )
-        end = chunk.start + chunk.count
-        if end > numel or (chunk.count == 0 and numel > 0):
-            raise WireDecodeError(f"{where}: chunk range [{chunk.start}, {end}) is empty or beyond numel {numel}")
-        if end < numel and chunk.count % 8:
+        end = start + count
+        if end > numel or (count == 0 and numel > 0):
+            raise WireDecodeError(f"{where}: chunk range [{start}, {end}) is empty or beyond numel {numel}")
+        if end < numel and count % 8:
             raise WireDecodeError(f"{where}: a chunk that is not the tensor's last must cover a multiple of 8 elements")
-        if chunk.dense:
-            if bitmap:
+        if dense:
+            if bitmap_len:
                 raise WireDecodeError(f"{where}: a dense chunk carries a bitmap")
-            if chunk.value_start != chunk.start or chunk.nnz != chunk.count:
+            if value_start != start or nnz != count:
                 raise WireDecodeError(
-                    f"{where}: dense chunk of elements [{chunk.start}, {end}) declares values"
-                    f" [{chunk.value_start}, {chunk.value_start + chunk.nnz})"
+                    f"{where}: dense chunk of elements [{start}, {end}) declares values"
+                    f" [{value_start}, {value_start + nnz})"
                 )
-        elif len(bitmap) != (chunk.count + 7) // 8:
+        elif bitmap_len != (count + 7) // 8:
             raise WireDecodeError(
-                f"{where}: bitmap has {len(bitmap)} bytes, expected {(chunk.count + 7) // 8}"
-                f" for {chunk.count} elements (truncated or padded bitmap)"
+                f"{where}: bitmap has {bitmap_len} bytes, expected {(count + 7) // 8}"
+                f" for {count} elements (truncated or padded bitmap)"
             )
-        if chunk.value_start != state.next_value:
-            raise WireDecodeError(f"{where}: values start at index {chunk.value_start}, expected {state.next_value}")
-        if state.next_value + chunk.nnz > numel:
-            raise WireDecodeError(f"{where}: {state.next_value + chunk.nnz} values for a tensor of {numel} elements")
-        if len(values) != chunk.nnz * value_type.itemsize:
+        if value_start != state.next_value:
+            raise WireDecodeError(f"{where}: values start at index {value_start}, expected {state.next_value}")
+        if state.next_value + nnz > numel:
+            raise WireDecodeError(f"{where}: {state.next_value + nnz} values for a tensor of {numel} elements")
+        if values_len != nnz * value_type.itemsize:
             raise WireDecodeError(
-                f"{where}: nnz={chunk.nnz} but {len(values)} value bytes arrived"
-                f" (expected {chunk.nnz * value_type.itemsize} for {value_type.name})"
+                f"{where}: nnz={nnz} but {values_len} value bytes arrived"
+                f" (expected {nnz * value_type.itemsize} for {value_type.name})"
             )
+        bitmap = view[bitmap_at : bitmap_at + bitmap_len]
+        values = view[values_at : values_at + values_len]
         assert self._digest is not None  # set with the header
         self._digest.update(bitmap)
         self._digest.update(values)
-        state.build.add(bitmap, values, chunk.count)
+        state.build.add(bitmap, values, count)
         state.next_element = end
-        state.next_value += chunk.nnz
+        state.next_value += nnz
 
     def finish(self) -> DecodedModel:
         """Check the stream is complete and consistent, then build float32 weights and bool masks.
@@ -673,7 +680,8 @@ class ModelDecoder:
 
 
 def compile_decoder() -> None:
-    """Compile the decoder's expansion loop now (about half a second) rather than in the first pull.
+    """Compile the decoder's loops (the expansion's and the message walk's; about 1.8 s) now rather than in
+    the first pull.
 
     numba loads here or with the first decode, not with this package: a simulation uses the wire
     format's specs and sizes but never decodes, and need not pay numba's import (0.1 s) and memory
@@ -682,6 +690,7 @@ def compile_decoder() -> None:
     from edge_node.wire._expand import compile_loops
 
     compile_loops()
+    _parse.compile_parser()
 
 
 def decode_model(

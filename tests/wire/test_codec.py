@@ -12,8 +12,6 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
 from edge_node.wire import (
@@ -27,7 +25,6 @@ from edge_node.wire import (
     encode_model,
     encoded_model_size,
 )
-from edge_node.wire.codec import _canonical_bytes, _contents
 from edge_node.wire.messages import ProtoModelChunk
 from tests import wire_models
 from tests.wire_models import find_tensor, kept_fraction
@@ -442,32 +439,6 @@ def test_fp16_widening_is_exact_for_every_finite_half_and_counts_the_rest() -> N
     values, bad = _float32_values(halves.tobytes(), ValueType.FLOAT16)
     assert bad == int((~finite).sum()) == 2048  # every Inf and NaN, counted on the raw bits
     assert np.array_equal(values[finite].view(np.uint32), expected[finite].view(np.uint32))  # -0.0 and subnormals too
-
-
-_UINT64 = st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1))
-_TENSOR_FIELDS = st.fixed_dictionaries(
-    {
-        "name": st.text(max_size=40),
-        "shape": st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(0, 5000), max_size=5),
-        "value_type": st.integers(-(2**31), 2**31 - 1) | st.sampled_from([0, 1, 2]),
-        "bitmap": st.binary(max_size=300),
-        "values": st.binary(max_size=300),
-        "nnz": _UINT64,
-        "dense": st.booleans(),
-        "start": _UINT64,
-        "count": _UINT64,
-        "value_start": _UINT64,
-    }
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(_TENSOR_FIELDS, max_size=4))
-def test_the_decoders_canonical_size_is_protobufs_for_any_field_values(tensors: list[dict]) -> None:
-    """The size the decoder counts from a message's fields (instead of ``ByteSize``) is protobuf's own."""
-    chunk = ProtoModelChunk(tensors=tensors)
-    parsed = ProtoModelChunk.FromString(chunk.SerializeToString())
-    assert _canonical_bytes(parsed, _contents(parsed)) == parsed.ByteSize() == len(chunk.SerializeToString())
 
 
 def test_a_tensor_field_sent_twice_or_encoded_long_is_refused_as_non_canonical() -> None:

@@ -155,12 +155,12 @@ def test_unpacking_equals_numpys(size: int, seed: int) -> None:
 _DECODE_AFTER_COMPILE = """
 import json
 
-from edge_node.wire import ValueType, compile_decoder, decode_model, encode_model
+from edge_node.wire import ValueType, _parse, compile_decoder, decode_model, encode_model
 from edge_node.wire._expand import _place_chunk, _place_run, _place_run_widened, _unpack
 from tests.wire_models import PEER_FLEET, PEER_SHAPES, PEER_SPEC, kept_fraction, random_model
 
 compile_decoder()
-loops = (_place_chunk, _place_run, _place_run_widened, _unpack)
+loops = (_place_chunk, _place_run, _place_run_widened, _unpack, _parse._compiled())
 compiled = [len(loop.signatures) for loop in loops]
 weights, masks = random_model(PEER_SHAPES, 3, 0.5)
 for value_type in ValueType:
@@ -174,7 +174,8 @@ print(json.dumps([compiled, [len(loop.signatures) for loop in loops]]))
 
 
 def test_compile_decoder_compiles_what_a_decode_uses() -> None:
-    """After ``compile_decoder``, decoding fp32, fp16 and bf16 streams compiles nothing more: a daemon compiles
+    """After ``compile_decoder``, decoding fp32, fp16 and bf16 streams compiles nothing more (the expansion's
+    loops, nor the message walk): a daemon compiles
     at start, not in its first pull. In a fresh process (other tests here compile other kinds of arrays)."""
     done = subprocess.run(
         [sys.executable, "-c", _DECODE_AFTER_COMPILE],
