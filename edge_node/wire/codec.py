@@ -518,7 +518,7 @@ class ModelDecoder:
             chunk_count=proto.chunk_count,
         )
 
-    def _start_tensor(self, where: str, name: str, numel: int, dense: bool) -> _TensorState:
+    def _start_tensor(self, where: str, name: str, dense: bool) -> _TensorState:
         """A chunk of a tensor not seen yet: it must be the spec's next one, after the previous is complete."""
         current = self._current
         if current is not None and not current.complete:
@@ -534,7 +534,7 @@ class ModelDecoder:
             )
         self._next_tensor += 1
         assert self.value_type is not None  # set by the stream's first chunk, before its tensor starts
-        build = TensorBuild(name, numel, dense, self.value_type)
+        build = TensorBuild(name, self.spec.shapes[name], dense, self.value_type)
         self._building.append(build.future)
         state = self._current = self._tensors[name] = _TensorState(build)
         return state
@@ -570,7 +570,7 @@ class ModelDecoder:
         dense = bool(dense)
         state = self._tensors.get(name)
         if state is None:
-            state = self._start_tensor(where, name, numel, dense)
+            state = self._start_tensor(where, name, dense)
         elif state.complete:
             raise WireDecodeError(f"{where}: tensor sent twice")
         if dense != state.dense:
@@ -655,11 +655,7 @@ class ModelDecoder:
                 raise WireDecodeError(
                     f"tensor {name!r} is incomplete: {state.next_element} of {numel} elements arrived"
                 )
-            weight, mask = state.build.future.result()  # raises the tensor's refusal, if any
-            weights[name] = torch.from_numpy(weight).reshape(shape)
-            if mask is None:  # numpy's fill: torch's would wake its OpenMP workers, which then spin for a while
-                mask = np.ones(numel, dtype=np.bool_)
-            masks[name] = torch.from_numpy(mask).reshape(shape)
+            weights[name], masks[name] = state.build.future.result()  # raises the tensor's refusal, if any
             active += state.next_value
         assert self._digest is not None  # set with the header
         digest = self._digest.digest()
