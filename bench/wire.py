@@ -4,15 +4,15 @@
 
 Bytes for cnn and resnet18 with ERK masks at densities 0.1, 0.2, 0.5, 0.8, 1.0: our encoding (exact,
 ``encoded_model_size``, checked once against a real encode), dense fp32, uint32-COO + fp32, and the
-information-theoretic floor n*H(d) bits + nnz fp32 values (for the whole model's d, and summed per
-tensor with each tensor's own density; "ours/floor" is against the latter). "vs bm+vals" is our
-overhead over ceil(numel/8) bitmap bytes for each tensor sent sparse plus nnz*4 value bytes (a tensor
-whose mask is all true travels dense, without a bitmap). Encode/decode throughput on one CPU
-thread. Time to pull ResNet18 d = 0.5 over loopback gRPC (transport alone, and the whole
-``pull_models`` with validation and decoding) against a plain TCP socket moving the same message
-bytes, as ratios measured in the same run; the serving peer runs in a process of its own, as another
-node does (``--server same``: in the bench's process, where its event loop shares the puller's GIL).
-Prints a table; writes JSON with ``--json``.
+information-theoretic floor n*H(d) bits + nnz fp32 values (for the whole model's d, and summed per tensor with
+each tensor's own density; "ours/floor" is against the latter). "vs bm+vals" is our overhead over
+ceil(numel/8) bitmap bytes for each tensor sent sparse plus nnz*4 value bytes (a tensor whose mask is all true
+travels dense, without a bitmap). Encode/decode throughput on one CPU thread (decode: of the serialized
+messages, as a peer's stream delivers them). Time to pull ResNet18 d = 0.5 over loopback gRPC (transport
+alone, and the whole ``pull_models`` with validation and decoding) against a plain TCP socket moving the same
+message bytes, as ratios measured in the same run; the serving peer runs in a process of its own, as another
+node does (``--server same``: in the bench's process, where its event loop shares the puller's GIL). Prints a
+table; writes JSON with ``--json``.
 """
 
 from __future__ import annotations
@@ -135,8 +135,9 @@ def codec_speed(name: str, density: float, repeats: int) -> dict:
             start = time.perf_counter()
             messages = encode_model(spec, weights, masks, value_type=value_type, **header_kwargs(density))
             enc.append(time.perf_counter() - start)
+            received = [m.SerializeToString() for m in messages]  # what a peer's stream delivers
             start = time.perf_counter()
-            decode_model(messages, spec, FLEET)
+            decode_model(received, spec, FLEET)
             dec.append(time.perf_counter() - start)
         size = sum(m.ByteSize() for m in messages)
         key = value_type.name.lower()
