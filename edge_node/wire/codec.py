@@ -392,11 +392,11 @@ class ModelDecoder:
         self.messages += 1
         if self.header is None:
             self.header = self._take_header(index, raw)
-            self._rows = np.empty((self.header.chunk_count + 1, _parse.COLUMNS), dtype=np.int64)
+            self._rows = np.empty((self.header.chunk_count, _parse.COLUMNS), dtype=np.int64)
             return
         if index > self.header.message_count:
             raise WireDecodeError(f"stream goes on past the {self.header.message_count} messages its header announced")
-        rows = self._rows[self.chunks :]
+        rows = self._rows[self.chunks :]  # a chunk beyond the header's count has no row: refused
         entries, code, detail, where, in_entry = _parse.parse(np.frombuffer(raw, dtype=np.uint8), rows)
         if code != _parse.OK:
             self._refuse_parse(index, raw, code, detail, where, rows[entries] if in_entry else None)

@@ -441,6 +441,21 @@ def test_fp16_widening_is_exact_for_every_finite_half_and_counts_the_rest() -> N
     assert np.array_equal(values[finite].view(np.uint32), expected[finite].view(np.uint32))  # -0.0 and subnormals too
 
 
+def test_a_message_with_more_chunks_than_announced_or_with_none_is_refused() -> None:
+    weights, masks = random_model(14)
+    messages = [m.SerializeToString() for m in encode(weights, masks, max_message_bytes=SMALL)]
+    short = ProtoModelChunk.FromString(messages[0])
+    announced = short.header.chunk_count
+    short.header.chunk_count = max(short.header.message_count, len(SHAPES))  # fewer than the stream carries
+    assert short.header.chunk_count < announced
+    with pytest.raises(WireDecodeError, match=f"more than the {short.header.chunk_count} chunks its header announced"):
+        decode_model([short.SerializeToString(), *messages[1:]], SPEC, "fleet-1")
+    with pytest.raises(WireDecodeError, match="message 1 carries no tensors"):
+        decode_model([messages[0], b"", *messages[1:]], SPEC, "fleet-1")
+    with pytest.raises(WireDecodeError, match="message 1 is not a valid ModelChunk: a field runs past the end"):
+        decode_model([messages[0], messages[1][:-1], *messages[2:]], SPEC, "fleet-1")
+
+
 def test_a_tensor_field_sent_twice_or_encoded_long_is_refused_as_non_canonical() -> None:
     weights, masks = random_model(13)
     messages = [m.SerializeToString() for m in encode(weights, masks, max_message_bytes=SMALL)]
