@@ -82,7 +82,7 @@ WIDENED = {
 _NON_FINITE_EXPONENT = {ValueType.FLOAT16: 0x7C00, ValueType.BFLOAT16: 0x7F80}  # all exponent bits set: Inf or NaN
 
 
-def chunk_values(raw: bytes, value_type: ValueType) -> tuple[np.ndarray, int]:
+def chunk_values(raw: bytes | memoryview, value_type: ValueType) -> tuple[np.ndarray, int]:
     """One chunk's values as they came (a read-only view of ``raw``: float32, or the uint16 bits of
     fp16 and bf16), and how many are NaN or Inf (for 16-bit values, counted on the bits)."""
     if value_type is ValueType.FLOAT32:
@@ -93,7 +93,7 @@ def chunk_values(raw: bytes, value_type: ValueType) -> tuple[np.ndarray, int]:
     return halves, int(np.count_nonzero((halves & exponent) == exponent))
 
 
-def float32_values(raw: bytes, value_type: ValueType) -> tuple[np.ndarray, int]:
+def float32_values(raw: bytes | memoryview, value_type: ValueType) -> tuple[np.ndarray, int]:
     """One chunk's values as float32 (a read-only view of ``raw`` for fp32), and how many are NaN or Inf."""
     values, bad = chunk_values(raw, value_type)
     if value_type is not ValueType.FLOAT32:
@@ -116,7 +116,7 @@ class TensorBuild:
         self.dense = dense
         self.value_type = value_type
         self.future: Future[Built] = Future()
-        self._queue: collections.deque[tuple[bytes, bytes, int]] = collections.deque()
+        self._queue: collections.deque[tuple[bytes | memoryview, bytes | memoryview, int]] = collections.deque()
         self._lock = threading.Lock()
         self._scheduled = False  # a builder job for this tensor is queued or running
         self._draining = False  # a thread (a builder, or a helper: ``build_here``) is taking the chunks
@@ -143,7 +143,7 @@ class TensorBuild:
         """No thread is taking this tensor's chunks and none is about to."""
         return not (self._scheduled or self._draining)
 
-    def add(self, bitmap: bytes, values: bytes, count: int) -> None:
+    def add(self, bitmap: bytes | memoryview, values: bytes | memoryview, count: int) -> None:
         """The tensor's next chunk: its bitmap (empty when dense), values, and elements covered."""
         with self._lock:
             if self._cancelled:
@@ -192,7 +192,7 @@ class TensorBuild:
             except BaseException as exc:  # the decoder raises it from the future
                 self.future.set_exception(exc)
 
-    def _take(self, bitmap: bytes, raw_values: bytes, count: int) -> None:
+    def _take(self, bitmap: bytes | memoryview, raw_values: bytes | memoryview, count: int) -> None:
         values, bad = (float32_values if self.dense else chunk_values)(raw_values, self.value_type)
         if bad:
             raise WireDecodeError(f"tensor {self.name!r}: {bad} values are NaN or Inf")
