@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from edge_node.wire import _parse
@@ -91,38 +91,41 @@ _VALUE = st.sampled_from([0, 1, 3, 127, 128, 2**31 - 1, 2**31, 2**63 - 1, 2**63,
 
 
 @st.composite
-def _field_bytes(draw: st.DrawFn) -> bytes:
+def _field_bytes(draw: st.DrawFn) -> tuple[bytes, bool]:
     """One field as a sender might write it: mostly right, sometimes repeated later, long, empty,
-    zero, of the wrong wire type or unknown."""
+    zero, of the wrong wire type or unknown; and whether it is the shape written unpacked (protobuf reads
+    that alike, and one or two dimensions written so can take exactly the canonical size)."""
     number = draw(st.integers(1, 10) | st.sampled_from([0, 11, 15, 100]))
     natural = 2 if number in _LENGTH_FIELDS else 0
     wire = draw(st.sampled_from([natural] * 6 + [0, 1, 2, 5]))
     tag = _varint(number << 3 | wire, draw(_EXTRA))
     if wire == 1:
-        return tag + draw(st.binary(min_size=8, max_size=8))
+        return tag + draw(st.binary(min_size=8, max_size=8)), False
     if wire == 5:
-        return tag + draw(st.binary(min_size=4, max_size=4))
+        return tag + draw(st.binary(min_size=4, max_size=4)), False
     if wire == 0:
         value = draw(st.integers(0, 1)) if number == 7 else draw(_VALUE)  # a bool other than 0/1: see the cases
-        return tag + _varint(value, draw(_EXTRA))
+        return tag + _varint(value, draw(_EXTRA)), number == 2
     if number == 1:
         payload = draw(st.text(max_size=12)).encode()
     elif number == 2:
         payload = b"".join(_varint(v, draw(_EXTRA)) for v in draw(st.lists(_VALUE, max_size=10)))
     else:
         payload = draw(st.binary(max_size=24))
-    return tag + _varint(len(payload), draw(_EXTRA)) + payload
+    return tag + _varint(len(payload), draw(_EXTRA)) + payload, False
 
 
 @st.composite
-def _message(draw: st.DrawFn) -> bytes:
-    entries = draw(st.lists(st.lists(_field_bytes(), max_size=12).map(b"".join), max_size=3))
-    parts = [b"\x12" + _varint(len(body), draw(_EXTRA)) + body for body in entries]
+def _message(draw: st.DrawFn) -> tuple[bytes, bool]:
+    """A ModelChunk of up to three tensor entries, and whether any of them holds its shape unpacked."""
+    entries = draw(st.lists(st.lists(_field_bytes(), max_size=12), max_size=3))
+    bodies = [b"".join(raw for raw, _unpacked in fields) for fields in entries]
+    parts = [b"\x12" + _varint(len(body), draw(_EXTRA)) + body for body in bodies]
     if draw(st.integers(0, 9)) == 0:  # now and then a field of the message itself: a header, or unknown
         parts.insert(
             draw(st.integers(0, len(parts))), draw(st.sampled_from([b"\x0a\x00", b"\x0a\x02\x08\x01", b"\x78\x01"]))
         )
-    return b"".join(parts)
+    return b"".join(parts), any(unpacked for fields in entries for _raw, unpacked in fields)
 
 
 def _protobuf_reads(raw: bytes) -> ProtoModelChunk | None:
@@ -132,10 +135,14 @@ def _protobuf_reads(raw: bytes) -> ProtoModelChunk | None:
         return None
 
 
-def _canonical_and_in_range(raw: bytes, chunk: ProtoModelChunk | None) -> bool:
+def _canonical_and_in_range(raw: bytes, chunk: ProtoModelChunk | None, unpacked_shape: bool) -> bool:
     """What the walk must accept: protobuf reads it, with no header and no unknown field, in exactly its
-    fields' canonical size, every count below 2**63, a value type within an int32 and at most 8 dimensions."""
+    fields' canonical size and no shape unpacked (a size can match without it: one dimension in a long varint,
+    or two dimensions, take the packed form's bytes), every count below 2**63, a value type within an int32
+    and at most 8 dimensions."""
     if chunk is None or chunk.HasField("header") or unknown_field_numbers(chunk) or chunk.ByteSize() != len(raw):
+        return False
+    if unpacked_shape:
         return False
     return all(
         not unknown_field_numbers(t)
@@ -148,10 +155,16 @@ def _canonical_and_in_range(raw: bytes, chunk: ProtoModelChunk | None) -> bool:
 
 @settings(max_examples=1500, deadline=None)
 @given(_message())
-def test_the_walk_accepts_exactly_the_canonical_messages_protobuf_reads_and_reads_them_alike(raw: bytes) -> None:
+@example((b"\x12\x03\x10\x80\x00", True))  # shape [0] unpacked in a long varint: the canonical size
+@example((b"\x12\x04\x10\x01\x10\x02", True))  # shape [1, 2] unpacked: the canonical size too
+@example((b"\x12\x04\x12\x02\x01\x02", False))  # and packed
+def test_the_walk_accepts_exactly_the_canonical_messages_protobuf_reads_and_reads_them_alike(
+    message: tuple[bytes, bool],
+) -> None:
+    raw, unpacked_shape = message
     entries, code, detail, where, _in_entry, rows = _walk(raw)
     chunk = _protobuf_reads(raw)
-    assert (code == _parse.OK) == _canonical_and_in_range(raw, chunk), (code, detail, where)
+    assert (code == _parse.OK) == _canonical_and_in_range(raw, chunk, unpacked_shape), (code, detail, where)
     if code == _parse.OK:
         assert chunk is not None and entries == len(chunk.tensors)
         _assert_rows_are(raw, rows[:entries], chunk)
