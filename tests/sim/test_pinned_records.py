@@ -10,6 +10,13 @@ file holds the records at that default (the slices' float rounding moved setting
 densities) must match exactly; accuracies and losses up to float noise of another CPU (a change to the
 algorithm moves them far more). If you change the algorithm on purpose, regenerate the file and say why in the
 commit.
+
+How much noise: on one CPU, restricting torch's kernels (``ONEDNN_MAX_CPU_ISA`` AVX2, SSE41, AVX512_CORE;
+``ATEN_CPU_CAPABILITY`` default, avx2, avx512; 1 and 2 threads) moved every loss by at most 7e-6 relative, except
+setting ii after its first mask update: gradient regrowth picks weights by near-tied gradient magnitudes, so
+noise there picks a few other weights, and the second round's loss moved by 1.4e-4 to 3.6e-4 (a CI machine's
+own CPU moved it 1.6e-4). A 1% larger learning rate moves the first round's loss by 2e-3, random regrowth in
+setting ii moves its second round's loss by 4.7e-2, another seed moves every loss by 3e-2 or more.
 """
 
 import json
@@ -27,6 +34,8 @@ COMMON = dict(
     planned_rounds=10, seed=11, rounds=2, progress=False, energy_backend="estimate", partition="dir-balanced:0.3",
 )  # fmt: skip
 SETTINGS = {"i": dict(regrow="random"), "ii": dict(setting="ii", regrow="gradient")}
+LOSS_REL = 1e-4  # measured float noise at most 7e-6
+LOSS_REL_AFTER_GRADIENT_REGROWTH = 2e-3  # measured float noise at most 3.6e-4; a real change moves it 4.7e-2
 EXACT = (
     "round", "bytes_received", "bytes_sent", "busiest_node_bytes", "paper_comm_mb_busiest", "flops_per_client_mean",
     "flops_per_client_max", "density_mean", "densities_target", "lr", "prune_rate",
@@ -44,4 +53,6 @@ def test_tiny_run_reproduces_pinned_records(setting, tmp_path):
             assert got[key] == want[key], (setting, got["round"], key)
         for key in ("acc_before", "acc_after"):
             assert got[key] == pytest.approx(want[key], abs=0.011), (setting, got["round"], key)  # 1 test sample
-        assert got["train_loss_mean"] == pytest.approx(want["train_loss_mean"], rel=1e-4), (setting, got["round"])
+        regrown = SETTINGS[setting]["regrow"] == "gradient" and got["round"] > 0
+        rel = LOSS_REL_AFTER_GRADIENT_REGROWTH if regrown else LOSS_REL
+        assert got["train_loss_mean"] == pytest.approx(want["train_loss_mean"], rel=rel), (setting, got["round"])
