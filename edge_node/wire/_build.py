@@ -9,6 +9,7 @@ tensor was built only once complete).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import math
 import os
@@ -36,13 +37,23 @@ class _BuildPool:
     Not a ``ThreadPoolExecutor``: its workers are non-daemon threads that live as long as the process
     and that interpreter exit joins. These are daemon threads: idle, they hold nothing and never delay
     an exit; a build is bounded work.
+
+    At exit the interpreter waits (``_EXIT_WAIT_S`` at most) for the jobs submitted so far: a job's end
+    may drop the last reference to a built tensor, and torch's tensor destructor takes the GIL, which a
+    daemon thread may no longer take once the interpreter finalizes: it then unwinds through C++ and the
+    process aborts ("terminate called without an active exception", seen in about 1 exit in 4 right
+    after a decode).
     """
+
+    _EXIT_WAIT_S = 5.0
 
     def __init__(self, workers: int) -> None:
         self._workers = workers
         self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._started = False
         self._lock = threading.Lock()
+        self._unfinished = 0  # jobs submitted whose worker has not yet let go of them
+        self._all_done = threading.Condition(self._lock)
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run ``job`` on a worker; it must not raise (a build keeps its outcome in its future)."""
@@ -50,12 +61,25 @@ class _BuildPool:
             if not self._started:
                 for i in range(self._workers):
                     threading.Thread(target=self._work, name=f"edge-node-build-{i}", daemon=True).start()
+                atexit.register(self.wait_done, self._EXIT_WAIT_S)
                 self._started = True
+            self._unfinished += 1
         self._queue.put(job)
+
+    def wait_done(self, timeout_s: float) -> bool:
+        """Wait until every job submitted has ended and been let go of; False if ``timeout_s`` passed first."""
+        with self._all_done:
+            return self._all_done.wait_for(lambda: self._unfinished == 0, timeout_s)
 
     def _work(self) -> None:
         while True:
-            self._queue.get()()
+            job = self._queue.get()
+            job()
+            job = None  # let go of it (and what it held) before counting it done
+            with self._all_done:
+                self._unfinished -= 1
+                if not self._unfinished:
+                    self._all_done.notify_all()
 
 
 def _builder_count() -> int:
@@ -70,35 +94,6 @@ def _builder_count() -> int:
 
 
 BUILDERS = _BuildPool(_builder_count())
-
-
-_ALL_HALVES = np.arange(1 << 16, dtype=np.uint16)
-# The float32 bit pattern of each 16-bit value, indexed by its bits: the expansion widens as it places.
-# Built once by numpy (exact for every finite half; Inf and NaN are refused before any value is placed).
-WIDENED = {
-    ValueType.FLOAT16: _ALL_HALVES.view(np.float16).astype(np.float32).view(np.uint32),
-    ValueType.BFLOAT16: _ALL_HALVES.astype(np.uint32) << 16,
-}
-_NON_FINITE_EXPONENT = {ValueType.FLOAT16: 0x7C00, ValueType.BFLOAT16: 0x7F80}  # all exponent bits set: Inf or NaN
-
-
-def chunk_values(raw: bytes | memoryview, value_type: ValueType) -> tuple[np.ndarray, int]:
-    """One chunk's values as they came (a read-only view of ``raw``: float32, or the uint16 bits of
-    fp16 and bf16), and how many are NaN or Inf (for 16-bit values, counted on the bits)."""
-    if value_type is ValueType.FLOAT32:
-        values = np.frombuffer(raw, dtype="<f4")
-        return values, int(values.size - np.count_nonzero(np.isfinite(values)))
-    halves = np.frombuffer(raw, dtype="<u2")
-    exponent = _NON_FINITE_EXPONENT[value_type]
-    return halves, int(np.count_nonzero((halves & exponent) == exponent))
-
-
-def float32_values(raw: bytes | memoryview, value_type: ValueType) -> tuple[np.ndarray, int]:
-    """One chunk's values as float32 (a read-only view of ``raw`` for fp32), and how many are NaN or Inf."""
-    values, bad = chunk_values(raw, value_type)
-    if value_type is not ValueType.FLOAT32:
-        values = WIDENED[value_type][values].view(np.float32)
-    return values, bad
 
 
 class TensorBuild:
@@ -193,27 +188,26 @@ class TensorBuild:
                 self.future.set_exception(exc)
 
     def _take(self, bitmap: bytes | memoryview, raw_values: bytes | memoryview, count: int) -> None:
-        values, bad = (float32_values if self.dense else chunk_values)(raw_values, self.value_type)
-        if bad:
-            raise WireDecodeError(f"tensor {self.name!r}: {bad} values are NaN or Inf")
+        from edge_node.wire import _expand  # numba loads with the first decode: see compile_decoder
+
+        values = np.frombuffer(raw_values, dtype=_expand.BITS[self.value_type])
         if self.dense:
             if self._weight is None:
                 self._weight = np.empty(self.numel, dtype=np.float32)
-            self._weight[self._filled : self._filled + values.size] = values
+            place = self._weight[self._filled : self._filled + values.size]
+            self._refuse_non_finite(_expand.fill_dense(values, place, self.value_type))
             self._filled += values.size
             if self._filled == self.numel:
                 self._hand_over(self._weight, np.ones(self.numel, dtype=np.bool_))
             return
         if self._expansion is None:
-            from edge_node.wire._expand import Expansion  # numba loads with the first decode: see compile_decoder
-
-            self._expansion = Expansion(self.numel, WIDENED.get(self.value_type))
+            self._expansion = _expand.Expansion(self.numel, self.value_type)
         expansion = self._expansion
         bits = np.frombuffer(bitmap, dtype=np.uint8)
         last = expansion.received + count == self.numel
         if last and count % 8 and int(bits[-1]) >> (count % 8):
             raise WireDecodeError(f"tensor {self.name!r}: bitmap has bits set beyond its {self.numel} elements")
-        expansion.add(bits, count, values)
+        self._refuse_non_finite(expansion.add(bits, count, values))
         if not last:
             return
         try:
@@ -224,6 +218,10 @@ class TensorBuild:
                 f"tensor {self.name!r}: bitmap has {active} active elements but {expansion.values} values arrived"
             ) from None
         self._hand_over(expansion.weight, expansion.mask.view(np.bool_))
+
+    def _refuse_non_finite(self, count: int) -> None:
+        if count:
+            raise WireDecodeError(f"tensor {self.name!r}: {count} values are NaN or Inf")
 
     def _hand_over(self, weight: np.ndarray, mask: np.ndarray) -> None:
         """The tensor as the decoder hands it on, made here: on a builder this overlaps the stream, where

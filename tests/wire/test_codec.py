@@ -429,16 +429,19 @@ def test_header_digest_of_another_size_than_its_version_names_is_refused(
 
 
 def test_fp16_widening_is_exact_for_every_finite_half_and_counts_the_rest() -> None:
-    """A chunk of fp16 bytes read through the widening table gives numpy's float32 for each of the 63,488
-    finite halves (byte order and lookup), and its Inf and NaN are counted on the raw bits."""
-    from edge_node.wire._build import float32_values as _float32_values
+    """A chunk of fp16 bytes read as a decoder reads it gives numpy's float32 for each of the 63,488 finite
+    halves (byte order and lookup), and its Inf and NaN are counted on the raw bits."""
+    from edge_node.wire._expand import BITS, fill_dense
 
     halves = np.arange(1 << 16, dtype="<u2")
     expected = halves.view(np.float16).astype(np.float32)
     finite = np.isfinite(expected)
-    values, bad = _float32_values(halves.tobytes(), ValueType.FLOAT16)
-    assert bad == int((~finite).sum()) == 2048  # every Inf and NaN, counted on the raw bits
-    assert np.array_equal(values[finite].view(np.uint32), expected[finite].view(np.uint32))  # -0.0 and subnormals too
+    out = np.zeros(halves.size, dtype=np.float32)
+    assert fill_dense(np.frombuffer(halves.tobytes(), BITS[ValueType.FLOAT16]), out, ValueType.FLOAT16) == 2048
+    assert int((~finite).sum()) == 2048 and not out.any()  # every Inf and NaN counted, nothing copied
+    finite_bytes = halves[finite].tobytes()
+    assert fill_dense(np.frombuffer(finite_bytes, BITS[ValueType.FLOAT16]), out[: finite.sum()], ValueType.FLOAT16) == 0
+    assert np.array_equal(out[: finite.sum()].view(np.uint32), expected[finite].view(np.uint32))  # -0.0, subnormals
 
 
 def test_a_message_with_more_chunks_than_announced_or_with_none_is_refused() -> None:

@@ -14,8 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_node.wire import ValueType
-from edge_node.wire._build import WIDENED
-from edge_node.wire._expand import _SHORT, _UNPACKED, Expansion, _unpack
+from edge_node.wire._expand import _SHORT, _UNPACKED, Expansion, _unpack, fill_dense
 
 _LONG = 64 * _SHORT  # sizes that take several runs and the careful loop
 
@@ -31,18 +30,18 @@ def expand(
     values: np.ndarray,
     element_cuts: list[int],
     value_cuts: list[int],
-    table: np.ndarray | None = None,
+    kind: ValueType = ValueType.FLOAT32,
 ) -> Expansion:
     """Feed ``mask`` and ``values`` as a stream would: bitmap ranges cut at multiples of 8, values anywhere."""
     ends = sorted({min(c // 8 * 8, mask.size) for c in element_cuts} | {mask.size})
     starts = [0, *ends[:-1]]
     value_parts = np.split(values, sorted(min(c, values.size) for c in value_cuts[: len(ends) - 1]))
     value_parts += [values[:0]] * (len(ends) - len(value_parts))  # fewer value cuts: empty chunks at the end
-    expansion = Expansion(mask.size, table)
+    expansion = Expansion(mask.size, kind)
     for start, end, part in zip(starts, ends, value_parts, strict=True):
         bitmap = np.packbits(mask[start:end], bitorder="little")
         bitmap.setflags(write=False)  # as a view of the message
-        expansion.add(bitmap, end - start, part)
+        assert expansion.add(bitmap, end - start, part) == 0
     return expansion
 
 
@@ -79,7 +78,7 @@ def test_places_every_value_bit_exactly_however_the_chunks_cut(
     else:
         values = expected = wide
     values.setflags(write=not read_only)
-    expansion = expand(mask, values, element_cuts, value_cuts, WIDENED.get(kind))
+    expansion = expand(mask, values, element_cuts, value_cuts, kind)
     expansion.finish()
     assert np.array_equal(expansion.weight.view(np.uint32), reference(mask, expected).view(np.uint32))
     assert np.array_equal(expansion.mask, mask) and expansion.values == values.size
@@ -133,14 +132,48 @@ def test_finish_before_the_whole_bitmap_and_wrong_arguments_are_refused() -> Non
         expansion.add(np.array([255], dtype=np.uint8), 9, np.ones(8, dtype=np.float32))  # a bitmap too short
     with pytest.raises(ValueError, match="within the tensor"):
         expansion.add(np.array([255, 255], dtype=np.uint8), 16, np.ones(8, dtype=np.float32))  # past numel
-    with pytest.raises(ValueError, match="float32 values"):
+    with pytest.raises(ValueError, match="float32 or uint32 values"):
         expansion.add(np.array([255], dtype=np.uint8), 8, np.ones(8, dtype=np.float64))
-    with pytest.raises(ValueError, match="float32 values"):  # 16-bit values need a table to widen them
+    with pytest.raises(ValueError, match="float32 or uint32 values"):  # 16-bit values on a float32 tensor
         expansion.add(np.array([255], dtype=np.uint8), 8, np.ones(8, dtype=np.uint16))
     with pytest.raises(ValueError, match="uint16 values"):
-        Expansion(16, WIDENED[ValueType.FLOAT16]).add(np.array([255], dtype=np.uint8), 8, np.ones(8, dtype=np.float32))
-    with pytest.raises(ValueError, match="65,536"):
-        Expansion(16, np.zeros(256, dtype=np.uint32))
+        Expansion(16, ValueType.FLOAT16).add(np.array([255], dtype=np.uint8), 8, np.ones(8, dtype=np.float32))
+    with pytest.raises(ValueError, match="uint16 values and as many float32 places"):
+        fill_dense(np.ones(8, dtype="<u2"), np.empty(7, dtype=np.float32), ValueType.FLOAT16)
+
+
+_NON_FINITE = {
+    ValueType.FLOAT32: np.array([np.inf, -np.inf, np.nan], dtype=np.float32).view(np.uint32),
+    ValueType.FLOAT16: np.array([np.inf, -np.inf, np.nan], dtype=np.float16).view(np.uint16),
+    ValueType.BFLOAT16: torch.tensor([float("inf"), float("-inf"), float("nan")]).to(torch.bfloat16).view(torch.int16)
+    .numpy().view(np.uint16),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(ValueType), ids=lambda kind: kind.name)
+@pytest.mark.parametrize("queued", [0, 1, 2])  # values waiting from earlier chunks: none, one chunk's, two
+def test_a_chunk_with_inf_or_nan_is_counted_and_changes_nothing(kind: ValueType, queued: int) -> None:
+    """Every Inf and NaN of a chunk is counted on its bits, however many values wait from earlier chunks;
+    the refused chunk leaves the expansion as it was (and the next good chunk is placed as if it never came)."""
+    size = 4 * _LONG
+    mask = np.zeros(size, dtype=np.uint8)
+    mask[queued * 8 :] = 1  # the first ``queued`` chunks' elements are inactive: their values wait
+    good = np.zeros(size, dtype=np.uint32 if kind is ValueType.FLOAT32 else np.uint16)
+    bad = good[:_LONG].copy()
+    bad[[3, 70, _LONG - 1]] = _NON_FINITE[kind]
+    expansion = Expansion(size, kind)
+    for i in range(queued):
+        assert expansion.add(np.packbits(mask[i * 8 : i * 8 + 8], bitorder="little"), 8, good[i : i + 1]) == 0
+    before = (expansion.received, expansion.values, expansion.mask.copy(), expansion.weight.copy())
+    start = queued * 8
+    assert expansion.add(np.packbits(mask[start:], bitorder="little"), size - start, bad) == 3
+    after = (expansion.received, expansion.values, expansion.mask, expansion.weight)
+    assert before[:2] == after[:2]
+    assert expansion.add(np.packbits(mask[start:], bitorder="little"), size - start, good[queued : size - start]) == 0
+    expansion.finish()
+    assert not expansion.weight.any() and np.array_equal(expansion.mask, mask)
+    out = np.full(_LONG, 7.0, dtype=np.float32)
+    assert fill_dense(bad, out, kind) == 3 and (out == 7.0).all()
 
 
 @settings(max_examples=50, deadline=None)
@@ -156,11 +189,12 @@ _DECODE_AFTER_COMPILE = """
 import json
 
 from edge_node.wire import ValueType, _parse, compile_decoder, decode_model, encode_model
-from edge_node.wire._expand import _place_chunk, _place_run, _place_run_widened, _unpack
+from edge_node.wire import _expand
 from tests.wire_models import PEER_FLEET, PEER_SHAPES, PEER_SPEC, kept_fraction, random_model
 
 compile_decoder()
-loops = (_place_chunk, _place_run, _place_run_widened, _unpack, _parse._compiled())
+names = ("_add_chunk", "_count_non_finite", "_fill", "_place_chunk", "_place_run", "_place_run_widened", "_unpack")
+loops = (*(getattr(_expand, name) for name in names), _parse._compiled())
 compiled = [len(loop.signatures) for loop in loops]
 weights, masks = random_model(PEER_SHAPES, 3, 0.5)
 for value_type in ValueType:
