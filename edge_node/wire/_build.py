@@ -49,6 +49,12 @@ class _BuildPool:
 
     def __init__(self, workers: int) -> None:
         self._workers = workers
+        self._exit_wait_registered = False
+        self._reset()
+        if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads: start afresh
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._started = False
         self._lock = threading.Lock()
@@ -61,7 +67,9 @@ class _BuildPool:
             if not self._started:
                 for i in range(self._workers):
                     threading.Thread(target=self._work, name=f"edge-node-build-{i}", daemon=True).start()
-                atexit.register(self.wait_done, self._EXIT_WAIT_S)
+                if not self._exit_wait_registered:
+                    atexit.register(self.wait_done, self._EXIT_WAIT_S)
+                    self._exit_wait_registered = True
                 self._started = True
             self._unfinished += 1
         self._queue.put(job)
@@ -75,7 +83,7 @@ class _BuildPool:
         while True:
             job = self._queue.get()
             job()
-            job = None  # let go of it (and what it held) before counting it done
+            del job  # let go of it (and what it held) before counting it done
             with self._all_done:
                 self._unfinished -= 1
                 if not self._unfinished:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -61,3 +62,19 @@ def test_wait_done_returns_once_the_jobs_and_what_they_held_are_let_go() -> None
     release.set()
     assert _build.BUILDERS.wait_done(10)
     assert gone() is None
+
+
+def test_a_forked_child_starts_builders_of_its_own() -> None:
+    """A child forked after the builders started has none of their threads: its builds still run."""
+    _build.BUILDERS.submit(lambda: None)
+    assert _build.BUILDERS.wait_done(10)
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        ran, ok = threading.Event(), False
+        try:
+            _build.BUILDERS.submit(ran.set)
+            ok = ran.wait(10) and _build.BUILDERS.wait_done(10)
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
