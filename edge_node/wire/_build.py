@@ -49,10 +49,10 @@ class _BuildPool:
 
     def __init__(self, workers: int) -> None:
         self._workers = workers
-        self._exit_wait_registered = False
         self._reset()
         if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads: start afresh
             os.register_at_fork(after_in_child=self._reset)
+        atexit.register(self.wait_done, self._EXIT_WAIT_S)  # returns at once when nothing was submitted
 
     def _reset(self) -> None:
         self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -67,9 +67,6 @@ class _BuildPool:
             if not self._started:
                 for i in range(self._workers):
                     threading.Thread(target=self._work, name=f"edge-node-build-{i}", daemon=True).start()
-                if not self._exit_wait_registered:
-                    atexit.register(self.wait_done, self._EXIT_WAIT_S)
-                    self._exit_wait_registered = True
                 self._started = True
             self._unfinished += 1
         self._queue.put(job)

@@ -252,24 +252,20 @@ class Expansion:
         self.received = end
         self.values += values.size
         self._position = position
-        if pending:
-            if placed_first < first.size:  # the bitmap received so far has no more set elements
-                pending[0] = first[placed_first:]
-            else:
-                pending.popleft()
-        if not queued:
-            if placed_second < values.size:
-                pending.append(values[placed_second:])
-            return 0
-        if values.size:
+        if queued and values.size:
             pending.append(values)
-        while pending and placed_first == first.size:
-            first = pending[0]
+        while True:
+            if pending:
+                if placed_first < first.size:  # the bitmap received so far has no more set elements
+                    pending[0] = first[placed_first:]
+                else:
+                    pending.popleft()
+            if not queued or placed_first < first.size or not pending:
+                break
+            first = pending[0]  # the next waiting chunk, up to the new values
             self._position, placed_first = _place_chunk(mask, self._position, first, target, self._table)
-            if placed_first < first.size:
-                pending[0] = first[placed_first:]
-            else:
-                pending.popleft()
+        if not queued and placed_second < values.size:
+            pending.append(values[placed_second:])
         return 0
 
     def finish(self) -> None:
