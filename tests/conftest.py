@@ -7,6 +7,7 @@ the CIFAR-10 tarball are present, so a skip there means a check silently did not
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -52,6 +53,16 @@ def _torch_threads_restored():
     yield
     if torch.get_num_threads() != before:
         torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _kept_channels_closed():
+    """Close the channels a test's pulls kept (``edge_node.net.channels``): a test that counts connections
+    or descriptors starts from none, as a fresh process would."""
+    yield
+    channels = sys.modules.get("edge_node.net.channels")
+    if channels is not None:
+        channels.CHANNELS.close()
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """A received tensor built chunk by chunk on builder threads while the rest of its stream arrives.
 
 The decoder checks each chunk against the stream on the receiving thread and hands its bytes to
-the tensor's ``TensorBuild``; the builds run on ``BUILDERS`` (daemon threads, one per CPU but one), each
+the tensor's ``TensorBuild``; the builds run on ``BUILDERS`` (kept daemon threads, one per CPU but one), each
 tensor's chunks in order, different tensors at once. A pull's last message then leaves only its own
 chunks to expand, not the whole of the tensors it completes (about 1.2 ms of a ResNet18 pull when a
 tensor was built only once complete).
@@ -9,13 +9,10 @@ tensor was built only once complete).
 
 from __future__ import annotations
 
-import atexit
 import collections
 import math
 import os
-import queue
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -23,68 +20,13 @@ import numpy as np
 import torch
 
 from edge_node.errors import WireDecodeError
+from edge_node.threads import KeptThreads
 from edge_node.wire.spec import ValueType
 
 if TYPE_CHECKING:
     from edge_node.wire._expand import Expansion
 
 Built = tuple[torch.Tensor, torch.Tensor]  # a tensor's float32 weights and bool mask, in its shape
-
-
-class _BuildPool:
-    """Daemon threads that run the builds of every stream (started on first use).
-
-    Not a ``ThreadPoolExecutor``: its workers are non-daemon threads that live as long as the process
-    and that interpreter exit joins. These are daemon threads: idle, they hold nothing and never delay
-    an exit; a build is bounded work.
-
-    At exit the interpreter waits (``_EXIT_WAIT_S`` at most) for the jobs submitted so far: a job's end
-    may drop the last reference to a built tensor, and torch's tensor destructor takes the GIL, which a
-    daemon thread may no longer take once the interpreter finalizes: it then unwinds through C++ and the
-    process aborts ("terminate called without an active exception", seen in about 1 exit in 4 right
-    after a decode).
-    """
-
-    _EXIT_WAIT_S = 5.0
-
-    def __init__(self, workers: int) -> None:
-        self._workers = workers
-        self._reset()
-        if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads: start afresh
-            os.register_at_fork(after_in_child=self._reset)
-        atexit.register(self.wait_done, self._EXIT_WAIT_S)  # returns at once when nothing was submitted
-
-    def _reset(self) -> None:
-        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._started = False
-        self._lock = threading.Lock()
-        self._unfinished = 0  # jobs submitted whose worker has not yet let go of them
-        self._all_done = threading.Condition(self._lock)
-
-    def submit(self, job: Callable[[], None]) -> None:
-        """Run ``job`` on a worker; it must not raise (a build keeps its outcome in its future)."""
-        with self._lock:
-            if not self._started:
-                for i in range(self._workers):
-                    threading.Thread(target=self._work, name=f"edge-node-build-{i}", daemon=True).start()
-                self._started = True
-            self._unfinished += 1
-        self._queue.put(job)
-
-    def wait_done(self, timeout_s: float) -> bool:
-        """Wait until every job submitted has ended and been let go of; False if ``timeout_s`` passed first."""
-        with self._all_done:
-            return self._all_done.wait_for(lambda: self._unfinished == 0, timeout_s)
-
-    def _work(self) -> None:
-        while True:
-            job = self._queue.get()
-            job()
-            del job  # let go of it (and what it held) before counting it done
-            with self._all_done:
-                self._unfinished -= 1
-                if not self._unfinished:
-                    self._all_done.notify_all()
 
 
 def _builder_count() -> int:
@@ -98,7 +40,7 @@ def _builder_count() -> int:
     return max(1, cpus - 1)
 
 
-BUILDERS = _BuildPool(_builder_count())
+BUILDERS = KeptThreads("edge-node-build", max_threads=_builder_count())
 
 
 class TensorBuild:

@@ -28,10 +28,11 @@ from edge_node.net import (
     pull_models,
 )
 from edge_node.net import tls as tls_module
+from edge_node.net.channels import CHANNELS
 from edge_node.wire import PROTOCOL_VERSION, DecodedModel, ModelSpec, ValueType, WireLimits, decode_model, encode_model
 from edge_node.wire.messages import GET_MODEL_METHOD, GetModelRequest, ProtoModelChunk
 from tests import wire_models
-from tests.net.hostile import no_connections_to
+from tests.net.hostile import connections_to, no_connections_to
 from tests.wire_models import PEER_FLEET as FLEET
 from tests.wire_models import PEER_SHAPES as SHAPES
 from tests.wire_models import PEER_SPEC as SPEC
@@ -421,20 +422,47 @@ def test_a_call_that_breaks_part_way_abandons_its_decoder() -> None:
         decoder.finish()
 
 
-def test_pulls_leave_no_call_and_no_connection_behind() -> None:
-    """Every pull ends its call and its connection: complete streams (cancelled once the model is in) and
-    refused ones (cancelled part-way); a pull cancelled before it starts opens none. A stream read on the
-    calling thread left each cancelled call, and its connection, open when its last events were not taken.
-    Streams cancelled mid-way by the caller or the deadline: ``test_hostile``."""
+def test_pulls_leave_no_call_behind_and_keep_one_connection_per_peer_that_served() -> None:
+    """Every pull ends its call: complete streams (cancelled once the model is in) and refused ones (cancelled
+    part-way); a pull cancelled before it starts opens nothing. The connection of a pull that succeeded is
+    kept for the next pull from that peer (one, however many pulls), that of a failed pull is closed, and
+    ``CHANNELS.close()`` closes the kept ones. A stream read on the calling thread left each cancelled call,
+    and its connection, open when its last events were not taken. Streams cancelled mid-way by the caller or
+    the deadline: ``test_hostile``."""
     good = PeerServer(SPEC, node_id="good", fleet_id=FLEET, max_message_bytes=4096)
     good.publish(snapshot("good", 1))
     with serving(good) as port, good_and_bad(crafted(_nan)) as (_bad, peers):
         address = PeerAddress("good", "127.0.0.1", port)
+        made = CHANNELS.made
         for _ in range(3):
             assert not pull_models([address], SPEC, FLEET, **FAST).failures
+        assert CHANNELS.made == made + 1
         result = pull_models(peers, SPEC, FLEET, **FAST)
         assert set(result.received) == {"good"} and result.failures["bad"].kind == "decode"
         cancel = threading.Event()
         cancel.set()
         assert pull_models([address], SPEC, FLEET, cancel=cancel, **FAST).failures["good"].kind == "cancelled"
+        assert no_connections_to([peers[0].port]) == [0]  # the refused stream's connection is closed
+        assert [connections_to(p) for p in (port, peers[1].port)] == [1, 1]
+        CHANNELS.close()
         assert no_connections_to([port, *(p.port for p in peers)]) == [0, 0, 0]
+
+
+def test_a_peer_that_restarts_is_pulled_at_once_on_a_new_connection() -> None:
+    """A kept channel whose peer went away is discarded by the failed pull: once the peer is back (same
+    port), the next pull connects afresh instead of waiting out gRPC's reconnect backoff."""
+    peer = PeerServer(SPEC, node_id="good", fleet_id=FLEET, max_message_bytes=4096)
+    peer.publish(snapshot("good", 1))
+    with serving(peer) as port:
+        address = PeerAddress("good", "127.0.0.1", port)
+        assert not pull_models([address], SPEC, FLEET, **FAST).failures
+    assert pull_models([address], SPEC, FLEET, **{**FAST, "retries": 0}).failures["good"].kind == "unreachable"
+    server, _ = create_server(f"127.0.0.1:{port}", peer, insecure=True)
+    server.start()
+    try:
+        made = CHANNELS.made
+        start = time.monotonic()
+        assert not pull_models([address], SPEC, FLEET, **{**FAST, "retries": 0}).failures
+        assert time.monotonic() - start < 2.0 and CHANNELS.made == made + 1
+    finally:
+        server.stop(None).wait(5)

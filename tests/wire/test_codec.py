@@ -487,7 +487,8 @@ def _builders_held() -> Iterator[None]:
         started.release()
         release.wait(10)
 
-    workers = _build.BUILDERS._workers
+    workers = _build.BUILDERS.max_threads
+    assert workers is not None
     for _ in range(workers):
         _build.BUILDERS.submit(hold)
     for _ in range(workers):
