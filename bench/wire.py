@@ -8,11 +8,13 @@ information-theoretic floor n*H(d) bits + nnz fp32 values (for the whole model's
 each tensor's own density; "ours/floor" is against the latter). "vs bm+vals" is our overhead over
 ceil(numel/8) bitmap bytes for each tensor sent sparse plus nnz*4 value bytes (a tensor whose mask is all true
 travels dense, without a bitmap). Encode/decode throughput on one CPU thread (decode: of the serialized
-messages, as a peer's stream delivers them). Time to pull ResNet18 d = 0.5 over loopback gRPC (transport
-alone, and the whole ``pull_models`` with validation and decoding) against a plain TCP socket moving the same
-message bytes, as ratios measured in the same run; the serving peer runs in a process of its own, as another
-node does (``--server same``: in the bench's process, where its event loop shares the puller's GIL). Prints a
-table; writes JSON with ``--json``.
+messages, as a peer's stream delivers them). Time to pull ResNet18 d = 0.5 over loopback gRPC against a plain
+TCP socket (a new connection each time) moving the same message bytes, as ratios measured in the same run: the
+transport alone, and the whole ``pull_models`` with validation and decoding, on the channel the previous pull
+kept (a node's next pull from that peer, while the peer's server keeps the idle connection: 30 s by default)
+and on a new channel (a node's first pull from a peer). The serving peer runs in a process of its own, as
+another node does (``--server same``: in the bench's process, where its event loop shares the puller's GIL).
+Prints a table; writes JSON with ``--json``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import torch
 from edge_node.algorithm.masks import init_masks
 from edge_node.models import build_model
 from edge_node.net import ModelSnapshot, PeerAddress, PeerServer, create_server, pull_models
+from edge_node.net.channels import CHANNELS
 from edge_node.node.memory import configure_allocator
 from edge_node.wire import (
     PROTOCOL_VERSION,
@@ -196,6 +199,15 @@ def _grpc_transport_time(port: int, spec: ModelSpec) -> tuple[float, int]:
         return time.perf_counter() - start, size
 
 
+def _pull_time(peer: PeerAddress, spec: ModelSpec) -> float:
+    """Seconds for ``pull_models`` to pull, validate and decode ``peer``'s model."""
+    start = time.perf_counter()
+    result = pull_models([peer], spec, FLEET, insecure=True)
+    elapsed = time.perf_counter() - start
+    assert not result.failures, result.failures
+    return elapsed
+
+
 def _apply_malloc(malloc: str) -> None:
     """``daemon``: the allocator settings ``edge-node start`` makes before any thread; ``default``: glibc's own."""
     if malloc == "daemon":
@@ -268,8 +280,9 @@ def pull_speed(
     separate: bool = True,
     malloc: str = "default",
 ) -> dict:
-    """Raw TCP, the bare gRPC transport and ``pull_models``, interleaved; the gRPC peer in a process of
-    its own (``separate``, as another node is) or in this one (its event loop then shares our GIL)."""
+    """Raw TCP, the bare gRPC transport and ``pull_models`` (kept channel, new channel), interleaved; the gRPC
+    peer in a process of its own (``separate``, as another node is) or in this one (its event loop then shares
+    our GIL)."""
     compile_decoder()  # as a daemon does at start
     weights, spec = model_and_spec(name)
     masks = masks_for(weights, density)
@@ -278,18 +291,20 @@ def pull_speed(
         for m in encode_model(spec, weights, masks, value_type=value_type, **header_kwargs(density))
     ]
     with serving(name, density, value_type, separate, malloc) as port:
-        raw, transport, full = [], [], []
-        for _ in range(WARMUP + repeats):  # interleaved so that machine load hits all three alike
+        peer = PeerAddress("bench-node", "127.0.0.1", port)
+        raw, transport, full, fresh = [], [], [], []
+        for _ in range(WARMUP + repeats):  # interleaved so that machine load hits all four alike
             raw.append(_raw_socket_time(frames))
             seconds, size = _grpc_transport_time(port, spec)
             transport.append(seconds)
-            start = time.perf_counter()
-            result = pull_models([PeerAddress("bench-node", "127.0.0.1", port)], spec, FLEET, insecure=True)
-            full.append(time.perf_counter() - start)
-            assert not result.failures, result.failures
+            full.append(_pull_time(peer, spec))  # on the channel the previous pull kept
+            CHANNELS.close()
+            fresh.append(_pull_time(peer, spec))  # on a new channel: a peer's first pull
+        CHANNELS.close()  # before the peer stops: its goodbye would be logged by the kept channel
     first_pulls = full[:WARMUP]
-    raw, transport, full = raw[WARMUP:], transport[WARMUP:], full[WARMUP:]
+    raw, transport, full, fresh = raw[WARMUP:], transport[WARMUP:], full[WARMUP:], fresh[WARMUP:]
     raw_s, transport_s, full_s = statistics.median(raw), statistics.median(transport), statistics.median(full)
+    fresh_s = statistics.median(fresh)
     return {
         "model": name,
         "density": density,
@@ -302,6 +317,8 @@ def pull_speed(
         "pull_models_s": full_s,
         "grpc_transport_over_raw": transport_s / raw_s,
         "pull_models_over_raw": full_s / raw_s,
+        "pull_models_new_channel_s": fresh_s,
+        "pull_models_new_channel_over_raw": fresh_s / raw_s,
         "repeats": repeats,
         "first_pulls_s": first_pulls,
     }
@@ -365,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     mallocs = {"daemon": ("daemon",), "default": ("default",), "both": ("default", "daemon")}[args.malloc]
     pulls = [pull for malloc in mallocs for pull in pull_rows(names, repeats, modes, malloc)]
     print(
-        f"\nloopback pulls, d = 0.5, median of {repeats} after {WARMUP} untimed (each row: the three measured"
+        f"\nloopback pulls, d = 0.5, median of {repeats} after {WARMUP} untimed (each row: the four measured"
         " interleaved, one run)"
     )
     for pull in pulls:
@@ -374,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
             f" peer in {pull['server']}:"
             f" raw TCP {pull['raw_socket_s'] * 1e3:7.1f} ms, gRPC transport {pull['grpc_transport_s'] * 1e3:7.1f} ms"
             f" ({pull['grpc_transport_over_raw']:.2f}x), pull_models incl. validation+decode"
-            f" {pull['pull_models_s'] * 1e3:7.1f} ms ({pull['pull_models_over_raw']:.2f}x);"
+            f" {pull['pull_models_s'] * 1e3:7.1f} ms ({pull['pull_models_over_raw']:.2f}x), on a new channel"
+            f" {pull['pull_models_new_channel_s'] * 1e3:7.1f} ms ({pull['pull_models_new_channel_over_raw']:.2f}x);"
             f" untimed first pulls {' / '.join(f'{t * 1e3:.0f}' for t in pull['first_pulls_s'])} ms"
         )
     if args.json:
