@@ -11,7 +11,10 @@ Bounds, so that no peer can hold a node up:
 - only transient failures (UNAVAILABLE without a TLS cause, DEADLINE_EXCEEDED, a busy server) are
   retried, with jittered exponential backoff; refusals, TLS failures and bad streams are final. A
   round not published yet (NOT_FOUND) is waited for with short jittered polls until the deadline
-  when a ``round`` was asked for: this is how a lock-step node waits for slower peers.
+  when a ``round`` was asked for: this is how a lock-step node waits for slower peers;
+- a pull's channel is kept for the next pull from that peer (``channels.CHANNELS``: at most 16, idle
+  ones closed after 5 minutes), unless the pull failed: then it is closed, and the next pull connects
+  afresh. Pulls run on kept daemon threads (``PULLERS``).
 
 Every failure has a kind (``FAILURE_KINDS``) for per-round counts, and a one-line reason.
 """
@@ -86,9 +89,10 @@ FAILURE_KINDS = (
 KEEPALIVE_TIME_MS = 30_000  # ping the server every 30 s while a call is open
 KEEPALIVE_TIMEOUT_MS = 10_000  # and give up on the connection after 10 s without an answer
 # A new connection's first socket reads take up to this much at once. gRPC starts at 8 KiB and grows its
-# read size over many reads; a pull is a new connection, so a ResNet18 stream was read mostly in small
-# pieces (one event-engine wake-up each). 4 MiB: pulls 2.4x the raw socket against 2.7x, three runs;
-# a cnn pull unchanged. An open connection may keep one such buffer (a pull's: at most max_workers at once).
+# read size over many reads; a first pull from a peer is a new connection (and a peer's server closes one
+# idle for 30 s), so a ResNet18 stream was read mostly in small pieces (one event-engine wake-up each).
+# 4 MiB: pulls 2.4x the raw socket against 2.7x, three runs; a cnn pull unchanged. An open connection may
+# keep one such buffer (at most ``channels.MAX_CHANNELS`` kept, and a peer closes idle ones).
 READ_CHUNK_BYTES = 4 << 20
 MAX_BACKOFF_S = 30.0  # cap of one wait between retries of a transient failure
 NOT_READY_FIRST_WAIT_S = 0.05  # a round not published yet: first poll after this ...
