@@ -104,8 +104,8 @@ _MAX_REASON_CHARS = 300  # of a peer's status details quoted in a reason
 _TLS_DETAILS = re.compile(r"ssl|tls|handshake|certificate|x509|hostname verification", re.IGNORECASE)
 _ARCH_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}/[0-9]{1,9}/[0-9a-f]{8}")
 _jitter = random.Random()  # backoff jitter only; never the algorithm's randomness
-# The threads of every pull_models call: kept, since a thread started and joined per pull cost a loopback
-# ResNet18 pull about 1 ms of its 17.6 ms. Idle for a minute, one ends: a node keeps as many as it pulls at once.
+# The threads of every pull_models call: kept, since a pool made per call cost a loopback ResNet18 pull (about
+# 16 ms) 0.3-0.5 ms more. Idle for a minute, one ends: a node keeps as many as it pulls at once.
 PULLERS = KeptThreads("edge-node-pull", idle_s=60.0)
 
 
