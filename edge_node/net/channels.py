@@ -20,7 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 
@@ -31,8 +31,8 @@ IDLE_S = 300.0  # an idle channel is closed after this long: longer than a round
 @dataclass
 class _Kept:
     channel: grpc.Channel
+    last_used: float
     users: int = 0
-    last_used: float = field(default_factory=time.monotonic)
     discarded: bool = False
 
 
@@ -61,7 +61,7 @@ class ChannelCache:
         with self._lock:
             kept = self._kept.pop(key, None)
             if kept is None:
-                kept = _Kept(make())
+                kept = _Kept(make(), self._clock())
                 self.made += 1
             else:
                 self.reused += 1
