@@ -86,8 +86,17 @@ FAILURE_KINDS = (
     "identity",  # the peer is not who it was pulled as (header node id, certificate fingerprint)
     "cancelled",  # the caller cancelled
 )
-KEEPALIVE_TIME_MS = 30_000  # ping the server every 30 s while a call is open
-KEEPALIVE_TIMEOUT_MS = 10_000  # and give up on the connection after 10 s without an answer
+# A connection that stops delivering mid-stream is given up and the pull retried on a new one. Under heavy
+# loss TCP doubles its retransmission timeout after each lost retransmission, so a connection can sit silent
+# for 10-25 s while a new one would deliver at once (seen: 10 % loss at each end, a stream stalled until its
+# 30 s deadline, RTO 13 s). A call that has received nothing for KEEPALIVE_TIME_MS pings the server, and any
+# ping unanswered for PING_TIMEOUT_MS (gRPC also pings along a stream, for its flow-control window) ends the
+# connection: the call fails UNAVAILABLE, a transient failure. The answer travels behind what the server has
+# queued, so a slow link whose queue holds 10 s of data would be cut too: 10 s is far above a LAN's or a
+# congested Wi-Fi's queue (tens to hundreds of ms), and a healthy slow stream keeps the keepalive quiet.
+KEEPALIVE_TIME_MS = 5_000
+PING_TIMEOUT_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = PING_TIMEOUT_MS
 # A new connection's first socket reads take up to this much at once. gRPC starts at 8 KiB and grows its
 # read size over many reads; a first pull from a peer is a new connection (and a peer's server closes one
 # idle for 30 s), so a ResNet18 stream was read mostly in small pieces (one event-engine wake-up each).
@@ -184,6 +193,7 @@ def channel_options(limits: WireLimits, peer: PeerAddress, tls: TlsConfig | None
         ("grpc.max_receive_message_length", limits.max_message_bytes),
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.http2.ping_timeout_ms", PING_TIMEOUT_MS),  # every ping's, not only the keepalive's
         ("grpc.keepalive_permit_without_calls", 0),
         ("grpc.http2.max_pings_without_data", 0),  # keep pinging through a long, quiet stream
         ("grpc.enable_retries", 0),  # retries are ours, bounded and logged
@@ -374,6 +384,13 @@ def _end_call(responses: grpc.Call) -> None:
         consume()
 
 
+def _progress(decoder: ModelDecoder) -> str:
+    """How far a call's stream got before it ended ("" when no message arrived), for a failure's reason."""
+    if decoder.header is None:
+        return ""
+    return f"{decoder.messages} of {decoder.header.message_count + 1} messages in ({decoder.total_bytes:,} bytes)"
+
+
 def _pull(
     peer: PeerAddress,
     spec: ModelSpec,
@@ -435,13 +452,16 @@ def _pull(
             except grpc.RpcError as exc:
                 wire_bytes += decoder.total_bytes
                 attempts += 1
+                if stop.kind is not None:  # the caller's stop cancelled the call: say how far it had got
+                    last = _progress(decoder) or last
+                    fail(stop.kind, stop.detail, exc)
                 kind, transient = _classify(exc)
                 if kind == "timeout" and polls:
                     # The deadline ran out while waiting for the round: the peer's last answer (which
                     # round it has) says more than the transport's DEADLINE_EXCEEDED, so it stays.
                     kind = "not-ready"
                 else:
-                    last = _rpc_reason(exc)
+                    last = "; ".join(filter(None, (_rpc_reason(exc), _progress(decoder))))
                 if kind == "not-ready" and round is not None:
                     polls += 1
                     wait_s = min(NOT_READY_MAX_WAIT_S, NOT_READY_FIRST_WAIT_S * 1.5 ** (polls - 1))

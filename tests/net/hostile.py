@@ -7,6 +7,7 @@ notes when each call ended (completed or cancelled by the client).
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -57,9 +58,10 @@ class HostileServer:
 
     def __init__(
         self, get_model: GetModel | None = None, hello: Hello | None = None, tls: TlsConfig | None = None,
-        address: str = "127.0.0.1:0",
+        address: str = "127.0.0.1:0", options: list[tuple[str, int]] | None = None,
     ):  # fmt: skip
         self._address = address
+        self._options = options or []
         self._get_model = get_model
         self._hello = hello
         self._tls = tls
@@ -108,7 +110,9 @@ class HostileServer:
                 self._hello_reply, request_deserializer=HelloRequest.FromString, response_serializer=bytes
             )
         self._server = grpc.server(
-            self._executor, handlers=[grpc.method_handlers_generic_handler(PEER_SERVICE_NAME, handlers)]
+            self._executor,
+            handlers=[grpc.method_handlers_generic_handler(PEER_SERVICE_NAME, handlers)],
+            options=self._options,
         )
         address = self._address
         if self._tls is None:
@@ -121,3 +125,63 @@ class HostileServer:
     def __exit__(self, *exc: object) -> None:
         self._server.stop(0).wait(10)
         self._executor.shutdown(wait=True)
+
+
+class StallingProxy:
+    """A TCP relay on 127.0.0.1 to ``target_port`` whose chosen connections stop delivering mid-stream.
+
+    A stalled connection (``stall_connections``: the 1-based accept order, or all) relays the server's first
+    ``stall_after_bytes`` bytes and then nothing more, holding both sockets open: the client sees a connection
+    that is up (its own bytes still reach the server) but silent, as one in TCP's retransmission backoff
+    under heavy loss. Every other connection relays both ways. ``connections`` counts those accepted.
+    """
+
+    def __init__(self, target_port: int, stall_after_bytes: int, stall_connections: set[int] | None = None) -> None:
+        self._target_port = target_port
+        self._stall_after = stall_after_bytes
+        self._stall = stall_connections  # None: every connection
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.connections = 0
+        self._sockets: list[socket.socket] = []
+        self._closed = threading.Event()
+
+    def __enter__(self) -> StallingProxy:
+        threading.Thread(target=self._accept, name="stalling-proxy", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closed.set()
+        self._listener.close()
+        for sock in self._sockets:
+            sock.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            server = socket.create_connection(("127.0.0.1", self._target_port))
+            self._sockets += [client, server]
+            stall = self._stall is None or self.connections in self._stall
+            threading.Thread(target=self._relay, args=(client, server, None), daemon=True).start()
+            threading.Thread(target=self._relay, args=(server, client, self._stall_after if stall else None),
+                             daemon=True).start()  # fmt: skip
+
+    def _relay(self, source: socket.socket, sink: socket.socket, limit: int | None) -> None:
+        relayed = 0
+        try:
+            while not self._closed.is_set():
+                if limit is not None and relayed >= limit:
+                    self._closed.wait()  # silent from here on, both sockets held open
+                    return
+                data = source.recv(65536 if limit is None else min(65536, limit - relayed))
+                if not data:
+                    sink.shutdown(socket.SHUT_WR)
+                    return
+                sink.sendall(data)
+                relayed += len(data)
+        except OSError:
+            return
