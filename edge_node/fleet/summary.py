@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,19 @@ SUMMARY_PLOT = "fleet-accuracy.png"
 SUMMARY_FILES = (SUMMARY_JSON, SUMMARY_MD, SUMMARY_PLOT)
 
 
+def _add_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Counts by kind summed, sorted by kind."""
+    total: dict[str, int] = {}
+    for one in counts:
+        for kind, count in one.items():
+            total[kind] = total.get(kind, 0) + int(count)
+    return dict(sorted(total.items()))
+
+
 def node_summary(node_id: str, records: list[dict[str, Any]], *, exit_code: int | None, starts: int) -> dict[str, Any]:
-    """One node's figures over its completed rounds."""
+    """One node's figures over its completed rounds (refusals and retried pulls: every round's, diverged too)."""
     done = [r for r in records if not r.get("diverged")]
-    refused: dict[str, int] = {}
-    for r in records:
-        for kind, count in (r.get("refusals") or {}).items():
-            refused[kind] = refused.get(kind, 0) + int(count)
+    refused = _add_counts(r.get("refusals") or {} for r in records)
     answered = sorted({p for r in done for p in r.get("peers_answered", [])})
     labels = sorted({str(r.get("energy_label")) for r in done if r.get("energy_label")})
     first, last = (done[0], done[-1]) if done else (None, None)
@@ -41,7 +48,8 @@ def node_summary(node_id: str, records: list[dict[str, Any]], *, exit_code: int 
         "bytes_in": sum(int(r.get("bytes_in", 0)) for r in done),
         "bytes_out": sum(int(r.get("bytes_out", 0)) for r in done),
         "peers_answered": answered,
-        "peers_refused": dict(sorted(refused.items())),
+        "peers_refused": refused,
+        "pull_retries": _add_counts(r.get("pull_retries") or {} for r in records),
         "server_refusals": dict(last.get("server_refusals") or {}) if last else {},
         "energy_j": round(sum(float(r.get("energy_total_j", 0.0)) for r in done), 3),
         "energy_label": "+".join(labels) if labels else None,
@@ -81,10 +89,6 @@ def summarize(
         if devices and n["node_id"] in devices:
             n["device"] = devices[n["node_id"]]
     busiest = max(nodes, key=lambda n: n["bytes_in"] + n["bytes_out"], default=None)
-    refusals: dict[str, int] = {}
-    for n in nodes:
-        for kind, count in n["peers_refused"].items():
-            refusals[kind] = refusals.get(kind, 0) + count
     finals = [n["acc_final"] for n in nodes if n["acc_final"] is not None]
     firsts = [n["acc_first"] for n in nodes if n["acc_first"] is not None]
     return {
@@ -96,7 +100,8 @@ def summarize(
         "busiest_node": {"node_id": busiest["node_id"], "bytes": busiest["bytes_in"] + busiest["bytes_out"]}
         if busiest
         else None,
-        "peers_refused_total": dict(sorted(refusals.items())),
+        "peers_refused_total": _add_counts(n["peers_refused"] for n in nodes),
+        "pull_retries_total": _add_counts(n["pull_retries"] for n in nodes),
     }
 
 
@@ -143,6 +148,9 @@ def format_markdown(summary: dict[str, Any]) -> str:
     if summary["busiest_node"]:
         b = summary["busiest_node"]
         lines.append(f"Busiest node: {b['node_id']}, {_mb(b['bytes'])} MB received + sent.")
+    if summary["pull_retries_total"]:
+        retried = ", ".join(f"{k} {v}" for k, v in summary["pull_retries_total"].items())
+        lines.append(f"Pull calls retried after a transient failure, by kind: {retried}.")
     link = fleet.get("link") or {}
     if link.get("asked"):
         applied = ", ".join(f"{k}={link['asked'][k]} ({how})" for k, how in link["applied"].items()) or "none"

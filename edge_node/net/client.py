@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 import grpc
@@ -182,6 +182,9 @@ class PullResult:
 
     received: dict[str, DecodedModel]
     failures: dict[str, PullFailure]
+    # Calls retried after a transient failure, by that failure's kind, over all peers (polls for a round not
+    # published yet are not retries): a lossy or overloaded link shows here even when every model arrived.
+    retries: dict[str, int] = field(default_factory=dict)
 
     def failure_counts(self) -> dict[str, int]:
         """Failed peers by kind (for a round's log record)."""
@@ -405,8 +408,12 @@ def _pull(
     insecure: bool,
     limits: WireLimits,
     stop: _Stop,
+    retried_by: Counter[str] | None = None,
 ) -> DecodedModel:
-    """Pull one peer's model by ``deadline`` (monotonic); raises ``_Failed`` with the reason."""
+    """Pull one peer's model by ``deadline`` (monotonic); raises ``_Failed`` with the reason.
+
+    ``retried_by`` counts the calls retried after a transient failure, by kind (the caller's, for one pull).
+    """
     wire_bytes = 0
     attempts = 0  # calls made
     retried = 0  # of them, retries after a transient failure (polls for a round do not count)
@@ -467,6 +474,8 @@ def _pull(
                     wait_s = min(NOT_READY_MAX_WAIT_S, NOT_READY_FIRST_WAIT_S * 1.5 ** (polls - 1))
                 elif transient and retried < retries:
                     retried += 1
+                    if retried_by is not None:
+                        retried_by[kind] += 1
                     wait_s = min(MAX_BACKOFF_S, backoff_s * 2 ** (retried - 1))
                 else:
                     fail(kind, last + (f" (after {attempts} attempts)" if attempts > 1 else ""), exc)
@@ -619,11 +628,14 @@ def pull_models(
     stop = _Stop()
     deadline = time.monotonic() + deadline_s
 
+    retried_by: dict[str, Counter[str]] = {p.node_id: Counter() for p in peers}  # each written by its own pull
+
     def pull(peer: PeerAddress) -> DecodedModel | PullFailure:
         try:
             return _pull(
                 peer, spec, expected_fleet, request, round=round, deadline=min(deadline, time.monotonic() + peer_s),
                 retries=retries, backoff_s=backoff_s, tls=tls, insecure=insecure, limits=limits, stop=stop,
+                retried_by=retried_by[peer.node_id],
             )  # fmt: skip
         except _Failed as failed:
             return failed.failure
@@ -662,7 +674,7 @@ def pull_models(
             log("no model from %s: %s", peer_id, outcome)
         else:
             received[peer_id] = outcome
-    return PullResult(received, failures)
+    return PullResult(received, failures, dict(sorted(sum(retried_by.values(), Counter()).items())))
 
 
 def _hello_failure(peer: PeerAddress, kind: str, detail: str) -> PeerUnreachable:

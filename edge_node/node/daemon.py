@@ -422,7 +422,7 @@ class Node:
                 chosen = self.lockstep.neighbours(t)
             else:
                 chosen = self.peers.pick(self.config.neighbours, self._peer_rng(t))
-            fresh, refused, bytes_in = self._pull(chosen, t)
+            fresh, refused, bytes_in, retries = self._pull(chosen, t)
         self.beat()
         self._check_stop()
         received: dict[str, DecodedModel] = {}
@@ -440,7 +440,7 @@ class Node:
                 hooks=hooks,
             )  # fmt: skip
         except TrainingDiverged as diverged:
-            self._diverged(t, diverged, chosen, received, refused)  # writes: outside the interruptible section
+            self._diverged(t, diverged, chosen, received, refused, retries)  # writes: outside the interruptible section
             return
         new_state, trained, acc_before, acc_after = done.state, done.trained, done.acc_before, done.acc_after
         data = self.local.data
@@ -462,6 +462,7 @@ class Node:
             "peer_rounds": {k: m.header.round for k, m in sorted(received.items())},
             "peers_refused": _refused_json(refused),
             "refusals": _count_kinds(refused),
+            "pull_retries": retries,
             "bytes_in": bytes_in,
             "bytes_out": bytes_out,
             "streams_served": served_streams - self._totals.streams_served,
@@ -558,7 +559,7 @@ class Node:
 
     def _diverged(
         self, t: int, exc: TrainingDiverged, chosen: list[PeerAddress], received: dict[str, DecodedModel],
-        refused: dict[str, tuple[str, str]],
+        refused: dict[str, tuple[str, str]], retries: dict[str, int],
     ) -> None:  # fmt: skip
         """Roll back (keep the checkpointed state), log, and give up after three in a row."""
         totals = self._totals
@@ -569,7 +570,7 @@ class Node:
             json.dumps({
                 "round": t, "node_id": self.node_id, "time_unix": round(time.time(), 3), "diverged": True,
                 "reason": str(exc), "peers_asked": [p.node_id for p in chosen], "peers_answered": sorted(received),
-                "peers_refused": _refused_json(refused), "refusals": _count_kinds(refused),
+                "peers_refused": _refused_json(refused), "refusals": _count_kinds(refused), "pull_retries": retries,
                 "server_refusals": self.server_state.refusals(), "discovery_refusals": self.discovery_refusals(),
                 "seconds": energy["seconds"], "joules": energy["joules"], "energy_label": energy["label"],
             }),
@@ -597,14 +598,15 @@ class Node:
     # -- peers --------------------------------------------------------------------------------------
     def _pull(
         self, chosen: list[PeerAddress], t: int
-    ) -> tuple[dict[str, DecodedModel], dict[str, tuple[str, str]], int]:
+    ) -> tuple[dict[str, DecodedModel], dict[str, tuple[str, str]], int, dict[str, int]]:
         """Pull ``chosen`` in parallel; the round's screen comes after, in the client round.
 
         Returns the snapshots that arrived and are fresh, ``(kind, detail)`` for every peer refused (a
-        failed pull or a stale snapshot), and the bytes received (refused streams included).
+        failed pull or a stale snapshot), the bytes received (refused streams included), and the calls
+        retried after a transient failure, by kind.
         """
         if not chosen:
-            return {}, {}, 0
+            return {}, {}, 0, {}
         self.beat()
         lockstep = self.lockstep is not None
         result = pull_models(
@@ -623,7 +625,7 @@ class Node:
                 refused[node_id] = ("stale", f"snapshot of round {model.header.round} is {behind} rounds behind")
             else:
                 fresh[node_id] = model
-        return fresh, refused, bytes_in
+        return fresh, refused, bytes_in, result.retries
 
     # -- status -------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -123,6 +123,12 @@ class NodeMetrics:
         self.refused = Counter(
             "edge_node_peers_refused", "Peers refused in a round, by reason.", ["reason"], registry=reg
         )
+        self.pull_retries = Counter(
+            "edge_node_pull_retries",
+            "Pull calls retried after a transient failure (a lost connection, a timeout, a busy peer), by kind.",
+            ["reason"],
+            registry=reg,
+        )
         self.measured = Counter(
             "edge_node_energy_joules", "Measured energy by phase; source: the meter.", ["phase", "source"], registry=reg
         )
@@ -148,6 +154,8 @@ class NodeMetrics:
         self.answered.inc(len(record.get("peers_answered") or []))
         for reason, count in (record.get("refusals") or {}).items():
             self.refused.labels(reason=reason).inc(int(count))
+        for reason, count in (record.get("pull_retries") or {}).items():
+            self.pull_retries.labels(reason=reason).inc(int(count))
         energy = self.measured if record.get("energy_label") == "measured" else self.estimated
         source = str(record.get("energy_source") or "unknown")
         for phase, joules in (record.get("joules") or {}).items():

@@ -20,6 +20,7 @@ from edge_node.fleet.fleet import Fleet, issue_tls_material
 from edge_node.fleet.link import LinkSpec, shape_links
 from edge_node.fleet.netns import run_in_netns
 from edge_node.fleet.summary import SUMMARY_PLOT
+from edge_node.net.client import FAILURE_KINDS
 from tests.fleet.fleets import config, logs, read_summary, records, run_cli, run_to_end, wait_until
 from tests.netns import NetnsProcess
 
@@ -44,6 +45,16 @@ def _check_summary(out: Path, summary: dict) -> None:
     for node in summary["nodes"]:
         totals.update(node["peers_refused"])
     assert summary["peers_refused_total"] == dict(totals)
+    retried: Counter[str] = Counter()
+    for node in summary["nodes"]:
+        lines = (out / node["node_id"] / "rounds.jsonl").read_text().splitlines()
+        mine: Counter[str] = Counter()
+        for record in map(json.loads, lines):  # calls retried after a transient failure, by kind
+            assert set(record["pull_retries"]) <= set(FAILURE_KINDS), record
+            mine.update(record["pull_retries"])
+        assert node["pull_retries"] == dict(mine), node
+        retried.update(mine)
+    assert summary["pull_retries_total"] == dict(sorted(retried.items()))
     assert (out / SUMMARY_PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -118,24 +118,26 @@ def test_an_exit_is_named_the_same_way_everywhere():
 
 
 def _record(t: int, *, acc: float, bytes_in: int, bytes_out: int, joules: float, label: str,
-            refusals: dict[str, int] | None = None, answered: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+            refusals: dict[str, int] | None = None, answered: tuple[str, ...] = (),
+            retries: dict[str, int] | None = None) -> dict[str, Any]:  # fmt: skip
     return {"round": t, "acc_before": acc - 0.1, "acc_after": acc, "bytes_in": bytes_in, "bytes_out": bytes_out,
             "energy_total_j": joules, "energy_label": label, "refusals": refusals or {},
-            "peers_answered": list(answered)}  # fmt: skip
+            "pull_retries": retries or {}, "peers_answered": list(answered)}  # fmt: skip
 
 
 def test_summary_names_the_busiest_node_energy_with_its_label_and_refusal_totals(tmp_path):
     per_node = {
         "node0": [
             _record(0, acc=0.2, bytes_in=1_000_000, bytes_out=1_500_000, joules=1.25, label="estimated",
-                    refusals={"decode": 1}, answered=("node1",)),
+                    refusals={"decode": 1}, answered=("node1",), retries={"unreachable": 2}),
             _record(1, acc=0.4, bytes_in=1_000_000, bytes_out=500_000, joules=1.5, label="estimated",
                     answered=("node1",)),
         ],
         "node1": [
             _record(0, acc=0.3, bytes_in=3_000_000, bytes_out=2_000_000, joules=2.0, label="estimated",
                     refusals={"decode": 1, "timeout": 2}, answered=("node0",)),
-            {"round": 1, "diverged": True, "refusals": {"tls": 1}},  # refusals count; its energy does not
+            {"round": 1, "diverged": True, "refusals": {"tls": 1},  # refusals and retries count; its energy does not
+             "pull_retries": {"timeout": 1, "unreachable": 1}},
             _record(1, acc=0.5, bytes_in=1_000_000, bytes_out=0, joules=3.0, label="measured", answered=("node0",)),
         ],
     }  # fmt: skip
@@ -147,12 +149,18 @@ def test_summary_names_the_busiest_node_energy_with_its_label_and_refusal_totals
     assert (nodes["node1"]["energy_j"], nodes["node1"]["energy_label"]) == (5.0, "estimated+measured")
     assert nodes["node1"]["peers_refused"] == {"decode": 1, "timeout": 2, "tls": 1}
     assert summary["peers_refused_total"] == {"decode": 2, "timeout": 2, "tls": 1}
+    assert (nodes["node0"]["pull_retries"], nodes["node1"]["pull_retries"]) == (
+        {"unreachable": 2},
+        {"timeout": 1, "unreachable": 1},
+    )
+    assert summary["pull_retries_total"] == {"timeout": 1, "unreachable": 3}
     assert (nodes["node1"]["rounds"], nodes["node1"]["restarts"], nodes["node1"]["exit_code"]) == (2, 1, -9)
     markdown = format_markdown(summary)
     assert "| node0 | 2 | 20.0% -> 40.0% | 2.00 | 2.00 | node1 | decode 1 | 2.8 (estimated) |" in markdown
     assert "| node1 (restarted 1x, SIGKILL) | 2 | 30.0% -> 50.0% | 4.00 | 2.00 | node0 | decode 1, timeout 2, tls 1 |"\
         " 5.0 (estimated+measured) |" in markdown  # fmt: skip
     assert "Busiest node: node1, 6.00 MB received + sent." in markdown
+    assert "Pull calls retried after a transient failure, by kind: timeout 1, unreachable 3." in markdown
     files = write_summary(tmp_path, summary, per_node)
     assert [p.name for p in files] == ["fleet-summary.json", "fleet-summary.md", SUMMARY_PLOT]
     assert json.loads(files[0].read_text()) == summary and files[1].read_text() == markdown

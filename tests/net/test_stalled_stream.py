@@ -39,11 +39,14 @@ def many_messages() -> PeerServer:
 def test_a_connection_that_goes_silent_mid_stream_is_given_up_and_the_pull_completes_on_a_new_one(many_messages):
     with serving(many_messages) as port, StallingProxy(port, STALL_AFTER_BYTES, stall_connections={1}) as proxy:
         start = time.monotonic()
-        model = pull_model(PeerAddress("good", "127.0.0.1", proxy.port), SPEC, FLEET, deadline_s=40.0, retries=2,
-                           backoff_s=0.05, insecure=True)  # fmt: skip
+        result = pull_models([PeerAddress("good", "127.0.0.1", proxy.port)], SPEC, FLEET, deadline_s=40.0, retries=2,
+                             backoff_s=0.05, insecure=True)  # fmt: skip
         took = time.monotonic() - start
+    assert not result.failures, result.failures
+    model = result.received["good"]
     assert (model.header.node_id, model.header.round) == ("good", 3)  # whole and checked (the stream digest)
     assert proxy.connections == 2  # the silent one, then one that delivered
+    assert result.retries == {"unreachable": 1}  # the cut connection shows in the round's record
     # Before the pings had a timeout the pull sat on the silent connection until its 40 s deadline.
     assert took <= GIVEN_UP_WITHIN_S, took
 
@@ -53,8 +56,10 @@ def test_a_pull_that_runs_out_of_time_mid_stream_says_how_far_its_stream_got(man
     with serving(many_messages) as port, StallingProxy(port, STALL_AFTER_BYTES) as proxy:
         peer = PeerAddress("good", "127.0.0.1", proxy.port)
         if batch:  # the batch's deadline cancels the call: the reason was "CANCELLED: Locally cancelled"
-            failure = pull_models([peer], SPEC, FLEET, deadline_s=2.0, retries=0, insecure=True).failures["good"]
+            result = pull_models([peer], SPEC, FLEET, deadline_s=2.0, retries=0, insecure=True)
+            failure = result.failures["good"]
             kind, detail = failure.kind, failure.detail
+            assert result.retries == {}
             assert failure.wire_bytes > 0
         else:
             with pytest.raises(PeerUnreachable) as raised:

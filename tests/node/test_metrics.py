@@ -40,7 +40,7 @@ def served():
 
 def test_a_round_record_and_the_status_become_conventional_series(served):
     metrics, address = served
-    metrics.observe_round(node_record("pi-1", 0, refusals={"stale": 1}))
+    metrics.observe_round(node_record("pi-1", 0, refusals={"stale": 1}, retries={"unreachable": 2}))
     metrics.observe_round(node_record("pi-1", 1, label="measured"))
     got = scrape(address)
     assert got["edge_node_rounds_total"] == 2
@@ -50,6 +50,7 @@ def test_a_round_record_and_the_status_become_conventional_series(served):
     assert got['edge_node_accuracy_ratio{stage="before_training"}'] == pytest.approx(0.2)
     assert got["edge_node_peers_asked_total"] == 4 and got["edge_node_peers_answered_total"] == 2
     assert got['edge_node_peers_refused_total{reason="stale"}'] == 1
+    assert got['edge_node_pull_retries_total{reason="unreachable"}'] == 2
     assert got["edge_node_received_bytes_total"] == 2_000_000 and got["edge_node_sent_bytes_total"] == 4_000_000
     assert got['edge_node_server_refusals_total{reason="busy"}'] == 3
     assert got["edge_node_unfinished_streams_total"] == 5
@@ -87,7 +88,7 @@ def dashboard_queries() -> list[str]:
 
 def test_the_grafana_dashboard_asks_only_for_series_a_node_exports(served):
     metrics, address = served
-    metrics.observe_round(node_record("pi-1", 0, refusals={"stale": 1}))
+    metrics.observe_round(node_record("pi-1", 0, refusals={"stale": 1}, retries={"unreachable": 2}))
     metrics.observe_round(node_record("pi-1", 1, label="measured"))
     exported = {re.sub(r"\{.*", "", name) for name in scrape(address)}
     asked = {name for expression in dashboard_queries() for name in re.findall(r"edge_node_[a-z_]+", expression)}
