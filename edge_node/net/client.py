@@ -474,8 +474,6 @@ def _pull(
                     wait_s = min(NOT_READY_MAX_WAIT_S, NOT_READY_FIRST_WAIT_S * 1.5 ** (polls - 1))
                 elif transient and retried < retries:
                     retried += 1
-                    if retried_by is not None:
-                        retried_by[kind] += 1
                     wait_s = min(MAX_BACKOFF_S, backoff_s * 2 ** (retried - 1))
                 else:
                     fail(kind, last + (f" (after {attempts} attempts)" if attempts > 1 else ""), exc)
@@ -483,6 +481,8 @@ def _pull(
                 remaining = deadline - time.monotonic()
                 if kind != "not-ready" and wait_s >= remaining:
                     fail(kind, f"{last} (after {attempts} attempts; no time left for another)", exc)
+                if kind != "not-ready" and retried_by is not None:
+                    retried_by[kind] += 1  # a retry there is time for (a stop during the wait still ends it)
                 _LOGGER.debug("pull from %s: %s; next attempt in %.2f s", peer.node_id, last, wait_s)
                 if stop.event.wait(max(0.0, min(wait_s, remaining - 0.01))):
                     fail(stop.kind or "cancelled", stop.detail)
