@@ -31,13 +31,21 @@ EVENT_S = 240  # bound on waiting for one fleet event (rounds take ~10-30 s on 2
 
 def _check_summary(out: Path, summary: dict) -> None:
     """The fleet summary agrees with what the nodes recorded: bytes, the busiest node, energy with its label,
-    refusal totals; and the plot is a PNG."""
+    refusal and retry totals; and the plot is a PNG."""
+    retried: Counter[str] = Counter()
     for node in summary["nodes"]:
         lines = (out / node["node_id"] / "rounds.jsonl").read_text().splitlines()
-        mine = [r for r in map(json.loads, lines) if not r.get("diverged")]
+        records = list(map(json.loads, lines))
+        mine = [r for r in records if not r.get("diverged")]
         assert node["bytes_in"] == sum(r["bytes_in"] for r in mine) > 0, node
         assert node["bytes_out"] == sum(r["bytes_out"] for r in mine), node
         assert node["energy_j"] > 0 and node["energy_label"] == "estimated", node  # --energy-backend estimate
+        own_retries: Counter[str] = Counter()
+        for record in records:  # calls retried after a transient failure, by kind (diverged rounds too)
+            assert set(record["pull_retries"]) <= set(FAILURE_KINDS), record
+            own_retries.update(record["pull_retries"])
+        assert node["pull_retries"] == dict(own_retries), node
+        retried.update(own_retries)
     busiest = max(summary["nodes"], key=lambda n: n["bytes_in"] + n["bytes_out"])
     most = busiest["bytes_in"] + busiest["bytes_out"]
     assert summary["busiest_node"] == {"node_id": busiest["node_id"], "bytes": most}
@@ -45,15 +53,6 @@ def _check_summary(out: Path, summary: dict) -> None:
     for node in summary["nodes"]:
         totals.update(node["peers_refused"])
     assert summary["peers_refused_total"] == dict(totals)
-    retried: Counter[str] = Counter()
-    for node in summary["nodes"]:
-        lines = (out / node["node_id"] / "rounds.jsonl").read_text().splitlines()
-        mine: Counter[str] = Counter()
-        for record in map(json.loads, lines):  # calls retried after a transient failure, by kind
-            assert set(record["pull_retries"]) <= set(FAILURE_KINDS), record
-            mine.update(record["pull_retries"])
-        assert node["pull_retries"] == dict(mine), node
-        retried.update(mine)
     assert summary["pull_retries_total"] == dict(sorted(retried.items()))
     assert (out / SUMMARY_PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
