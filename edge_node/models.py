@@ -26,6 +26,7 @@ from torch import nn
 
 from edge_node.errors import ModelError
 from edge_node.plugins import entry_point_names, is_factory_path, load_entry_point, load_factory, one_line
+from edge_node.pooling import MaxPool2x2, max_pool2x2
 
 GN_GROUPS = 32  # GroupNorm(32, C), as in DisPFL's reference models
 
@@ -42,8 +43,8 @@ class CNN(nn.Module):
         self.fc3 = nn.Linear(192, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
-        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = max_pool2x2(torch.relu(self.conv1(x)))
+        x = max_pool2x2(torch.relu(self.conv2(x)))
         x = torch.flatten(x, 1)  # (b, 1600)
         x = torch.relu(self.fc1(x))
         x = torch.relu(self.fc2(x))
@@ -103,7 +104,7 @@ class VGG11(nn.Module):
         channels = 3
         for item in VGG11_CFG:
             if item == "M":
-                layers.append(nn.MaxPool2d(2))
+                layers.append(MaxPool2x2())
             else:
                 assert isinstance(item, int)
                 layers += [nn.Conv2d(channels, item, 3, padding=1), nn.GroupNorm(GN_GROUPS, item), nn.ReLU()]
