@@ -10,6 +10,12 @@ indices and gradients equal ``torch.max_pool2d(x, 2)``'s exactly (``tests/test_p
 record of a run stays what it was. On a GPU, in a traced export (ONNX), under torch.func's transforms (the
 per-sample gradients of DP) and for inputs other than contiguous 4-d float32 maps, it is ``torch.max_pool2d``
 itself.
+
+ReLU commutes with the pool exactly, gradients included, so the models pool first and apply ReLU to a
+quarter of the elements. ``relu(pool(x))`` equals ``pool(relu(x))`` (ReLU is monotone and keeps positive
+values as they are). Where a window's maximum is positive, both pick the same first position of it; where it
+is not (NaN included: ``nan > 0`` is false), ReLU's backward sends zero to every position of the window
+either way.
 """
 
 from __future__ import annotations
