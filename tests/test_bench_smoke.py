@@ -135,6 +135,19 @@ def test_micro_batch_bench_times_each_slice_size_in_its_own_process(tmp_path: Pa
     assert set(rows) == {"0", "16"} and all(r["s_per_step"] > 0 and r["peak_rss_mb"] > 100 for r in rows.values())
 
 
+def test_pool_step_bench_times_both_orders_and_checks_their_bits(tmp_path: Path):
+    out = tmp_path / "pool.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "pool_step.py"), "--batch-sizes", "4", "--repeats", "1", "--images", "8",
+         "--threads", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "equal" in proc.stdout and "DIFFERENT" not in proc.stdout
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["bitwise_equal"] and all(t > 0 for t in [*row["train_s"].values(), *row["eval_s"].values()])
+
+
 def test_screen_margin_bisection_finds_a_peers_ratio_to_the_reference():
     """A peer 4x the size of the two others (own included: the median is theirs) passes from 4x on."""
     import torch
