@@ -39,7 +39,7 @@ def test_algorithm_imports_no_network_or_os_probes():
 LAYERS = [
     {"errors", "exit_codes", "protocol", "seeding", "storage", "tomlconf", "checkpoint_io", "v1", "plugins", "threads"},
     {"algorithm"},
-    {"models", "data"},
+    {"models", "pooling", "data"},
     {"energy"},
     {"wire"},
     {"net"},
