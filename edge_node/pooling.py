@@ -36,7 +36,7 @@ class _ChannelsLastMaxPool(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        out, indices = nn.functional.max_pool2d_with_indices(x.contiguous(memory_format=torch.channels_last), 2)
+        out, indices = nn.functional.max_pool2d_with_indices(x.contiguous(memory_format=torch.channels_last), _WINDOW)
         ctx.save_for_backward(x, indices.contiguous())
         return out.contiguous()
 
