@@ -24,6 +24,8 @@ import torch
 from edge_node.models import CNN
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
+BASELINE = "paper order, torch.max_pool2d"
+BUILT = "as built"
 
 
 def paper_order(model: CNN) -> Forward:
@@ -52,13 +54,14 @@ def measure(batch: int, repeats: int, images_per_timing: int) -> dict:
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(batch, 3, 32, 32, generator=generator)
     y = torch.randint(0, 10, (batch,), generator=generator)
-    forwards: dict[str, Forward] = {"paper order, torch.max_pool2d": paper_order(model), "as built": model}
+    forwards: dict[str, Forward] = {BASELINE: paper_order(model), BUILT: model}
 
     def step(forward: Forward) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         loss = torch.nn.functional.cross_entropy(forward(x), y)
         return loss, torch.autograd.grad(loss, params)
 
-    (want_loss, want_grads), (loss, grads) = (step(f) for f in forwards.values())
+    want_loss, want_grads = step(forwards[BASELINE])
+    loss, grads = step(forwards[BUILT])
     equal = torch.equal(loss, want_loss) and all(torch.equal(g, w) for g, w in zip(grads, want_grads, strict=True))
     calls = max(3, images_per_timing // batch)
     train: dict[str, list[float]] = {name: [] for name in forwards}
@@ -93,7 +96,8 @@ def main() -> int:
     for batch in args.batch_sizes:
         r = measure(batch, args.repeats, args.images)
         results.append(r)
-        (base_t, built_t), (base_e, built_e) = r["train_s"].values(), r["eval_s"].values()
+        base_t, built_t = r["train_s"][BASELINE], r["train_s"][BUILT]
+        base_e, built_e = r["eval_s"][BASELINE], r["eval_s"][BUILT]
         print(f"{batch:>5}  {base_t * 1e3:>14.2f} ms  {built_t * 1e3:>11.2f} ms  {base_t / built_t:>4.2f}x  "
               f"{base_e * 1e3:>8.2f} ms  {built_e * 1e3:>8.2f} ms  {base_e / built_e:>4.2f}x  "
               f"{'equal' if r['bitwise_equal'] else 'DIFFERENT'}")  # fmt: skip
