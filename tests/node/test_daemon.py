@@ -71,11 +71,18 @@ def test_three_nodes_learn_from_each_other(tmp_path):
 def test_sigkill_mid_round_then_resume_from_checkpoint(tmp_path):
     ports = free_ports(3)
     rounds = 6
+    # The others run 4 rounds more than the victim, so that they still pull after its restart: a restart
+    # (Python, torch, data) took 7 s, as long as their 3-4 remaining rounds of about 2 s, and one CI run
+    # saw them finish before it published again.
+    outlive = 4
     with NodeProcesses() as nodes:
         procs = [
-            nodes.start(f"n{i}", tmp_path / f"n{i}", [*QUICK, *FLEET, *_static(i, ports), "--rounds", str(rounds)])
+            nodes.start(
+                f"n{i}", tmp_path / f"n{i}",
+                [*QUICK, *FLEET, *_static(i, ports), "--rounds", str(rounds if i == 0 else rounds + outlive)],
+            )
             for i in range(3)
-        ]
+        ]  # fmt: skip
         victim = procs[0]
         victim.wait_rounds(2, 2 * ROUND_TIMEOUT_S)
         time.sleep(1.0)  # into round 2 (pulling or training)
@@ -85,7 +92,7 @@ def test_sigkill_mid_round_then_resume_from_checkpoint(tmp_path):
         restarted = nodes.restart(victim)
         assert restarted.wait(rounds * ROUND_TIMEOUT_S) == 0, restarted.log()
         for proc in procs[1:]:
-            assert proc.wait(rounds * ROUND_TIMEOUT_S) == 0, proc.log()
+            assert proc.wait((rounds + outlive) * ROUND_TIMEOUT_S) == 0, proc.log()
     log = restarted.log(200)
     assert f"{rounds_done_text(len(kept))}, resumed from {victim.state_dir / 'checkpoint.pt'}" in log
     records = restarted.records
