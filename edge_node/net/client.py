@@ -290,6 +290,11 @@ def _classify(exc: grpc.RpcError) -> tuple[str, bool]:
     return "refused", False  # FAILED_PRECONDITION, INVALID_ARGUMENT, PERMISSION_DENIED, UNAUTHENTICATED, ...
 
 
+def _peer_answered(exc: BaseException) -> bool:
+    """Whether a failed call was the peer's "not ready yet": an answer over a working connection."""
+    return isinstance(exc, grpc.RpcError) and _classify(exc)[0] == "not-ready"
+
+
 def _decode_kind(exc: WireDecodeError) -> str:
     if isinstance(exc, PeerIdentityMismatch):
         return "identity"
@@ -443,49 +448,55 @@ def _pull(
         except TlsError as exc:
             fail("timeout" if time.monotonic() >= deadline else "tls", f"certificate check: {exc}", exc)
     key = (peer.target, tuple(channel_options(limits, peer, tls)), tls)
-    with CHANNELS.lease(key, lambda: open_channel(peer, tls=tls, insecure=insecure, limits=limits)) as channel:
-        while True:
-            remaining = deadline - time.monotonic()
-            if stop.kind is not None:
-                fail(stop.kind, stop.detail)
-            if remaining <= 0:
-                fail("not-ready" if polls else "timeout", f"deadline reached; last: {last or 'no answer'}")
-            decoder = ModelDecoder(spec, expected_fleet, limits, expected_node_id=peer.node_id, expected_round=round)
-            try:
+
+    def make_channel() -> grpc.Channel:
+        return open_channel(peer, tls=tls, insecure=insecure, limits=limits)
+
+    while True:
+        remaining = deadline - time.monotonic()
+        if stop.kind is not None:
+            fail(stop.kind, stop.detail)
+        if remaining <= 0:
+            fail("not-ready" if polls else "timeout", f"deadline reached; last: {last or 'no answer'}")
+        decoder = ModelDecoder(spec, expected_fleet, limits, expected_node_id=peer.node_id, expected_round=round)
+        try:
+            # A channel leased per attempt: one whose call failed is dropped, so a retry reaches a
+            # restarted peer on a new connection; a "not ready" answer keeps it for the next poll.
+            with CHANNELS.lease(key, make_channel, served_if=_peer_answered) as channel:
                 return _stream(channel, request, decoder, remaining, stop)
-            except WireDecodeError as exc:
-                wire_bytes += decoder.total_bytes
-                fail(_decode_kind(exc), f"{type(exc).__name__}: {exc}", exc)
-            except grpc.RpcError as exc:
-                wire_bytes += decoder.total_bytes
-                attempts += 1
-                if stop.kind is not None:  # the caller's stop cancelled the call: say how far it had got
-                    last = _progress(decoder) or last
-                    fail(stop.kind, stop.detail, exc)
-                kind, transient = _classify(exc)
-                if kind == "timeout" and polls:
-                    # The deadline ran out while waiting for the round: the peer's last answer (which
-                    # round it has) says more than the transport's DEADLINE_EXCEEDED, so it stays.
-                    kind = "not-ready"
-                else:
-                    last = "; ".join(filter(None, (_rpc_reason(exc), _progress(decoder))))
-                if kind == "not-ready" and round is not None:
-                    polls += 1
-                    wait_s = min(NOT_READY_MAX_WAIT_S, NOT_READY_FIRST_WAIT_S * 1.5 ** (polls - 1))
-                elif transient and retried < retries:
-                    retried += 1
-                    wait_s = min(MAX_BACKOFF_S, backoff_s * 2 ** (retried - 1))
-                else:
-                    fail(kind, last + (f" (after {attempts} attempts)" if attempts > 1 else ""), exc)
-                wait_s *= _jitter.uniform(0.5, 1.0)
-                remaining = deadline - time.monotonic()
-                if kind != "not-ready" and wait_s >= remaining:
-                    fail(kind, f"{last} (after {attempts} attempts; no time left for another)", exc)
-                if kind != "not-ready" and retried_by is not None:
-                    retried_by[kind] += 1  # a retry there is time for (a stop during the wait still ends it)
-                _LOGGER.debug("pull from %s: %s; next attempt in %.2f s", peer.node_id, last, wait_s)
-                if stop.event.wait(max(0.0, min(wait_s, remaining - 0.01))):
-                    fail(stop.kind or "cancelled", stop.detail)
+        except WireDecodeError as exc:
+            wire_bytes += decoder.total_bytes
+            fail(_decode_kind(exc), f"{type(exc).__name__}: {exc}", exc)
+        except grpc.RpcError as exc:
+            wire_bytes += decoder.total_bytes
+            attempts += 1
+            if stop.kind is not None:  # the caller's stop cancelled the call: say how far it had got
+                last = _progress(decoder) or last
+                fail(stop.kind, stop.detail, exc)
+            kind, transient = _classify(exc)
+            if kind == "timeout" and polls:
+                # The deadline ran out while waiting for the round: the peer's last answer (which
+                # round it has) says more than the transport's DEADLINE_EXCEEDED, so it stays.
+                kind = "not-ready"
+            else:
+                last = "; ".join(filter(None, (_rpc_reason(exc), _progress(decoder))))
+            if kind == "not-ready" and round is not None:
+                polls += 1
+                wait_s = min(NOT_READY_MAX_WAIT_S, NOT_READY_FIRST_WAIT_S * 1.5 ** (polls - 1))
+            elif transient and retried < retries:
+                retried += 1
+                wait_s = min(MAX_BACKOFF_S, backoff_s * 2 ** (retried - 1))
+            else:
+                fail(kind, last + (f" (after {attempts} attempts)" if attempts > 1 else ""), exc)
+            wait_s *= _jitter.uniform(0.5, 1.0)
+            remaining = deadline - time.monotonic()
+            if kind != "not-ready" and wait_s >= remaining:
+                fail(kind, f"{last} (after {attempts} attempts; no time left for another)", exc)
+            if kind != "not-ready" and retried_by is not None:
+                retried_by[kind] += 1  # a retry there is time for (a stop during the wait still ends it)
+            _LOGGER.debug("pull from %s: %s; next attempt in %.2f s", peer.node_id, last, wait_s)
+            if stop.event.wait(max(0.0, min(wait_s, remaining - 0.01))):
+                fail(stop.kind or "cancelled", stop.detail)
 
 
 def _request(spec: ModelSpec, expected_fleet: str, node_id: str, round: int | None) -> GetModelRequest:

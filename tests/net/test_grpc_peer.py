@@ -466,3 +466,60 @@ def test_a_peer_that_restarts_is_pulled_at_once_on_a_new_connection() -> None:
         assert time.monotonic() - start < 2.0 and CHANNELS.made == made + 1
     finally:
         server.stop(None).wait(5)
+
+
+def test_each_retry_goes_on_a_new_connection_and_reaches_a_restarted_peer_at_once(monkeypatch) -> None:
+    """Within one pull, a retry after a refused connection leases a new channel: the old one sits in gRPC's
+    reconnect backoff (1 s, growing 1.6x), failing calls at once, so a pull retried on it reached a peer
+    restarted 1.5 s in 3.3 s after it was back (measured). Retries every 0.05-0.1 s here: the peer is reached within a
+    few of them once back."""
+    monkeypatch.setattr("edge_node.net.client.MAX_BACKOFF_S", 0.1)
+    peer = PeerServer(SPEC, node_id="good", fleet_id=FLEET, max_message_bytes=4096)
+    peer.publish(snapshot("good", 1))
+    with serving(peer) as port:
+        address = PeerAddress("good", "127.0.0.1", port)
+        assert not pull_models([address], SPEC, FLEET, **FAST).failures  # a channel kept, then refused below
+    made, reused = CHANNELS.made, CHANNELS.reused
+    result = pull_models([address], SPEC, FLEET, **{**FAST, "retries": 3})
+    assert result.failures["good"].kind == "unreachable" and result.retries == {"unreachable": 3}
+    assert (CHANNELS.made, CHANNELS.reused) == (made + 3, reused + 1)  # the kept one, then one per retry
+    back_at: list[float] = []
+    servers = []
+
+    def restart() -> None:
+        time.sleep(1.5)
+        server, _ = create_server(f"127.0.0.1:{port}", peer, insecure=True)
+        server.start()
+        servers.append(server)
+        back_at.append(time.monotonic())
+
+    thread = threading.Thread(target=restart)
+    thread.start()
+    try:
+        result = pull_models([address], SPEC, FLEET, **{**FAST, "deadline_s": 10.0, "retries": 100})
+        done_at = time.monotonic()
+    finally:
+        thread.join()
+        for server in servers:
+            server.stop(None).wait(5)
+    assert not result.failures and result.retries["unreachable"] >= 10
+    assert done_at - back_at[0] < 0.5  # gRPC's backoff alone would put the next connection at 1.0-2.6 s
+
+
+def test_a_peer_that_is_not_ready_is_polled_on_one_connection() -> None:
+    """A "not ready" answer proves the connection: the polls for a round, and the pull that ends them, use
+    the one channel."""
+    peer = PeerServer(SPEC, node_id="good", fleet_id=FLEET, max_message_bytes=4096)
+    peer.publish(snapshot("good", 1, round=3))
+    with serving(peer) as port:
+        address = PeerAddress("good", "127.0.0.1", port)
+        CHANNELS.close()
+        made = CHANNELS.made
+        timer = threading.Timer(0.5, peer.publish, [snapshot("good", 2, round=4)])
+        timer.start()
+        try:
+            result = pull_models([address], SPEC, FLEET, round=4, **FAST)
+        finally:
+            timer.join()
+        assert not result.failures and peer.refusals()["not-ready"] >= 2
+        assert CHANNELS.made == made + 1 and connections_to(port) == 1
