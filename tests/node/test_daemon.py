@@ -97,9 +97,12 @@ def test_sigkill_mid_round_then_resume_from_checkpoint(tmp_path):
     assert f"{rounds_done_text(len(kept))}, resumed from {victim.state_dir / 'checkpoint.pt'}" in log
     records = restarted.records
     assert records[: len(kept)] == kept  # the rounds before the kill are untouched
-    # Each round once, nothing doubled, to the last: a round is left out only where a record says that the
-    # peers had gone ahead meanwhile (a restart slower than their rounds catches up, as a late joiner does).
-    assert records[0]["round"] == 0 and records[-1]["round"] == rounds - 1, records
+    # Each round once, nothing doubled, to the end: a round is left out only where a record says that the
+    # peers had gone ahead meanwhile (a restart slower than their rounds catches up, as a late joiner does;
+    # the others run on, so a catch-up in its last rounds can jump past its last round: a CI run's records
+    # went 2, 3, 4 with round 4 caught up to 6, "6 rounds done").
+    assert records[0]["round"] == 0, records
+    assert records[-1].get("caught_up_to", records[-1]["round"] + 1) >= rounds, records
     for before, after in itertools.pairwise(records):
         assert after["round"] == before.get("caught_up_to", before["round"] + 1), (before, after)
     assert all("caught_up_to" not in r for r in kept)
