@@ -44,7 +44,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -61,6 +61,7 @@ from edge_node.net import PeerAddress, PeerServer, TlsConfig, create_server, pul
 from edge_node.net.discovery import Discovery, MdnsDiscovery, StaticDiscovery, resolve_interfaces
 from edge_node.net.server import ModelSnapshot, check_fd_limit
 from edge_node.node import capacity
+from edge_node.node.barrier import wait_for_round
 from edge_node.node.config import NodeConfig
 from edge_node.node.export import ONNX_FILE, write_onnx
 from edge_node.node.local_data import LocalData, load_local_data
@@ -93,6 +94,7 @@ ENERGY_LOG = "energy.jsonl"
 MAX_DIVERGED_IN_A_ROW = 3
 SERVER_GRACE_S = 1.0  # in-flight transfers get this long at shutdown
 IDLE_WITHOUT_PEERS_S = 1.0  # a node that found nobody pauses this long before its next (local) round
+GONE_AFTER_S = 10.0  # a finished node stops waiting for a peer that has answered no Hello for this long
 
 __all__ = ["Node", "Stopped", "catch_up", "check_listen_free"]
 
@@ -291,18 +293,36 @@ class Node:
                 break
 
     def _serve_until_peers_finish(self) -> None:
-        """Lock-step: keep serving until every peer has published its last round.
+        """Keep serving until every peer has published this node's last round, or has left.
 
-        A peer's last round pulls this node's last model; a node that exits at once leaves a slower peer
-        waiting out its round budget for a model that is gone (a 3-node fleet hung 300 s in CI). A peer that
-        no longer answers has passed this same barrier (or died): it counts as done.
+        A slower peer's last rounds pull this node's last model; a node that exits at once leaves it
+        waiting out its deadline for a model that is gone (lock-step: a 3-node fleet hung 300 s in CI;
+        free-running under 10 % loss: a node whose two peers had both finished got no model in its last
+        round, and in CI none in either). At most ``round_budget_s``. Lock-step: every node of the fleet
+        list, a peer that no longer answers has passed this same barrier (or died). Free-running: the peers
+        discovery lists now; one that has answered no Hello for ``GONE_AFTER_S`` (killed without a
+        goodbye) counts as gone.
         """
-        if self.lockstep is None:
+        if self.lockstep is not None:
+            with suppress(Stopped):
+                self.lockstep.wait_for(self.rounds_done, gone_is_done=True)
             return
+        started = time.monotonic()
+        sd_notify(f"STATUS={rounds_done_text(self.rounds_done)}, serving until the peers have published it")
         try:
-            self.lockstep.wait_for(self.rounds_done, gone_is_done=True)
+            behind = wait_for_round(
+                self.caller, self.peers.addresses, self.rounds_done, budget_s=self.config.round_budget_s,
+                stop=self.should_exit, beat=self.beat, gone_after_s=GONE_AFTER_S,
+            )  # fmt: skip
         except Stopped:
             return
+        waited = time.monotonic() - started
+        if behind:
+            _LOGGER.warning("peers %s have not reached round %d after %.0f s (--round-budget-s); not waiting longer",
+                            behind, self.rounds_done, waited)  # fmt: skip
+        elif waited >= 1.0:
+            _LOGGER.info("served %.1f s more, until every peer had published round %d or left", waited,
+                         self.rounds_done)  # fmt: skip
 
     def _budget_spent(self) -> None:
         """Stop training and publishing for good; keep serving the last (private) model until stopped."""

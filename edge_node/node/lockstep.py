@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from edge_node.algorithm.topology import round_neighbours
-from edge_node.errors import ConfigError, PeerUnreachable
+from edge_node.errors import ConfigError
 from edge_node.net import PeerAddress
 from edge_node.net.discovery import parse_peers
-from edge_node.node.parallel import Abandoned, Stopped, run_parallel
-from edge_node.node.peers import HELLO_WORKERS, Caller
+from edge_node.node.barrier import wait_for_round
+from edge_node.node.peers import Caller
 
 _LOGGER = logging.getLogger(__name__)
-POLL_S = 0.2  # between the barrier's rounds of Hellos
 
 
 class Lockstep:
@@ -70,32 +68,10 @@ class Lockstep:
         Raises:
             Stopped: the daemon was told to stop while waiting.
         """
-        deadline = time.monotonic() + self.round_budget_s
-        waiting = {a.node_id: a for a in self.fleet if a.node_id != self.caller.node_id}
-
-        def published_t(node_id: str) -> bool:
-            try:
-                reply = self.caller.hello(waiting[node_id])
-            except PeerUnreachable:
-                return gone_is_done
-            return reply.has_model and reply.round >= t
-
-        while waiting:
-            names = sorted(waiting)
-            try:
-                ready = run_parallel(published_t, names, workers=HELLO_WORKERS, stop=self.stop, name="barrier")
-            except Abandoned:
-                raise Stopped from None
-            for node_id, ok in zip(names, ready, strict=True):
-                if ok:
-                    del waiting[node_id]
-            if not waiting:
-                return
-            if self.stop.is_set():
-                raise Stopped
-            self.beat()
-            if time.monotonic() > deadline:
-                _LOGGER.warning("lockstep: %s not at round %d after %.0f s; going on", sorted(waiting), t,
-                                self.round_budget_s)  # fmt: skip
-                return
-            self.stop.wait(POLL_S)
+        others = [a for a in self.fleet if a.node_id != self.caller.node_id]
+        behind = wait_for_round(
+            self.caller, lambda: others, t, budget_s=self.round_budget_s, stop=self.stop, beat=self.beat,
+            gone_after_s=0.0 if gone_is_done else None,
+        )  # fmt: skip
+        if behind:
+            _LOGGER.warning("lockstep: %s not at round %d after %.0f s; going on", behind, t, self.round_budget_s)

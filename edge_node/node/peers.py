@@ -199,6 +199,11 @@ class PeerFinder:
         )  # fmt: skip
         return peer if discovery.record_hello(host, port, peer) else None
 
+    def addresses(self) -> list[PeerAddress]:
+        """Where to reach every live peer, by node id."""
+        tls = self.caller.tls is not None
+        return [_address(peer, tls=tls) for _, peer in sorted(self.live().items())]
+
     def pick(self, k: int, rng: np.random.Generator) -> list[PeerAddress]:
         """Up to ``k`` live peers not in backoff, drawn with ``rng``, as addresses to pull."""
         live = self.live()

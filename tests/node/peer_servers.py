@@ -8,6 +8,7 @@ fleet seed 0 at an ERK density, so that it passes the daemon's header checks (fl
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -45,20 +46,52 @@ def snapshot(node_id: str, round: int, client: int, *, fill: float | None = None
     )  # fmt: skip
 
 
+@dataclasses.dataclass
+class ServedPeer:
+    """A real peer server: its ``port``, ``publish`` a later round, ``stop`` it (as a peer killed unannounced)."""
+
+    node_id: str
+    client: int
+    fleet: str
+    port: int
+    state: PeerServer
+    stopped: threading.Event
+
+    def publish(self, round: int) -> None:
+        self.state.publish(dataclasses.replace(snapshot(self.node_id, round, self.client), fleet_id=self.fleet))
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+@contextmanager
+def served_peer(
+    node_id: str, round: int, client: int, *, fleet: str = FLEET, tls: TlsConfig | None = None,
+    address: str = "127.0.0.1:0",
+) -> Iterator[ServedPeer]:  # fmt: skip
+    """A real peer server publishing a fresh model at ``round``; stopped by ``stop()`` or at the end."""
+    server_state = PeerServer(demo_spec(), node_id=node_id, fleet_id=fleet)
+    server, port = create_server(address, server_state, tls=tls, insecure=tls is None)
+    served = ServedPeer(node_id, client, fleet, port, server_state, threading.Event())
+    served.publish(round)
+    server.start()
+    stopper = threading.Thread(target=lambda: served.stopped.wait() and server.stop(None).wait(5), daemon=True)
+    stopper.start()
+    try:
+        yield served
+    finally:
+        served.stop()
+        stopper.join(10)
+
+
 @contextmanager
 def honest_peer(
     node_id: str, round: int, client: int, *, fleet: str = FLEET, tls: TlsConfig | None = None,
     address: str = "127.0.0.1:0",
 ) -> Iterator[int]:  # fmt: skip
     """A real peer server publishing a fresh model at ``round``; yields its port."""
-    server_state = PeerServer(demo_spec(), node_id=node_id, fleet_id=fleet)
-    server_state.publish(dataclasses.replace(snapshot(node_id, round, client), fleet_id=fleet))
-    server, port = create_server(address, server_state, tls=tls, insecure=tls is None)
-    server.start()
-    try:
-        yield port
-    finally:
-        server.stop(None).wait(5)
+    with served_peer(node_id, round, client, fleet=fleet, tls=tls, address=address) as served:
+        yield served.port
 
 
 @contextmanager

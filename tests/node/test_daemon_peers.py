@@ -6,20 +6,24 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 from edge_node.exit_codes import ExitCode
 from edge_node.fleet.fleet import free_ports
+from edge_node.net import PeerAddress, pull_model
 from edge_node.net.tls import certificate_fingerprint, create_ca, issue_certificate
 from tests.daemons import QUICK, NodeProcesses, run_cli
-from tests.node.peer_servers import FLEET, honest_peer, lying_peer
+from tests.node.peer_servers import FLEET, demo_spec, honest_peer, lying_peer, served_peer
 
 ROUND_TIMEOUT_S = 180  # per round, generous: CI shares 2 cores
 LIAR_ROUND = 10**15
 # One node on a sixth of the demo set, pulling every peer it is given each round.
 NODE = ["--fleet", FLEET, "--num-clients", "6", "--client-index", "0", "--capacity", "0.6", "--discovery", "static"]
+# Peers that never publish a later round: a node that has done its rounds serves them this long, not 600 s.
+STUCK_PEERS = ["--round-budget-s", "2"]
 
 
 def test_a_huge_round_and_3e38_values_move_nothing_next_to_honest_peers(tmp_path):
@@ -38,11 +42,15 @@ def test_a_huge_round_and_3e38_values_move_nothing_next_to_honest_peers(tmp_path
     ):
         peers = f"h1@127.0.0.1:{h1},h2@127.0.0.1:{h2},liar@127.0.0.1:{liar.port},blown@127.0.0.1:{blown.port}"
         peers += f",127.0.0.1:{foreign}"  # a bare entry: identified by its Hello, which names another fleet
-        args = [*QUICK, *NODE, "--peers", peers, "--neighbours", "4", "--listen", f"127.0.0.1:{port}", "--rounds", "3"]
+        args = [*QUICK, *NODE, "--peers", peers, "--neighbours", "4", "--listen", f"127.0.0.1:{port}", "--rounds", "3",
+                *STUCK_PEERS]  # fmt: skip
         with NodeProcesses() as nodes:
             node = nodes.start("n0", tmp_path / "n0", args)
             assert node.wait(3 * ROUND_TIMEOUT_S) == 0, node.log()
         assert liar.calls >= 1 and blown.calls >= 1  # both were pulled
+        # its last round is 3: h1 and h2 stay at 1, served for the budget; the liar is past it, and blown has
+        # no Hello to answer (a refusal: not waited for)
+        assert "peers ['h1', 'h2'] have not reached round 3 after 2 s" in node.log(), node.log()
     records = node.records
     assert [r["round"] for r in records] == [0, 1, 2], [(r["round"], r.get("caught_up_to")) for r in records]
     assert all("caught_up_to" not in r for r in records)
@@ -63,6 +71,28 @@ def test_a_huge_round_and_3e38_values_move_nothing_next_to_honest_peers(tmp_path
     assert largest < 100, largest  # the 3e38 model was never aggregated
     status = json.loads((node.state_dir / "status.json").read_text())
     assert status["discovery_refusals"] == {"other_fleet": 1} and status["rounds_done"] == 3
+
+
+def test_a_finished_node_serves_a_slower_peer_until_it_has_published_the_last_round(tmp_path):
+    """Free-running, a node that has done its rounds keeps serving while a peer is behind them (that peer's
+    next rounds pull this node's last model), and stops as soon as the peer has published the last round."""
+    (port,) = free_ports(1)
+    with served_peer("slow", 0, client=1) as slow:
+        args = [*QUICK, *NODE, "--peers", f"slow@127.0.0.1:{slow.port}", "--neighbours", "1", "--listen",
+                f"127.0.0.1:{port}", "--rounds", "2"]  # fmt: skip
+        with NodeProcesses() as nodes:
+            node = nodes.start("n0", tmp_path / "n0", args)
+            node.wait_rounds(2, 2 * ROUND_TIMEOUT_S)
+            time.sleep(3.0)
+            assert node.proc.poll() is None, node.log()  # done, still serving the slow peer
+            last = pull_model(PeerAddress("n0", "127.0.0.1", port), demo_spec(), FLEET, insecure=True, round=2)
+            assert last.header.round == 2
+            slow.publish(2)
+            published = time.monotonic()
+            assert node.wait(30) == 0, node.log()
+            assert time.monotonic() - published < 5.0, node.log()
+    assert [r["peers_answered"] for r in node.records] == [["slow"], ["slow"]]
+    assert "served " in node.log() and "more, until every peer had published round 2 or left" in node.log()
 
 
 def _certs(tmp_path: Path, names: list[str]) -> dict[str, list[str]]:
@@ -165,7 +195,7 @@ def test_a_peer_whose_certificate_is_not_its_advertised_fp_is_refused(require_ro
                 assert proc.wait_for(lambda lines: any('"started"' in x for x in lines), 120), proc.stderr_lines[-20:]
             args = [*TLS_QUICK, *tls["n0"], "--fleet", FLEET, "--num-clients", "6", "--client-index", "0",
                     "--capacity", "0.6", "--discovery", "mdns", "--interface", "127.0.0.1", "--listen",
-                    "127.0.0.1:0", "--neighbours", "2", "--rounds", "3"]  # fmt: skip
+                    "127.0.0.1:0", "--neighbours", "2", "--rounds", "3", *STUCK_PEERS]  # fmt: skip
             with NodeProcesses() as nodes:
                 node = nodes.start("n0", tmp_path / "n0", args, prefix=["ip", "netns", "exec", ns])
                 assert node.wait(3 * ROUND_TIMEOUT_S) == 0, node.log()
