@@ -104,7 +104,7 @@ class NodeConfig:
     neighbours: int = _key(3, "Peers pulled per round.")
     rounds: int = _key(0, "Stop after this many completed rounds (0: run until stopped).")
     planned_rounds: int = _key(_DISPFL.planned_rounds, "T of the prune schedule.")
-    round_budget_s: float = _key(600.0, "Target seconds per round (capacity rule, lockstep wait).")
+    round_budget_s: float = _key(600.0, "Target seconds per round (capacity rule); longest wait for slower peers.")
     pull_timeout_s: float = _key(60.0, "Longest wait for a round's pulls; the round goes on with what arrived.")
     staleness: int = _key(5, "Drop snapshots more than this many rounds behind this node's round.")
     lockstep: bool = _key(False, "The synchronous algorithm: wait for the fleet each round, seeded neighbours.")

@@ -300,8 +300,8 @@ class Node:
         free-running under 10 % loss: a node whose two peers had both finished got no model in its last
         round, and in CI none in either). At most ``round_budget_s``. Lock-step: every node of the fleet
         list, a peer that no longer answers has passed this same barrier (or died). Free-running: the peers
-        discovery lists now; one that has answered no Hello for ``GONE_AFTER_S`` (killed without a
-        goodbye) counts as gone.
+        discovery lists now, but not one whose model the node refused (``PeerFinder.awaited``); one that
+        has answered no Hello for ``GONE_AFTER_S`` (killed without a goodbye) counts as gone.
         """
         if self.lockstep is not None:
             with suppress(Stopped):
@@ -311,7 +311,7 @@ class Node:
         sd_notify(f"STATUS={rounds_done_text(self.rounds_done)}, serving until the peers have published it")
         try:
             behind = wait_for_round(
-                self.caller, self.peers.addresses, self.rounds_done, budget_s=self.config.round_budget_s,
+                self.caller, self.peers.awaited, self.rounds_done, budget_s=self.config.round_budget_s,
                 stop=self.should_exit, beat=self.beat, gone_after_s=GONE_AFTER_S,
             )  # fmt: skip
         except Stopped:

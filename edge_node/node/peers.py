@@ -34,6 +34,8 @@ MAX_BACKOFF_S = 120.0
 MAX_TRACKED = 256
 HELLO_TIMEOUT_S = 2.0
 HELLO_WORKERS = 8  # Hellos in flight at once (static peers not identified yet, the lock-step barrier)
+# A last pull that ended in one of these refused the peer's model itself (not the link, not its pace).
+MODEL_REFUSED = frozenset({"decode", "limit", "header", "identity", "tls", "screened"})
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,12 @@ class PeerTracker:
             self._put(replace(old, last_result=kind, last_detail=detail[:300], failures=failures,
                               retry_after=now + wait_s))  # fmt: skip
         return wait_s
+
+    def model_refused(self, node_id: str) -> bool:
+        """Whether this node's last pull of ``node_id`` refused its model (``MODEL_REFUSED``)."""
+        with self._lock:
+            record = self._records.get(node_id)
+        return record is not None and record.last_result in MODEL_REFUSED
 
     def forget_except(self, live: set[str]) -> None:
         """Drop peers discovery no longer lists (their history is of no use once they are gone)."""
@@ -199,10 +207,13 @@ class PeerFinder:
         )  # fmt: skip
         return peer if discovery.record_hello(host, port, peer) else None
 
-    def addresses(self) -> list[PeerAddress]:
-        """Where to reach every live peer, by node id."""
+    def awaited(self) -> list[PeerAddress]:
+        """The live peers a node that has done its rounds serves on for: all but those whose model its last
+        pull refused (malformed, another architecture or identity, screened out): a peer like that gets no
+        more of the node's time than a round's pull of it."""
         tls = self.caller.tls is not None
-        return [_address(peer, tls=tls) for _, peer in sorted(self.live().items())]
+        live = self.live()
+        return [_address(live[k], tls=tls) for k in sorted(live) if not self.tracker.model_refused(k)]
 
     def pick(self, k: int, rng: np.random.Generator) -> list[PeerAddress]:
         """Up to ``k`` live peers not in backoff, drawn with ``rng``, as addresses to pull."""

@@ -140,6 +140,18 @@ def test_peer_backoff_grows_with_jitter_and_clears():
     assert tracker.records() == []
 
 
+def test_a_peer_is_model_refused_only_while_its_last_pull_refused_its_model():
+    tracker = PeerTracker(np.random.default_rng(0))
+    for kind in ("unreachable", "timeout", "not-ready", "stale", "refused"):  # the link, its pace, busy
+        tracker.failure("slow", kind, "")
+        assert not tracker.model_refused("slow"), kind
+    for kind in ("decode", "limit", "header", "identity", "tls", "screened"):
+        tracker.failure("bad", kind, "")
+        assert tracker.model_refused("bad"), kind
+    tracker.success("bad", 2)
+    assert not tracker.model_refused("bad") and not tracker.model_refused("never-pulled")
+
+
 def test_sd_notify_and_watchdog(tmp_path):
     path = tmp_path / "notify.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
