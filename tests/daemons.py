@@ -11,6 +11,7 @@ Ports come from :func:`free_ports` (bound and released on 127.0.0.1; a tiny race
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -32,6 +33,16 @@ def read_records(state_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def assert_rounds_to_the_end(records: list[dict[str, Any]], rounds: int) -> None:
+    """Each round once, in order, from round 0 until ``rounds`` are done; a round is left out only where a
+    record says the node caught up past it (``caught_up_to``: its peers were ahead, as a late joiner's are).
+    The last catch-up may go past ``rounds`` when the peers ran on further."""
+    assert records and records[0]["round"] == 0, records
+    assert records[-1].get("caught_up_to", records[-1]["round"] + 1) >= rounds, records
+    for before, after in itertools.pairwise(records):
+        assert after["round"] == before.get("caught_up_to", before["round"] + 1), (before, after)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from edge_node.fleet.link import LinkSpec, shape_links
 from edge_node.fleet.netns import run_in_netns
 from edge_node.fleet.summary import SUMMARY_PLOT
 from edge_node.net.client import FAILURE_KINDS
+from tests.daemons import assert_rounds_to_the_end, read_records
 from tests.fleet.fleets import config, logs, read_summary, records, run_cli, run_to_end, wait_until
 from tests.netns import NetnsProcess
 
@@ -226,7 +227,10 @@ def test_ten_percent_loss_on_every_link(require_root, tmp_path):
     summary = read_summary(out)
     assert summary["fleet"]["link"]["applied"]["loss"] in ("netem", "iptables statistic (random drop)")
     for node in summary["nodes"]:
-        assert node["rounds"] == 2 and node["exit_code"] == 0 and node["peers_answered"], node
+        assert node["exit_code"] == 0 and node["peers_answered"], node  # every node got some peer's model
+        # a node may catch up: finished peers now serve on, so a slow node's one pull can be of round 2
+        completed = [r for r in read_records(out / node["node_id"]) if not r.get("diverged")]
+        assert_rounds_to_the_end(completed, 2)
     _check_summary(out, summary)
 
 

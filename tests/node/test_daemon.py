@@ -4,7 +4,6 @@ ONNX export, signals, status, systemd notify, and bad input (one line, the docum
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import re
 import signal
@@ -23,7 +22,7 @@ from edge_node.net import PeerServer, create_server
 from edge_node.node.daemon import check_listen_free
 from edge_node.node.status import rounds_done_text
 from edge_node.wire import ModelSpec
-from tests.daemons import QUICK, NodeProcesses, read_records, run_cli
+from tests.daemons import QUICK, NodeProcesses, assert_rounds_to_the_end, read_records, run_cli
 
 ROUND_TIMEOUT_S = 180  # per round, generous: CI shares 2 cores among the nodes
 # Three nodes on slices of the demo set; 2 epochs of batch 32 per round (1 epoch of batch 128 is 8 steps: too few
@@ -97,14 +96,10 @@ def test_sigkill_mid_round_then_resume_from_checkpoint(tmp_path):
     assert f"{rounds_done_text(len(kept))}, resumed from {victim.state_dir / 'checkpoint.pt'}" in log
     records = restarted.records
     assert records[: len(kept)] == kept  # the rounds before the kill are untouched
-    # Each round once, nothing doubled, to the end: a round is left out only where a record says that the
-    # peers had gone ahead meanwhile (a restart slower than their rounds catches up, as a late joiner does;
-    # the others run on, so a catch-up in its last rounds can jump past its last round: a CI run's records
-    # went 2, 3, 4 with round 4 caught up to 6, "6 rounds done").
-    assert records[0]["round"] == 0, records
-    assert records[-1].get("caught_up_to", records[-1]["round"] + 1) >= rounds, records
-    for before, after in itertools.pairwise(records):
-        assert after["round"] == before.get("caught_up_to", before["round"] + 1), (before, after)
+    # Each round once, nothing doubled, to the end (a restart slower than the peers' rounds catches up, as a
+    # late joiner does; the others run on, so a catch-up in its last rounds can jump past its last round: a
+    # CI run's records went 2, 3, 4 with round 4 caught up to 6, "6 rounds done").
+    assert_rounds_to_the_end(records, rounds)
     assert all("caught_up_to" not in r for r in kept)
     # The others pulled from it again: snapshots it can only have published after its restart.
     pulled = [r["peer_rounds"]["n0"] for p in procs[1:] for r in p.records if "n0" in r["peer_rounds"]]
