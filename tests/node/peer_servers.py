@@ -8,10 +8,10 @@ fleet seed 0 at an ERK density, so that it passes the daemon's header checks (fl
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import grpc
 import torch
 
 from edge_node.algorithm import read_weights
@@ -55,13 +55,13 @@ class ServedPeer:
     fleet: str
     port: int
     state: PeerServer
-    stopped: threading.Event
+    server: grpc.Server
 
     def publish(self, round: int) -> None:
         self.state.publish(dataclasses.replace(snapshot(self.node_id, round, self.client), fleet_id=self.fleet))
 
     def stop(self) -> None:
-        self.stopped.set()
+        self.server.stop(None).wait(5)  # a no-op once stopped
 
 
 @contextmanager
@@ -72,16 +72,13 @@ def served_peer(
     """A real peer server publishing a fresh model at ``round``; stopped by ``stop()`` or at the end."""
     server_state = PeerServer(demo_spec(), node_id=node_id, fleet_id=fleet)
     server, port = create_server(address, server_state, tls=tls, insecure=tls is None)
-    served = ServedPeer(node_id, client, fleet, port, server_state, threading.Event())
+    served = ServedPeer(node_id, client, fleet, port, server_state, server)
     served.publish(round)
     server.start()
-    stopper = threading.Thread(target=lambda: served.stopped.wait() and server.stop(None).wait(5), daemon=True)
-    stopper.start()
     try:
         yield served
     finally:
         served.stop()
-        stopper.join(10)
 
 
 @contextmanager
