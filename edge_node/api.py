@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
+    from edge_node.data.batches import ClientData
     from edge_node.node.config import NodeConfig
     from edge_node.node.daemon import Node
     from edge_node.sim.config import SimConfig
@@ -138,3 +141,127 @@ def read_records(path: Path | str) -> list[dict[str, Any]]:
 
     path = Path(path)
     return read_rounds(path.parent if path.is_file() and path.name == ROUNDS_FILE else path)
+
+
+def load_trained(path: Path | str, client: int | None = None) -> nn.Module:
+    """The trained model a node's state directory or a simulation's run directory holds, ready for inference.
+
+    ``path`` is a node's state dir (``client`` None: it holds one model) or a simulation's run dir
+    (``client`` required: the index of the client whose personalized model to load). The model is built
+    from the saved config (its model name and seed, the data set's classes and input shape) and returned
+    on the CPU in eval mode, with the checkpoint's masked weights (zero outside the client's mask) and its
+    buffers where the checkpoint holds any (BatchNorm statistics; ``load_state_dict`` semantics: a buffer
+    the checkpoint lacks keeps the built value). The data set is loaded to know its classes and shape.
+
+    Raises:
+        CheckpointError: no such directory, no checkpoint in it, an unreadable one, or ``client`` missing
+            for a run dir, given for a state dir, or out of range.
+        ModelError, DataError: the saved model or data set cannot be built here (its package not installed).
+    """
+    from edge_node.node.export import with_weights
+
+    trained = trained_model(Path(path), client)
+    return with_weights(trained.model, trained.weights, trained.buffers)
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """A checkpoint's trained model with what exporting and checking it take (``edge-node export``)."""
+
+    model: nn.Module  # as built from the saved seed, on the CPU (the checkpoint's tensors not loaded)
+    weights: dict[str, torch.Tensor]  # dense, zero outside the mask
+    buffers: dict[str, torch.Tensor]  # BatchNorm statistics; {} when the checkpoint holds none
+    input_shape: tuple[int, ...]
+    test_data: ClientData  # the client's local test samples
+    description: str  # "n0's model after round 3", "client 2's model after round 5 of RUN_DIR"
+    default_onnx: str  # the file name ``export`` writes without --onnx
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` is a simulation's run directory (it has ``config.json``), not a node's state dir."""
+    from edge_node.sim.runner import CONFIG_FILE
+
+    return (path / CONFIG_FILE).is_file()
+
+
+def trained_model(path: Path, client: int | None, *, check_export: bool = False) -> TrainedModel:
+    """The trained model in ``path`` (see :func:`load_trained`); ``check_export``: refuse one that cannot be
+    exported to ONNX (ModelError) before its data is sliced."""
+    from edge_node.cli._node_options import load_saved_node_config
+    from edge_node.errors import CheckpointError
+
+    if not path.is_dir():
+        raise CheckpointError(f"no directory {path}: give a node's state dir or a simulation's run dir")
+    if is_run_dir(path):
+        if client is None:
+            raise CheckpointError(f"{path} is a simulation's run dir: name the client whose model to load (client=K)")
+        return run_trained(path, client, check_export=check_export)
+    if client is not None:
+        raise CheckpointError(f"{path} is a node's state dir, which holds one model: give no client")
+    return node_trained(load_saved_node_config(None, {"state_dir": path}), check_export=check_export)
+
+
+def node_trained(config: NodeConfig, *, check_export: bool = False) -> TrainedModel:
+    """The model of the node ``config`` describes (from :func:`load_saved_node_config`), from its checkpoint."""
+    import torch
+
+    from edge_node.errors import CheckpointError
+    from edge_node.node.local_data import load_local_data
+    from edge_node.node.local_model import node_model
+    from edge_node.node.state import CHECKPOINT_FILE, Identity, load_checkpoint
+    from edge_node.node.status import round_label
+
+    node_id, client = config.resolved_node_id, config.resolved_client_index
+    device = torch.device("cpu")
+    local = load_local_data(config, client, device)
+    model, spec = node_model(config, local, check_export="export" if check_export else None)
+    path = config.state_dir / CHECKPOINT_FILE
+    saved = load_checkpoint(path, Identity(node_id, config.fleet, spec.arch_id, config.seed, client), device)
+    if saved is None:
+        raise CheckpointError(f"no checkpoint at {path}: the node has not completed a round there yet")
+    return TrainedModel(
+        model, saved.state.weights, dict(getattr(saved.state, "buffers", None) or {}), local.data.pool.input_shape,
+        local.data, f"{node_id}'s model after {round_label(saved.rounds_done - 1)}", f"{node_id}.onnx",
+    )  # fmt: skip
+
+
+def run_trained(run_dir: Path, client: int, *, check_export: bool = False) -> TrainedModel:
+    """Client ``client``'s model from the checkpoint of the simulation run in ``run_dir``."""
+    import torch
+
+    from edge_node.data import load_dataset
+    from edge_node.data.batches import ClientData, ImagePool
+    from edge_node.errors import CheckpointError, ModelError
+    from edge_node.models import build_checked_model
+    from edge_node.node.export import onnx_problem
+    from edge_node.node.local_model import EXPORT_FIX
+    from edge_node.node.status import round_label
+    from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint
+    from edge_node.sim.config import DERIVED_KEYS, SimConfig, saved_settings
+    from edge_node.sim.runner import partition
+    from edge_node.tomlconf import build
+
+    path = run_dir / CHECKPOINT_NAME
+    if not run_dir.is_dir():
+        raise CheckpointError(f"no run dir {run_dir}: give the --output directory of an edge-node simulate run")
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint in {run_dir}: the simulation has not completed a round there yet")
+    saved = load_checkpoint(path, torch.device("cpu"))
+    values = {k: v for k, v in saved_settings(saved["config"]).items() if k not in DERIVED_KEYS}
+    config = build(SimConfig, values, str(path))
+    if not 0 <= client < config.clients:
+        raise CheckpointError(f"client {client} is not in {run_dir}: its clients are 0..{config.clients - 1}")
+    dataset = load_dataset(config.dataset, config.data_dir)
+    model = build_checked_model(config.model, dataset.num_classes, dataset.input_shape, config.seed)
+    if check_export:
+        problem = onnx_problem(model, dataset.input_shape)
+        if problem is not None:
+            raise ModelError(f"model {config.model} cannot be exported to ONNX ({problem}): {EXPORT_FIX['export']}")
+    train_parts, test_parts = partition(config, dataset)
+    data = ClientData.from_indices(ImagePool.from_dataset(dataset), train_parts[client], test_parts[client])
+    buffers = saved.get("buffers") or []
+    return TrainedModel(
+        model, saved["weights"][client], dict(buffers[client]) if client < len(buffers) else {},
+        tuple(dataset.input_shape), data, f"client {client}'s model after {round_label(saved['round'])} of {run_dir}",
+        f"client-{client}.onnx",
+    )  # fmt: skip

@@ -97,6 +97,16 @@ def state_dir_of(state_dir: Path | None, config_file: Path | None) -> Path:
     return Path(value).expanduser() if isinstance(value, str) and value else DEFAULT_STATE_DIR
 
 
+def _saved_model(saved: Any, arch_id: str) -> str:
+    """The model name a node ran with: its saved config's, when the checkpoint's architecture id is that
+    name's; else the id's name part (a built-in or entry-point name is its own; a ``package.module:function``
+    path's is mangled, and a state dir of a release before ``node-config.toml`` has nothing better)."""
+    from edge_node.models import arch_name
+
+    name = arch_id.split("/")[0]
+    return saved if isinstance(saved, str) and saved and arch_name(saved) == name else name
+
+
 def load_saved_node_config(config_file: Path | None, flags: dict[str, Any]) -> Any:
     """The config of the node whose state dir this is: the node's saved config and checkpoint identity < an
     explicit ``config_file`` < given flags (the default config file only locates the state dir).
@@ -110,13 +120,15 @@ def load_saved_node_config(config_file: Path | None, flags: dict[str, Any]) -> A
     from edge_node.tomlconf import build, read_toml
 
     state_dir = state_dir_of(flags.get("state_dir"), config_file)
+    if not state_dir.is_dir():
+        raise CheckpointError(f"no state dir {state_dir}: give the --state-dir a node ran with")
     identity = checkpoint_identity(state_dir / CHECKPOINT_FILE)
     if identity is None:
         raise CheckpointError(f"no checkpoint in {state_dir}: the node has not completed a round there yet")
     saved_file = state_dir / NODE_CONFIG_FILE
     saved = read_toml(saved_file) if saved_file.is_file() else {}  # absent in state dirs of releases before it
     identified = {"node_id": identity.node_id, "fleet": identity.fleet, "seed": identity.seed,
-                  "model": identity.arch_id.split("/")[0], "state_dir": str(state_dir)}  # fmt: skip
+                  "model": _saved_model(saved.get("model"), identity.arch_id), "state_dir": str(state_dir)}  # fmt: skip
     file_values = read_toml(config_file) if config_file is not None else {}
     source = f"{saved_file}, {config_file} or the flags" if config_file else f"{saved_file} or the flags"
     return build(NodeConfig, {**saved, **identified, **file_values, **_given(flags)}, source)

@@ -63,7 +63,7 @@ from edge_node.net.server import ModelSnapshot, check_fd_limit
 from edge_node.node import capacity
 from edge_node.node.barrier import wait_for_round
 from edge_node.node.config import NodeConfig
-from edge_node.node.export import ONNX_FILE, write_onnx
+from edge_node.node.export import ONNX_FILE, keep_onnx
 from edge_node.node.local_data import LocalData, load_local_data
 from edge_node.node.local_model import node_model
 from edge_node.node.lockstep import Lockstep
@@ -215,7 +215,7 @@ class Node:
                 config.epsilon, config.delta, config.dp_clip, self.params, self.local.data.num_train
             )
             self.params = self.budget.params(self.params)
-        model, self.spec = node_model(config, self.local)
+        model, self.spec = node_model(config, self.local, check_export="start" if config.export_onnx else None)
         self.model = model.to(self.device)
         init_weights = read_weights(self.model)
         identity = Identity(self.node_id, config.fleet, self.spec.arch_id, config.seed, self.client_index)
@@ -527,8 +527,9 @@ class Node:
         self.phase = "idle"
         write_status_file(self.config.state_dir, self.status())
         if self.config.export_onnx:
-            self.beat()
-            write_onnx(self.config.state_dir / ONNX_FILE, self.model, new_state.weights, data.pool.input_shape)
+            self.beat()  # a failed export is one warning and a counted metric; training goes on
+            keep_onnx(self.config.state_dir / ONNX_FILE, self.model, new_state.weights, data.pool.input_shape,
+                      self.metrics.export_failed)  # fmt: skip
         release_free_memory()  # pulled models, the aggregate, the export
         self.beat()
         refused_text = f", refused {_count_kinds(refused)}" if refused else ""

@@ -1,8 +1,14 @@
 """The personalized model as ONNX (masked weights), checked with onnxruntime against torch.
 
 The daemon keeps the latest one as ``model.onnx`` in its state directory (written atomically), so a
-local application can run inference with onnxruntime without torch; ``edge-node export --onnx FILE``
-writes one on demand and prints how far onnxruntime's outputs are from torch's on the node's test data.
+local application can run inference with onnxruntime without torch; ``edge-node export`` writes one on
+demand and prints how far onnxruntime's outputs are from torch's on the node's test data.
+
+A model is checked once, where a command will export it (``start`` with ``export_onnx``, ``export``):
+:func:`onnx_problem` exports it to a temporary directory and runs onnxruntime on a zero batch, so a
+model the exporter cannot take is refused in one line before anything is written. A failure later, in a
+running daemon's round (:func:`keep_onnx`), is one warning and a counted metric: an export never stops
+a node.
 """
 
 from __future__ import annotations
@@ -10,8 +16,11 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import sys
+import tempfile
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +28,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge_node.algorithm import load_weights
 from edge_node.algorithm.training import Batch
-from edge_node.errors import StorageError
+from edge_node.errors import EdgeNodeError, ModelError, StorageError
+from edge_node.plugins import one_line
 from edge_node.storage import describe_failure
 
 _LOGGER = logging.getLogger(__name__)
@@ -30,6 +39,7 @@ ONNX_FILE = "model.onnx"
 OPSET = 17
 INPUT_NAME = "images"  # float32 [batch, *input_shape] (images: [batch, 3, H, W]), normalised as in training
 OUTPUT_NAME = "logits"
+_REASON_CHARS = 200  # an exporter's message can run to pages: the start of its first line says what failed
 
 
 @dataclass(frozen=True)
@@ -39,47 +49,196 @@ class ExportCheck:
     argmax_agreement: float  # fraction of samples whose top-1 class is the same
 
 
-def write_onnx(path: Path, model: nn.Module, weights: Mapping[str, torch.Tensor], input_shape: tuple[int, ...]) -> int:
-    """``model`` with ``weights`` loaded (zero where masked) as ONNX at ``path``, atomically; returns its size.
+def with_weights(
+    model: nn.Module, weights: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor] | None = None
+) -> nn.Module:
+    """A CPU copy of ``model`` in eval mode with ``weights`` (its parameters, zero where masked) loaded, and
+    ``buffers`` (e.g. BatchNorm statistics) where given: a buffer of the checkpoint replaces the model's,
+    one it does not hold keeps the built value (``load_state_dict(strict=False)`` for buffers).
 
-    The graph has a dynamic batch size. Raises StorageError when the file cannot be written (the
-    previous one stays).
+    Raises:
+        ModelError: a parameter is missing or of another shape, or a buffer is not one of the model's.
     """
     scratch = copy.deepcopy(model).cpu().eval()  # one copy per export, never per round of training
-    load_weights(scratch, {k: v.cpu() for k, v in weights.items()})
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    params = dict(scratch.named_parameters())
+    known = dict(scratch.named_buffers())
+    missing = [name for name in params if name not in weights]
+    if missing:
+        raise ModelError(f"the weights hold no tensor {missing[0]!r} of the model")
+    unknown = [name for name in (buffers or {}) if name not in known]
+    if unknown:
+        raise ModelError(f"buffer {unknown[0]!r} of the checkpoint is not one of the model's")
+    with torch.no_grad():
+        for name, param in params.items():
+            value = weights[name]
+            if tuple(value.shape) != tuple(param.shape):
+                raise ModelError(f"tensor {name!r} is {tuple(value.shape)}; the model's is {tuple(param.shape)}")
+            param.copy_(value.cpu())
+        for name, value in (buffers or {}).items():
+            if tuple(value.shape) != tuple(known[name].shape):
+                raise ModelError(f"buffer {name!r} is {tuple(value.shape)}; the model's is {tuple(known[name].shape)}")
+            known[name].copy_(value.cpu())
+    return scratch
+
+
+def _reason(exc: BaseException) -> str:
+    """An exporter's or onnxruntime's failure as one short line."""
+    text = one_line(exc)
+    return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 3] + "..."
+
+
+class _ExportFailed(Exception):
+    """The exporter or onnxruntime refused the model; the message is the reason, on one line."""
+
+
+@contextmanager
+def _stdout_silenced() -> Iterator[None]:
+    """File descriptor 1 on /dev/null: torch's TorchScript exporter turns its C++ log on whatever it is told
+    (``setup_onnx_logging`` tests a function for truth, not its value) and, when it fails, prints the whole
+    graph to stdout (a daemon's journal, a page per round)."""
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):  # no stdout to protect
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _export(scratch: nn.Module, path: Path, input_shape: tuple[int, ...]) -> None:
+    """torch's ONNX exporter on ``scratch`` (a CPU copy in eval mode), to ``path``, dynamic batch size.
+
+    Raises:
+        OSError: ``path`` cannot be written.
+        _ExportFailed: the exporter refused the model (an op it has no ONNX form for, a forward it cannot
+            trace, a BatchNorm layer without running statistics given one sample, ...).
+    """
+    with warnings.catch_warnings(), _stdout_silenced():
+        warnings.simplefilter("ignore")  # the exporter's tracer warnings are no news to the node's log
+        try:
             torch.onnx.export(
                 scratch,
                 (torch.zeros(1, *input_shape),),
-                str(tmp),
+                str(path),
                 dynamo=False,  # the TorchScript exporter needs no onnxscript and is exact for these models
                 input_names=[INPUT_NAME],
                 output_names=[OUTPUT_NAME],
                 dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
                 opset_version=OPSET,
             )
+        except OSError:
+            raise
+        except Exception as exc:  # the exporter raises RuntimeError, ValueError, its own errors, a user's forward's
+            raise _ExportFailed(_reason(exc)) from None
+
+
+def write_onnx(
+    path: Path,
+    model: nn.Module,
+    weights: Mapping[str, torch.Tensor],
+    input_shape: tuple[int, ...],
+    buffers: Mapping[str, torch.Tensor] | None = None,
+) -> int:
+    """``model`` with ``weights`` loaded (zero where masked) and ``buffers`` (see :func:`with_weights`) as
+    ONNX at ``path``, atomically; returns its size. The graph has a dynamic batch size.
+
+    Raises:
+        ModelError: the exporter refused the model (nothing written).
+        StorageError: the file cannot be written (the previous one stays).
+    """
+    scratch = with_weights(model, weights, buffers)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        _export(scratch, tmp, tuple(input_shape))
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
         return path.stat().st_size
-    except (OSError, RuntimeError) as exc:
+    except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise StorageError(describe_failure(path, exc)) from exc
+    except _ExportFailed as exc:
+        tmp.unlink(missing_ok=True)
+        raise ModelError(f"the model cannot be exported to ONNX ({exc})") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def onnx_problem(model: nn.Module, input_shape: tuple[int, ...]) -> str | None:
+    """Why ``model`` (as built) cannot be exported to ONNX and run by onnxruntime, or None.
+
+    Exports it to a temporary directory and runs onnxruntime once on a zero batch of one sample: what a
+    command that will export runs once, before it writes anything (about a second for the built-in
+    models on a desktop CPU).
+
+    Raises:
+        StorageError: the temporary directory cannot be written.
+    """
+    import onnxruntime
+
+    shape = tuple(int(d) for d in input_shape)
+    scratch = copy.deepcopy(model).cpu().eval()
+    with tempfile.TemporaryDirectory(prefix="edge-node-onnx-check-") as scratch_dir:
+        path = Path(scratch_dir) / ONNX_FILE
+        try:
+            _export(scratch, path, shape)
+        except OSError as exc:
+            raise StorageError(describe_failure(path, exc)) from exc
+        except _ExportFailed as exc:
+            return str(exc)
+        try:
+            session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            got = session.run([OUTPUT_NAME], {INPUT_NAME: np.zeros((1, *shape), dtype=np.float32)})[0]
+        except Exception as exc:  # onnxruntime's own errors (an op or a type it lacks)
+            return f"onnxruntime: {_reason(exc)}"
+    with torch.no_grad():
+        expected = scratch(torch.zeros(1, *shape))
+    if tuple(got.shape) != tuple(expected.shape):
+        return f"onnxruntime gives outputs of shape {tuple(got.shape)}, torch {tuple(expected.shape)}"
+    return None
+
+
+def keep_onnx(
+    path: Path,
+    model: nn.Module,
+    weights: Mapping[str, torch.Tensor],
+    input_shape: tuple[int, ...],
+    on_failure: Callable[[], None],
+) -> bool:
+    """The daemon's per-round ``model.onnx``: :func:`write_onnx`, whose failure (the exporter's, a full
+    disk) is one warning and ``on_failure()`` (a metric), never an exception; the previous file stays.
+    Returns whether it was written."""
+    try:
+        write_onnx(path, model, weights, input_shape)
+        return True
+    except Exception as exc:  # whatever it is, training goes on without this round's export
+        reason = str(exc) if isinstance(exc, EdgeNodeError) else _reason(exc)
+        _LOGGER.warning("%s not updated this round: %s; training goes on", path, reason)
+        on_failure()
+        return False
 
 
 def check_onnx(
-    path: Path, model: nn.Module, weights: Mapping[str, torch.Tensor], batches: Iterable[Batch]
+    path: Path,
+    model: nn.Module,
+    weights: Mapping[str, torch.Tensor],
+    batches: Iterable[Batch],
+    buffers: Mapping[str, torch.Tensor] | None = None,
 ) -> ExportCheck:
     """Run ``path`` in onnxruntime and the torch model on ``batches``; compare logits and top-1 classes."""
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    scratch = copy.deepcopy(model).cpu().eval()
-    load_weights(scratch, {k: v.cpu() for k, v in weights.items()})
+    scratch = with_weights(model, weights, buffers)
     worst = 0.0
     agree = total = 0
     with torch.no_grad():

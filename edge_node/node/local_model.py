@@ -8,15 +8,34 @@ from __future__ import annotations
 
 from torch import nn
 
+from edge_node.errors import ModelError
 from edge_node.models import arch_name, build_checked_model
 from edge_node.node.config import NodeConfig
+from edge_node.node.export import onnx_problem
 from edge_node.node.local_data import LocalData
 from edge_node.wire import ModelSpec
 
 __all__ = ["node_model"]
 
+# What a refused export tells each command to do.
+EXPORT_FIX = {"start": "set export_onnx = false to run without the export", "export": "fix the model's forward"}
 
-def node_model(config: NodeConfig, local: LocalData) -> tuple[nn.Module, ModelSpec]:
-    """The configured model, checked and built from the fleet seed (on the CPU), and its wire spec."""
-    model = build_checked_model(config.model, local.num_classes, local.data.pool.input_shape, config.seed)
+
+def node_model(config: NodeConfig, local: LocalData, *, check_export: str | None = None) -> tuple[nn.Module, ModelSpec]:
+    """The configured model, checked and built from the fleet seed (on the CPU), and its wire spec.
+
+    Args:
+        check_export: the command that will export the model (``start`` with ``export_onnx``, ``export``):
+            then it is exported to ONNX once and run by onnxruntime first (:func:`onnx_problem`).
+
+    Raises:
+        ModelError: the model breaks the contract (``build_checked_model``), or cannot be exported to ONNX
+            (``model X cannot be exported to ONNX (reason): <the command's fix>``).
+    """
+    input_shape = local.data.pool.input_shape
+    model = build_checked_model(config.model, local.num_classes, input_shape, config.seed)
+    if check_export is not None:
+        problem = onnx_problem(model, input_shape)
+        if problem is not None:
+            raise ModelError(f"model {config.model} cannot be exported to ONNX ({problem}): {EXPORT_FIX[check_export]}")
     return model, ModelSpec.from_tensors(arch_name(config.model), local.num_classes, dict(model.named_parameters()))

@@ -4,7 +4,8 @@ Two sources, so that the daemon needs only a hook per round:
 
 - each round's record (the one appended to ``rounds.jsonl``), through :meth:`NodeMetrics.observe_round`:
   rounds, round and phase durations, accuracy before and after local training, peers asked, answered
-  and refused by reason, energy by phase;
+  and refused by reason, energy by phase; and, through :meth:`NodeMetrics.export_failed`, rounds whose
+  ``model.onnx`` could not be written;
 - the status snapshot (what ``edge-node status`` shows), read at every scrape: phase, rounds done,
   tier and density, bytes in and out, server and discovery refusals by reason, build info.
 
@@ -136,8 +137,16 @@ class NodeMetrics:
             "edge_node_energy_estimated_joules", "ESTIMATED energy (CPU time x a power model, no meter) by phase.",
             ["phase", "source"], registry=reg,
         )  # fmt: skip
+        self.export_failures = Counter(
+            "edge_node_export_failures", "Rounds whose model.onnx could not be written (export_onnx; the previous "
+            "file stays, training goes on).", registry=reg,
+        )  # fmt: skip
         self._server: Any = None
         self._thread: threading.Thread | None = None
+
+    def export_failed(self) -> None:
+        """Count a round whose ONNX export failed (edge_node.node.export.keep_onnx)."""
+        self.export_failures.inc()
 
     def observe_round(self, record: dict[str, Any]) -> None:
         """Count a completed round from its ``rounds.jsonl`` record."""
