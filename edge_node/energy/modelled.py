@@ -7,6 +7,10 @@ by metering. This module computes that kind of figure so it can sit next to the 
 
     joules = flops x j_per_flop + bytes_sent x j_per_byte_sent + bytes_received x j_per_byte_received
 
+``flops`` are :mod:`edge_node.algorithm.flops`'s count (torch's ``FlopCounterMode``: matrix products
+only, see there). Where that count is unknown (``None``, a model the counter cannot run), the compute
+joules and the total are ``None`` too (unknown); the communication joules stay known.
+
 It is a model, not a measurement: every result carries ``label="modelled"`` and is never added
 to measured joules. The defaults describe a Jetson-Nano-class device on Wi-Fi and are
 order-of-magnitude engineering assumptions, to be replaced with constants for your hardware:
@@ -50,12 +54,15 @@ class DeviceConstants:
 
 @dataclass(frozen=True)
 class ModelledEnergy:
-    """A modelled (not measured) energy cost, split into compute, send and receive joules."""
+    """A modelled (not measured) energy cost, split into compute, send and receive joules.
 
-    flops: float
+    ``flops`` and ``compute_j`` are ``None`` where the FLOPs are unknown; ``total_j`` is then ``None``.
+    """
+
+    flops: float | None
     bytes_sent: int
     bytes_received: int
-    compute_j: float
+    compute_j: float | None
     send_j: float
     receive_j: float
     constants: DeviceConstants = field(default_factory=DeviceConstants)
@@ -66,8 +73,9 @@ class ModelledEnergy:
         return self.send_j + self.receive_j
 
     @property
-    def total_j(self) -> float:
-        return self.compute_j + self.send_j + self.receive_j
+    def total_j(self) -> float | None:
+        """Compute plus communication joules; ``None`` (unknown) when the FLOPs are."""
+        return None if self.compute_j is None else self.compute_j + self.send_j + self.receive_j
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, e.g. ``acct.close_round(i, modelled=m.to_dict())``."""
@@ -91,10 +99,10 @@ class ModelledEnergy:
         if other.constants != self.constants:
             raise ValueError("cannot add modelled energies computed with different device constants")
         return ModelledEnergy(
-            self.flops + other.flops,
+            None if self.flops is None or other.flops is None else self.flops + other.flops,
             self.bytes_sent + other.bytes_sent,
             self.bytes_received + other.bytes_received,
-            self.compute_j + other.compute_j,
+            None if self.compute_j is None or other.compute_j is None else self.compute_j + other.compute_j,
             self.send_j + other.send_j,
             self.receive_j + other.receive_j,
             self.constants,
@@ -105,17 +113,19 @@ DEFAULT_CONSTANTS = DeviceConstants()
 
 
 def modelled_energy(
-    flops: float, bytes_sent: int, bytes_received: int, constants: DeviceConstants = DEFAULT_CONSTANTS
+    flops: float | None, bytes_sent: int, bytes_received: int, constants: DeviceConstants = DEFAULT_CONSTANTS
 ) -> ModelledEnergy:
-    """Modelled joules for ``flops`` of compute and the given bytes on the wire (label "modelled")."""
-    _check_non_negative("flops", flops)
+    """Modelled joules for ``flops`` of compute and the given bytes on the wire (label "modelled");
+    ``flops=None`` (unknown) gives unknown compute and total joules."""
+    if flops is not None:
+        _check_non_negative("flops", flops)
     _check_non_negative("bytes_sent", bytes_sent)
     _check_non_negative("bytes_received", bytes_received)
     return ModelledEnergy(
-        flops=float(flops),
+        flops=None if flops is None else float(flops),
         bytes_sent=int(bytes_sent),
         bytes_received=int(bytes_received),
-        compute_j=flops * constants.j_per_flop,
+        compute_j=None if flops is None else flops * constants.j_per_flop,
         send_j=bytes_sent * constants.j_per_byte_sent,
         receive_j=bytes_received * constants.j_per_byte_received,
         constants=constants,

@@ -52,6 +52,11 @@ def headline_accuracy(record: dict[str, Any]) -> float:
     return float(record["acc_after_mean"] if value is None else value)
 
 
+def _known_sum(values: list[float | None], divisor: int = 1) -> float | None:
+    """``sum(values) / divisor``; ``None`` (unknown) if any value is (a model whose FLOPs could not be counted)."""
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None) / divisor
+
+
 def summarize(records: list[dict[str, Any]], energy: dict[str, Any] | None = None) -> dict[str, Any]:
     """Headline figures of a run: final/best accuracy, bytes, paper MB, FLOPs, time, energy.
 
@@ -83,12 +88,16 @@ def summarize(records: list[dict[str, Any]], energy: dict[str, Any] | None = Non
         "paper_comm_mb_busiest_mean": sum(r["paper_comm_mb_busiest"] for r in records) / n,
         "paper_comm_mb_mean": sum(r["paper_comm_mb_mean"] for r in records) / n,
         "density_final": last.get("density_mean"),
-        "flops_per_client_round": sum(r["flops_per_client_mean"] for r in records) / n,
-        "modelled_energy_j": sum(r["modelled_energy"]["total_j"] for r in records),
+        "flops_per_client_round": _known_sum([r["flops_per_client_mean"] for r in records], n),
+        "modelled_energy_j": _known_sum([r["modelled_energy"]["total_j"] for r in records]),
         "machine_energy": machine_energy,
         "wall_s": sum(r.get("wall_s", 0.0) for r in records),
         "conventions": CONVENTIONS,
     }
+
+
+def _or_unknown(value: float | None, fmt: str, unit: str = "") -> str:
+    return "unknown" if value is None else format(value, fmt) + unit
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -109,12 +118,15 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("bytes received per node per round", f"{summary['bytes_received_per_node_round'] / 1e6:.3f} MB (encoded)"),
         ("busiest node per round (recv+sent)", f"{summary['busiest_node_bytes_max'] / 1e6:.3f} MB (encoded)"),
         ("Comm, paper convention (busiest)", f"{summary['paper_comm_mb_busiest']:.2f} MB"),
-        ("FLOPs per client per round", f"{summary['flops_per_client_round']:.4g}"),
+        ("FLOPs per client per round", _or_unknown(summary["flops_per_client_round"], ".4g")),
         *(
             (f"energy of this machine, {label}", f"{e['total_j']:.4g} J ({', '.join(e['sources'])})")
             for label, e in summary.get("machine_energy", {}).items()
         ),
-        ("energy, modelled (all clients)", f"{summary['modelled_energy_j']:.4g} J (modelled, not measured)"),
+        (
+            "energy, modelled (all clients)",
+            f"{_or_unknown(summary['modelled_energy_j'], '.4g', ' J')} (modelled, not measured)",
+        ),
         ("wall time", f"{summary['wall_s']:.1f} s"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -295,7 +295,10 @@ def build_record(config: SimConfig, params: DisPFLParams, ctx: SimContext, t: in
         if server_recv + server_sent >= busiest_bytes:
             busiest_node, busiest_bytes = SERVER_ID, server_recv + server_sent
         paper_busiest = max(paper_busiest, server_mb)
-    modelled_total = sum(m.total_j for m in modelled)
+    joules = [j for j in (m.total_j for m in modelled) if j is not None]
+    modelled_total = sum(joules) if len(joules) == len(modelled) else None  # FLOPs unknown: joules unknown
+    known_flops = [f for f in r.flops if f is not None]
+    flops_known = len(known_flops) == len(r.flops)
     acc_before_mean = float(np.mean(r.acc_before))
     acc_after_mean = float(np.mean(r.acc_after)) if r.acc_after is not None else None
     after = method.headline == "after"
@@ -331,15 +334,16 @@ def build_record(config: SimConfig, params: DisPFLParams, ctx: SimContext, t: in
         "busiest_node_bytes": busiest_bytes,
         "paper_comm_mb_mean": float(np.mean(paper_mb)),
         "paper_comm_mb_busiest": paper_busiest,
-        "flops_per_client_mean": float(np.mean(r.flops)),
-        "flops_per_client_max": max(r.flops),
+        "flops_per_client_mean": float(np.mean(known_flops)) if flops_known else None,  # None: unknown
+        "flops_per_client_max": max(known_flops) if flops_known else None,
         "density_mean": float(np.mean([c.mask_density for c in state.clients])),
         "densities_target": sorted(set(ctx.densities)),
         "forward_flops_dense": forward_flops(ctx.positions, ctx.dense),
         "screen": config.screen if "screen" in method.uses else None,
         "screen_refusals": None if r.screen_refused is None else sum(len(v) for v in r.screen_refused.values()),
         "screen_refused": r.screen_refused,
-        "modelled_energy": {"label": "modelled", "total_j": modelled_total, "per_client_mean_j": modelled_total / n},
+        "modelled_energy": {"label": "modelled", "total_j": modelled_total,
+                            "per_client_mean_j": None if modelled_total is None else modelled_total / n},
         **r.fields,
     })  # fmt: skip
     return record

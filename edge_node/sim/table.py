@@ -91,8 +91,10 @@ class Run:
     def paper_mb(self) -> float:
         return sum(r["paper_comm_mb_busiest"] for r in self.records) / len(self.records)
 
-    def flops(self) -> float:
-        return sum(r["flops_per_client_mean"] for r in self.records) / len(self.records)
+    def flops(self) -> float | None:
+        """Mean FLOPs per client per round; ``None`` (unknown) if a round's are (a model the counter could not run)."""
+        values = [r["flops_per_client_mean"] for r in self.records]
+        return None if None in values else sum(values) / len(values)
 
     def rounds_to(self, target: float) -> int | None:
         """The first round (1-based) whose accuracy reaches ``target`` percent, or None."""
@@ -150,9 +152,19 @@ class Table:
             writer.writerow([
                 str(run.path), run.method, c.get("partition"), c.get("partition_variant", "balanced"), c.get("dataset"),
                 c.get("model"), c.get("clients"), c.get("epochs"), len(run.records), f"{run.final_accuracy():.2f}",
-                f"{run.busiest_mb():.3f}", f"{run.paper_mb():.3f}", f"{run.flops():.4g}", f"{run.wall_s():.1f}",
+                f"{run.busiest_mb():.3f}", f"{run.paper_mb():.3f}", _fmt_known(run.flops(), ".4g"),
+                f"{run.wall_s():.1f}",
             ])  # fmt: skip
         return buf.getvalue()
+
+
+def _fmt_known(value: float | None, fmt: str) -> str:
+    return "unknown" if value is None else format(value, fmt)
+
+
+def _joined_known(values: list[float | None], fmt: str) -> str:
+    """:func:`_joined`, or "unknown" if a value is unknown."""
+    return "unknown" if None in values else _joined([v for v in values if v is not None], fmt)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -192,7 +204,7 @@ def build_table(runs: Sequence[Run], target_acc: float | None = None) -> Table:
         acc_cells, round_cells = [], []
         busiest: list[float] = []
         paper: list[float] = []
-        flops: list[float] = []
+        flops: list[float | None] = []  # None: unknown
         for col in columns:
             cell = [r for r in mine if r.column == col]
             if not cell:
@@ -204,8 +216,9 @@ def build_table(runs: Sequence[Run], target_acc: float | None = None) -> Table:
             round_cells.append(_rounds_cell([r.rounds_to(targets[col]) for r in cell]))
             busiest.append(_mean([r.busiest_mb() for r in cell]))
             paper.append(_mean([r.paper_mb() for r in cell]))
-            flops.append(_mean([r.flops() for r in cell]))
-        rows.append([label, *acc_cells, _joined(busiest, ".2f"), _joined(paper, ".2f"), _joined(flops, ".3g"),
+            cell_flops = [r.flops() for r in cell]
+            flops.append(None if None in cell_flops else _mean([f for f in cell_flops if f is not None]))
+        rows.append([label, *acc_cells, _joined(busiest, ".2f"), _joined(paper, ".2f"), _joined_known(flops, ".3g"),
                      *round_cells])  # fmt: skip
     return Table(header, rows, targets, list(runs))
 

@@ -29,6 +29,7 @@ from tqdm import tqdm
 from edge_node.algorithm import count_correct, nnz_per_tensor, round_training_flops
 from edge_node.algorithm.dense import dense_state
 from edge_node.algorithm.dispfl import ClientState, DisPFLParams, Evaluated, RoundHooks, evaluate_and_train
+from edge_node.algorithm.flops import WeightPositions
 from edge_node.algorithm.heterogeneous import client_densities
 from edge_node.algorithm.topology import round_neighbours
 from edge_node.algorithm.training import StepReplay
@@ -76,7 +77,7 @@ class RoundResult:
     acc_before: list[float]
     acc_after: list[float] | None
     losses: list[float]
-    flops: list[float]  # per trained client
+    flops: list[float | None]  # per trained client; None: unknown (the model's FLOPs could not be counted)
     received: list[int]  # bytes per client
     sent: list[int]
     paper_mb: list[float]  # per client
@@ -178,7 +179,7 @@ class SimContext:
     model: torch.nn.Module  # one module; each client's weights are loaded into it in turn
     data: list[ClientData]
     init_weights: dict[str, torch.Tensor]  # the fleet's shared initial weights
-    positions: dict[str, int]
+    positions: WeightPositions | None  # flops.weight_positions of the model; None: its FLOPs are unknown
     dense: dict[str, int]
     spec: ModelSpec
     accountant: EnergyAccountant
@@ -243,7 +244,7 @@ class SimContext:
         server_mb = sum(PAPER_BYTES_PER_VALUE * sum(nnz.values()) / 1e6 for nnz in up)
         return received, sent, paper_mb, (sum(sent), sum(received), server_mb)
 
-    def training_flops(self, nnz: dict[str, int], samples: int, regrow: bool) -> float:
+    def training_flops(self, nnz: dict[str, int], samples: int, regrow: bool) -> float | None:
         return round_training_flops(
             self.positions,
             nnz,
@@ -309,7 +310,7 @@ class SimContext:
         """Every client trained locally from ``clients`` (dense, no mask update): the new states and the
         per-client accuracies, losses and FLOPs of a round that moves no bytes (the caller fills those in)."""
 
-        def one(i: int) -> tuple[ClientState, tuple[float, float, float, float]]:
+        def one(i: int) -> tuple[ClientState, tuple[float, float, float, float | None]]:
             done = self.evaluate_and_train(t, i, clients[i])
             flops = self.training_flops(self.dense, self.data[i].num_train, False)
             return done.kept, (done.acc_before, done.acc_after, done.trained.stats.mean_loss, flops)

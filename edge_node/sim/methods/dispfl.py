@@ -69,7 +69,7 @@ class DisPFL(Method):
         def hooks(i: int) -> RoundHooks:
             return ctx.hooks(i, keep=plan.keep(i), stats_of=stats)
 
-        def one(i: int) -> tuple[ClientState, tuple[float, float, float, float, dict[str, str]]]:
+        def one(i: int) -> tuple[ClientState, tuple[float, float, float, float | None, dict[str, str]]]:
             with ctx.stopping_on_divergence(t):
                 done = client_round(
                     at_start[i], offers(i), ctx.model, t, params, seed=config.seed, client=i, hooks=hooks(i),
