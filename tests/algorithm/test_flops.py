@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -10,7 +12,10 @@ from edge_node.algorithm import (
     round_training_flops,
     weight_positions,
 )
+from edge_node.energy.modelled import modelled_energy
 from edge_node.models import build_model
+from edge_node.sim.report import format_summary, summarize
+from edge_node.sim.table import build_table, read_run
 
 
 def test_resnet18_training_flops_check_values():
@@ -152,3 +157,29 @@ def test_unknown_when_an_op_without_a_flop_formula_does_matrix_work():
 
     assert Fused()(torch.ones(1, 5)).shape == (1, 10)
     assert weight_positions(Fused(), (5,)) is None
+
+
+def test_unknown_flops_flow_into_records_reports_and_modelled_energy(tmp_path):
+    unknown, known = modelled_energy(None, 100, 50), modelled_energy(1e9, 100, 50)
+    assert unknown.compute_j is None and unknown.total_j is None and unknown.communication_j == known.communication_j
+    assert (unknown + known).total_j is None and (known + known).total_j == 2 * known.total_j
+    assert unknown.to_dict()["flops"] is None
+
+    record = {
+        "round": 0, "acc_mean": 0.5, "acc_before_mean": 0.5, "acc_after_mean": 0.5, "bytes_received_mean": 1e6,
+        "busiest_node_bytes": 2e6, "paper_comm_mb_busiest": 1.0, "paper_comm_mb_mean": 1.0, "density_mean": 0.5,
+        "flops_per_client_mean": None, "modelled_energy": {"total_j": None}, "wall_s": 1.0,
+    }  # fmt: skip
+    summary = summarize([record])
+    assert summary["flops_per_client_round"] is None and summary["modelled_energy_j"] is None
+    text = format_summary(summary)
+    assert "FLOPs per client per round" in text and "unknown (modelled, not measured)" in text
+
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {"method": "dispfl", "partition": "dir:0.3", "dataset": "cifar10", "model": "user", "clients": 2}
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "rounds.jsonl").write_text(json.dumps(record) + "\n")
+    loaded = read_run(run)
+    assert loaded.flops() is None
+    assert "unknown" in build_table([loaded]).rows[0]
