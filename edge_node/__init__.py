@@ -5,7 +5,8 @@ The public API (docs/API.md), importable from here; names are loaded on first us
 
 - :func:`run_simulation` (:class:`SimConfig`) runs N clients in one process; :func:`run_node`
   (:class:`NodeConfig`, :class:`Node`) runs one device's daemon; :func:`read_records` reads the per-round
-  records either writes.
+  records either writes; :func:`load_trained` returns the trained model of a node's state dir or of a
+  simulation's client.
 - :func:`build_checked_model` / :func:`load_dataset` build a model (built-in or a user's factory) and load a
   data set (built-in or a user's factory) the way the commands do.
 
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from edge_node.errors import EdgeNodeError
 
 if TYPE_CHECKING:
-    from edge_node.api import read_records, run_node, run_simulation
+    from edge_node.api import load_trained, read_records, run_node, run_simulation
     from edge_node.data import Dataset, load_dataset
     from edge_node.models import build_checked_model
     from edge_node.node.config import NodeConfig
@@ -39,6 +40,7 @@ _LAZY = {
     "SimConfig": "edge_node.sim.config",
     "build_checked_model": "edge_node.models",
     "load_dataset": "edge_node.data",
+    "load_trained": "edge_node.api",
     "read_records": "edge_node.api",
     "run_node": "edge_node.api",
     "run_simulation": "edge_node.api",
@@ -53,6 +55,7 @@ __all__ = [
     "__version__",
     "build_checked_model",
     "load_dataset",
+    "load_trained",
     "read_records",
     "run_node",
     "run_simulation",
