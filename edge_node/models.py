@@ -5,14 +5,16 @@ stride-1 stem, no max-pool) whose final average pool is global (adaptive to 1x1)
 an 8x8 map instead of 4x4; its parameters are the CIFAR count with a 200-class head (11,271,432) and every
 convolution costs 4x the FLOPs. ``cnn`` takes 32x32 images only (its fc1 is sized for a 5x5 map).
 
-GroupNorm, never BatchNorm: DisPFL masks every parameter tensor and models must carry no buffers
-(running statistics cannot be averaged over personal masks). Parameter counts for 10 classes are
+The built-in models use GroupNorm (DisPFL's reference models). A user's model may use BatchNorm: its affine
+weights are parameters like any other, its running statistics stay on each client (FedBN,
+edge_node.algorithm.norm_stats); any other buffer is refused. Parameter counts for 10 classes are
 pinned by docs/ALGORITHM.md and by tests: cnn 797,962; resnet18 11,173,962; vgg11 9,231,114.
 
 A user's model is a factory ``factory(num_classes, input_shape) -> nn.Module``, named as
 ``package.module:function`` or registered by an installed package under the entry-point group
 ``edge_node.models``. :func:`build_checked_model` holds it to the contract the rest relies on
-(docs/PLUGINS.md): no buffers, float32 parameters, the same weights for the same seed, and
+(docs/PLUGINS.md): no buffers but BatchNorm's running statistics, float32 parameters, the same weights for
+the same seed, and
 ``(B, *input_shape)`` in, ``(B, num_classes)`` logits out.
 """
 
@@ -24,6 +26,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from edge_node.algorithm.norm_stats import other_buffer
 from edge_node.errors import ModelError
 from edge_node.plugins import entry_point_names, is_factory_path, load_entry_point, load_factory, one_line
 from edge_node.pooling import MaxPool2x2, max_pool2x2
@@ -197,13 +200,15 @@ def build_model(
 
 
 def model_problem(model: nn.Module) -> str | None:
-    """Why ``model`` cannot be masked and averaged by DisPFL (buffers, non-float32 parameters), or None."""
-    for buffer_name, _ in model.named_buffers():
+    """Why ``model`` cannot be masked and averaged by DisPFL (buffers other than BatchNorm's running statistics,
+    non-float32 parameters), or None."""
+    other = other_buffer(model)  # BatchNorm's running statistics are a client's own (norm_stats); any other is not
+    if other is not None:
+        buffer_name, layer = other
         layer_name = buffer_name.rpartition(".")[0]
-        layer = model.get_submodule(layer_name) if layer_name else model
         return (
-            f"layer {layer_name or '(root)'!r} ({type(layer).__name__}) keeps buffer {buffer_name!r}: running "
-            "statistics cannot be masked and averaged across clients; use GroupNorm or LayerNorm instead"
+            f"layer {layer_name or '(root)'!r} ({type(layer).__name__}) keeps buffer {buffer_name!r}: only "
+            "BatchNorm's running statistics may be kept (per client); make it a parameter or drop it"
         )
     parameters = list(model.named_parameters())
     if not parameters:
@@ -226,7 +231,8 @@ def _shape_text(input_shape: tuple[int, ...]) -> str:
 def build_checked_model(name: str, num_classes: int, input_shape: Sequence[int], seed: int = 0) -> nn.Module:
     """The model ``name`` for ``num_classes`` classes, held to the contract before anything is written.
 
-    Refused with one ModelError line: a model with buffers (BatchNorm) or non-float32 parameters, one
+    Refused with one ModelError line: a model with buffers other than BatchNorm's running statistics or with
+    non-float32 parameters, one
     that cannot take a batch of ``(2, *input_shape)`` or does not return ``(2, num_classes)`` logits, and a
     user's factory whose weights differ between two builds with the same seed (it would draw from an RNG
     other than torch's, and a fleet's nodes would not start from the same weights).
@@ -239,8 +245,9 @@ def build_checked_model(name: str, num_classes: int, input_shape: Sequence[int],
     if problem is not None:
         raise ModelError(f"model {name} cannot be masked and averaged: {problem}")
     try:
-        with torch.no_grad():  # no buffers: a forward pass changes no state
-            logits = built(torch.zeros(2, *shape))
+        with torch.no_grad():  # in eval mode: a BatchNorm layer's running statistics are not moved
+            logits = built.eval()(torch.zeros(2, *shape))
+        built.train()
     except Exception as exc:  # a shape mismatch is a RuntimeError; a user's forward may raise anything
         fits = "use resnet18" if name in ("cnn", "vgg11") else "fix the factory or use another --model"
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

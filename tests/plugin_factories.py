@@ -115,3 +115,38 @@ def one_split() -> list[tuple[torch.Tensor, int]]:
 
 def data_raises() -> None:
     raise OSError("sensor log not found")
+
+
+class TinyBNConv(nn.Module):
+    """A small conv net with BatchNorm (running statistics: FedBN's per-client buffers) for images."""
+
+    def __init__(self, channels: int, num_classes: int, batch_norm: bool = True) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, 8, 3, stride=2, padding=1)
+        self.norm: nn.Module = nn.BatchNorm2d(8) if batch_norm else nn.GroupNorm(2, 8)
+        self.head = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.norm(self.conv(x)))
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(out, 1), 1))
+
+
+def bn_conv(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
+    return TinyBNConv(input_shape[0], num_classes)
+
+
+def gn_conv(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
+    """``bn_conv`` with GroupNorm: no running statistics."""
+    return TinyBNConv(input_shape[0], num_classes, batch_norm=False)
+
+
+class RegisteredBuffer(TinyMLP):
+    """A buffer that is not BatchNorm's running statistics: still refused."""
+
+    def __init__(self, in_features: int, num_classes: int) -> None:
+        super().__init__(in_features, num_classes)
+        self.register_buffer("scale", torch.ones(1))
+
+
+def buffer_mlp(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
+    return RegisteredBuffer(math.prod(input_shape), num_classes)

@@ -34,7 +34,7 @@ def test_a_factory_path_builds_a_checked_model_with_the_fleets_seeded_weights():
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        (f"{P}:batchnorm_mlp", "layer '2' (BatchNorm1d) keeps buffer '2.running_mean'"),
+        (f"{P}:buffer_mlp", "layer '(root)' (RegisteredBuffer) keeps buffer 'scale': only BatchNorm's running"),
         (f"{P}:double_mlp", "parameter 'fc1.weight' is torch.float64"),
         (f"{P}:raises", "raised RuntimeError: the factory's own bug"),
         (f"{P}:not_a_module", "factory returned a dict, not a torch.nn.Module"),
@@ -54,9 +54,10 @@ def test_a_model_that_breaks_the_contract_is_one_line_naming_it(name, expected):
     assert expected in message and "\n" not in message, message
 
 
-def test_a_batchnorm_model_is_told_the_fix():
-    with pytest.raises(ModelError, match="use GroupNorm or LayerNorm instead"):
-        build_checked_model(f"{P}:batchnorm_mlp", 3, SHAPE)
+def test_a_batchnorm_model_is_accepted_with_its_new_statistics():
+    model = build_checked_model(f"{P}:batchnorm_mlp", 3, SHAPE)  # the check's forward did not move them
+    assert model.training
+    assert torch.equal(model[2].running_mean, torch.zeros(16)) and int(model[2].num_batches_tracked) == 0
 
 
 def test_the_built_in_models_keep_their_names_and_architecture_ids():
@@ -100,7 +101,7 @@ SIM = ["simulate", "--clients", "2", "--neighbours", "1", "--rounds", "1", "--ep
        "--no-progress", "--energy-backend", "estimate", "--dataset", f"{P}:blobs"]  # fmt: skip
 
 
-@pytest.mark.parametrize("model", [f"{P}:batchnorm_mlp", "no_such_package.models:net", f"{P}:missing"])
+@pytest.mark.parametrize("model", [f"{P}:buffer_mlp", "no_such_package.models:net", f"{P}:missing"])
 def test_simulate_refuses_a_bad_model_in_one_line_and_writes_nothing(tmp_path: Path, capsys, model):
     out = tmp_path / "run"
     assert run_cli([*SIM, "--model", model, "--output", str(out)]) == 2
@@ -109,7 +110,7 @@ def test_simulate_refuses_a_bad_model_in_one_line_and_writes_nothing(tmp_path: P
     assert not out.exists()
 
 
-BAD_MODELS = [(f"{P}:batchnorm_mlp", "(BatchNorm1d) keeps buffer"), ("no_such_package.models:net", "no module")]
+BAD_MODELS = [(f"{P}:buffer_mlp", "(RegisteredBuffer) keeps buffer"), ("no_such_package.models:net", "no module")]
 
 
 @pytest.mark.parametrize(("model", "expected"), BAD_MODELS)

@@ -33,6 +33,7 @@ from torch import nn
 from edge_node.algorithm.aggregation import aggregate
 from edge_node.algorithm.dp import DPConfig, dp_noise_generator
 from edge_node.algorithm.masks import MASK_METHODS, check_density, init_masks, mask_density
+from edge_node.algorithm.norm_stats import batch_normalised, load_buffers, read_buffers, trainable
 from edge_node.algorithm.prune_regrow import REGROW_RULES, draw_regrow_scores, random_regrow_plan, update_masks
 from edge_node.algorithm.robust import StatsOf, model_stats, screen_peer_models
 from edge_node.algorithm.schedules import learning_rate, prune_rate
@@ -110,6 +111,11 @@ class DisPFLParams:
         values = {f.name: getattr(settings, f.name) for f in fields(cls) if f.name not in _DERIVED}
         return cls(**{**values, **overrides})
 
+    def fitted(self, model: nn.Module) -> DisPFLParams:
+        """These parameters for ``model``: a BatchNorm model trains whole batches (``micro_batch`` 0), its statistics
+        being the batch's (edge_node.algorithm.norm_stats); any other model's are these."""
+        return replace(self, micro_batch=0) if batch_normalised(model) and self.micro_batch else self
+
     def sgd(self, round_index: int) -> SGDConfig:
         """The SGD step settings of round ``round_index`` (decayed learning rate)."""
         return SGDConfig(
@@ -134,12 +140,16 @@ class ClientState:
         train_mask: the mask the weights were (or are about to be) trained with; published with them.
         next_mask: the mask the last mask update produced, which the next aggregation lands on.
         density: the client's target density (its tier in setting ii).
+        buffers: the client's BatchNorm running statistics (edge_node.algorithm.norm_stats: FedBN's ``local``
+            policy, never sent nor averaged); {} for a model without any, or before the client first trained
+            (a new layer's statistics).
     """
 
     weights: dict[str, torch.Tensor]
     train_mask: dict[str, torch.Tensor]
     next_mask: dict[str, torch.Tensor]
     density: float
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def mask_density(self) -> float:
@@ -178,7 +188,7 @@ def aggregate_peers(state: ClientState, peers: Sequence[tuple[TensorDict, Tensor
     (docs/ALGORITHM.md step 2). With no peers the client keeps its own weights on that mask.
     """
     weights = aggregate(state.weights, state.train_mask, state.next_mask, [w for w, _ in peers], [m for _, m in peers])
-    return ClientState(weights, state.next_mask, state.next_mask, state.density)
+    return ClientState(weights, state.next_mask, state.next_mask, state.density, state.buffers)
 
 
 def train_local(
@@ -203,16 +213,22 @@ def train_local(
             and nothing of this round should be published.
     """
     load_weights(model, state.weights)
+    load_buffers(model, state.buffers)
     generator = torch_generator(seed, Stream.TRAIN, client, round_index)
     sgd = params.sgd(round_index)
     noise = dp_noise_generator(seed, client, round_index, secret=params.secret_noise) if params.dp else None
-    stats = train_masked(model, state.train_mask, batches(params.epochs, generator), sgd, noise, graphs=graphs)
-    trained = read_weights(model)
+    stream = batches(params.epochs, generator)
+    if batch_normalised(model):  # BatchNorm cannot normalise a batch of one sample (an epoch's last)
+        stream = trainable(stream)
+    stats = train_masked(model, state.train_mask, stream, sgd, noise, graphs=graphs)
+    trained, buffers = read_weights(model), read_buffers(model)
     check_trained(stats, trained, round_index, client, sgd.lr)
     gradients = None
     if params.regrow == "gradient":  # RigL-style: the dense gradient of one mini-batch
         gradients = dense_gradients(model, next(iter(batches(1, generator))))
-    return TrainResult(replace(state, weights=trained), stats, sgd.lr, gradients)
+        if buffers:
+            load_buffers(model, buffers)  # that batch's forward moved the statistics: training's are kept
+    return TrainResult(replace(state, weights=trained, buffers=buffers), stats, sgd.lr, gradients)
 
 
 def check_trained(stats: TrainStats, trained: TensorDict, round_index: int, client: int, lr: float) -> None:
@@ -334,6 +350,7 @@ def evaluate_and_train(
         TrainingDiverged: from :func:`train_local`; nothing of the round should be kept.
     """
     load_weights(model, state.weights)
+    load_buffers(model, state.buffers)
     before = hooks.evaluate(model)
     trained = train_local(
         state, model, hooks.batches, round_index, params, seed=seed, client=client, graphs=hooks.graphs

@@ -142,7 +142,7 @@ def prune_state(state: ClientState, params: S2SParams) -> ClientState:
     which becomes both its train mask (published) and the mask DisPFL's mask update starts from."""
     mask = further_prune(state.weights, state.train_mask, params)
     weights = {name: w * mask[name] for name, w in state.weights.items()}
-    return ClientState(weights, mask, dict(mask), state.density)
+    return ClientState(weights, mask, dict(mask), state.density, state.buffers)
 
 
 def weight_distance(weights: TensorDict, init_weights: TensorDict) -> float:

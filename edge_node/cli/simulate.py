@@ -14,6 +14,7 @@ import click
 from edge_node.algorithm.dispfl import DisPFLParams
 from edge_node.algorithm.fedp3 import AGGREGATIONS, SCHEDULES
 from edge_node.algorithm.masks import MASK_METHODS
+from edge_node.algorithm.norm_stats import NORM_STATS
 from edge_node.algorithm.prune_regrow import REGROW_RULES
 from edge_node.algorithm.topology import TOPOLOGIES
 from edge_node.api import read_records, run_simulation
@@ -129,7 +130,8 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     type=int,
     help="Send a batch through the model in slices of this many samples, summing their gradients (a device's "
     "memory; the same default as edge-node start); 0: the whole batch [default: "
-    f"{DisPFLParams().micro_batch}; 0 with --cuda-graphs].",
+    f"{DisPFLParams().micro_batch}; 0 with --cuda-graphs]. A BatchNorm model always trains whole batches (its "
+    "statistics come from the batch, not from slices) and skips a last batch of one sample.",
 )
 @click.option("--lr", type=float, help=f"Initial learning rate, x0.998 per round [default: {_default('lr')}].")
 @click.option(
@@ -229,6 +231,12 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     default=None,
     help="DisPFL: refuse a peer's model whose scale is far outside the client's own and its other peers' before "
     "aggregating, as a device does (edge_node/algorithm/robust.py) [default: screen].",
+)
+@click.option(
+    "--norm-stats",
+    type=_choice(NORM_STATS),
+    help="A BatchNorm model's running statistics: local (FedBN: each client keeps its own, used in its evaluation, "
+    "checkpointed, never sent nor averaged; dispfl, dispfl-s2s, local, dpsgd and dpsgd-ft) [default: local].",
 )
 @click.option("--seed", type=int, help=f"[default: {_default('seed')}]")
 @click.option(

@@ -19,6 +19,7 @@ from typing import Any
 from edge_node.algorithm.dispfl import DisPFLParams
 from edge_node.algorithm.dp import DPConfig, check_budget
 from edge_node.algorithm.heterogeneous import TIER_DENSITIES
+from edge_node.algorithm.norm_stats import DEFAULT_NORM_STATS, NORM_STATS
 from edge_node.data import check_dataset_name, parse_partition
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
@@ -115,7 +116,8 @@ class NodeConfig:
     batch_size: int = _key(_DISPFL.batch_size, "Training batch size.")
     micro_batch: int = _key(
         _DISPFL.micro_batch,
-        "Samples through the model at once; a larger batch's gradient is summed over slices (memory). 0: all.",
+        "Samples through the model at once; a larger batch's gradient is summed over slices (memory). 0: all "
+        "(always, for a BatchNorm model: its statistics come from the whole batch).",
     )
     lr: float = _key(_DISPFL.lr, "Initial learning rate (times --lr-decay per round).")
     lr_decay: float = _key(_DISPFL.lr_decay, "Learning-rate decay per round.")
@@ -124,6 +126,11 @@ class NodeConfig:
     prune_alpha: float = _key(_DISPFL.prune_alpha, "Initial prune fraction of the cosine schedule.")
     regrow: str = _key(_DISPFL.regrow, "Regrowth: random (reference code) or gradient (paper).")
     mask_init: str = _key(_DISPFL.mask_init, "Initial mask: erk or uniform.")
+    norm_stats: str = _key(
+        DEFAULT_NORM_STATS,
+        "A BatchNorm model's running statistics: local (FedBN: kept by this node, checkpointed, used in its "
+        "evaluation, never sent). A BatchNorm model trains whole batches (--micro-batch is 0 for it).",
+    )
     device: str = _key("cpu", "cpu or cuda.")
     threads: int | None = _key(None, "Torch intra-op threads [default: torch's].")
     # Security.
@@ -198,6 +205,8 @@ class NodeConfig:
             )
         if self.lockstep and (self.client_index or 0) >= len(listed):
             raise ConfigError(f"lockstep: client_index={self.client_index} but peers lists {len(listed)} nodes")
+        if self.norm_stats not in NORM_STATS:
+            raise ConfigError(f"norm_stats={self.norm_stats!r} must be one of {', '.join(NORM_STATS)}")
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r} must be one of {', '.join(DEVICES)}")
         if self.threads is not None:

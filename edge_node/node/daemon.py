@@ -54,6 +54,7 @@ import torch
 from edge_node import __version__
 from edge_node.algorithm import count_correct, read_weights, tier_name
 from edge_node.algorithm.dispfl import ClientRound, DisPFLParams, RoundHooks, client_round, published, start
+from edge_node.algorithm.norm_stats import batch_normalised
 from edge_node.algorithm.training import Batch
 from edge_node.energy import EnergyAccountant, open_meter
 from edge_node.errors import ConfigError, ListenError, TlsError, TrainingDiverged
@@ -216,6 +217,10 @@ class Node:
             )
             self.params = self.budget.params(self.params)
         model, self.spec = node_model(config, self.local, check_export="start" if config.export_onnx else None)
+        if config.privacy == "dp-sgd" and batch_normalised(model):
+            raise ConfigError(f"privacy dp-sgd cannot train model {config.model}: DP-SGD's per-sample gradients are "
+                              "undefined for BatchNorm layers; use GroupNorm or LayerNorm")  # fmt: skip
+        self.params = self.params.fitted(model)  # a BatchNorm model trains whole batches
         self.model = model.to(self.device)
         init_weights = read_weights(self.model)
         identity = Identity(self.node_id, config.fleet, self.spec.arch_id, config.seed, self.client_index)
@@ -499,6 +504,8 @@ class Node:
             "energy_label": energy["label"],
             "energy_source": energy["source"],
         }
+        if new_state.buffers:  # FedBN: the statistics stayed here (never a FedAvg of buffers)
+            record["norm_stats"] = self.config.norm_stats
         if self.budget is not None:
             record.update(self.budget.to_json(next_round))
         if next_round > t + 1:

@@ -4,7 +4,8 @@ The node's effective config is kept beside it (``node-config.toml``, written at 
 ``edge-node export`` and ``edge-node report`` need nothing but the state directory.
 
 A checkpoint holds the node's identity (node, fleet, architecture, fleet seed, client index), the
-number of completed rounds, its density, its weights (packed on the training mask) and both masks.
+number of completed rounds, its density, its weights (packed on the training mask), both masks and a
+BatchNorm model's running statistics (FedBN: the node's own, ``edge_node.algorithm.norm_stats``).
 Nothing else is needed to resume exactly: every random stream is derived from (fleet seed, client
 index, round) (``edge_node.seeding``), so the round counter is the RNG state. A checkpoint of another
 node, fleet, architecture, seed or client is refused, never overwritten; so is a corrupt one.
@@ -63,6 +64,7 @@ def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
             "values": pack_weights(state.weights, state.train_mask),
             "train_mask": {k: v.cpu() for k, v in state.train_mask.items()},
             "next_mask": {k: v.cpu() for k, v in state.next_mask.items()},
+            "buffers": {k: v.cpu() for k, v in state.buffers.items()},  # BatchNorm statistics: {} for most models
         },
     )
 
@@ -84,7 +86,8 @@ def load_checkpoint(path: Path, expected: Identity, device: torch.device) -> Che
         train_mask = {k: v.to(device) for k, v in payload["train_mask"].items()}
         next_mask = {k: v.to(device) for k, v in payload["next_mask"].items()}
         weights = unpack_weights(payload["values"], train_mask)
-        state = ClientState(weights, train_mask, next_mask, float(payload["density"]))
+        buffers = {k: v.to(device) for k, v in payload.get("buffers", {}).items()}  # none before BatchNorm models
+        state = ClientState(weights, train_mask, next_mask, float(payload["density"]), buffers)
         rounds_done = int(payload["rounds_done"])
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path} is damaged ({type(exc).__name__}: {exc}); move it away to start over") from exc

@@ -27,10 +27,12 @@ def save_checkpoint(
     weights: list[dict[str, torch.Tensor]],
     train_masks: list[dict[str, torch.Tensor]],
     next_masks: list[dict[str, torch.Tensor]],
+    buffers: list[dict[str, torch.Tensor]] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> None:
     """Write the state after round ``round_index`` atomically to ``path``.
 
+    ``buffers``: each entry's BatchNorm running statistics (saved whole; left out when no entry has any).
     ``extra`` holds a method's own state across rounds (plain numbers, strings, lists, dicts, None).
 
     Raises:
@@ -45,6 +47,8 @@ def save_checkpoint(
         "next_masks": [{k: v.cpu() for k, v in m.items()} for m in next_masks],
         "extra": extra or {},
     }
+    if buffers and any(buffers):
+        payload["buffers"] = [{k: v.cpu() for k, v in b.items()} for b in buffers]
     save_payload(path, payload)
 
 
@@ -62,5 +66,6 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
         "weights": weights,
         "train_masks": train_masks,
         "next_masks": next_masks,
+        "buffers": [{k: v.to(device) for k, v in b.items()} for b in payload.get("buffers", [])],
         "extra": payload.get("extra", {}),
     }

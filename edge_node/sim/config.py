@@ -14,6 +14,7 @@ from edge_node.algorithm.ditto import PERSONAL_SHARE as DITTO_PERSONAL_SHARE
 from edge_node.algorithm.dp import PRIVACY_MODES
 from edge_node.algorithm.fedp3 import AGGREGATIONS, SCHEDULES
 from edge_node.algorithm.masks import MASK_METHODS, check_density
+from edge_node.algorithm.norm_stats import DEFAULT_NORM_STATS, NORM_STATS, batch_normalised
 from edge_node.algorithm.prune_regrow import REGROW_RULES
 from edge_node.algorithm.sub_fedavg import ACC_THRESHOLD as SUBFEDAVG_ACC
 from edge_node.algorithm.sub_fedavg import DIST_THRESHOLD as SUBFEDAVG_DIST
@@ -42,7 +43,7 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "epsilon": None, "delta": 1e-5, "dp_clip": 1.0,
     "ditto_lambda": DITTO_LAMBDA, "ditto_personal_share": DITTO_PERSONAL_SHARE,
     "subfedavg_prune_rate": SUBFEDAVG_PRUNE_RATE, "subfedavg_dist_threshold": SUBFEDAVG_DIST,
-    "subfedavg_acc_threshold": SUBFEDAVG_ACC, "cuda_graphs": False,
+    "subfedavg_acc_threshold": SUBFEDAVG_ACC, "cuda_graphs": False, "norm_stats": DEFAULT_NORM_STATS,
 }  # fmt: skip
 # Keys config.json holds beyond the fields (derived, written for readers; ignored when the file is read back).
 DERIVED_KEYS = frozenset({"partition_variant"})
@@ -104,6 +105,9 @@ class SimConfig:
     subfedavg_prune_rate: float = SUBFEDAVG_PRUNE_RATE  # sub-fedavg: fraction of active weights a prune removes
     subfedavg_dist_threshold: float = SUBFEDAVG_DIST  # sub-fedavg: prune when the candidate masks differ by more
     subfedavg_acc_threshold: float = SUBFEDAVG_ACC  # sub-fedavg: keep a prune when the pruned model's accuracy >= this
+    # BatchNorm's running statistics (edge_node.algorithm.norm_stats): "local" (FedBN) keeps each client's own,
+    # never sent nor averaged. Nothing to a model without them.
+    norm_stats: str = DEFAULT_NORM_STATS
     screen: bool = True  # DisPFL's methods: screen peers' models before aggregating, as a device does (robust.py)
     seed: int = 0
     device: str = "cpu"
@@ -138,6 +142,7 @@ class SimConfig:
         choice("fedp3_layers", SCHEDULES)
         choice("fedp3_aggregation", AGGREGATIONS)
         choice("privacy", PRIVACY_MODES)
+        choice("norm_stats", NORM_STATS)
         if not 0 < self.fedp3_keep <= 1:
             raise ConfigError(f"fedp3_keep={self.fedp3_keep!r} must be in (0, 1]")
         if not math.isfinite(self.dp_clip) or self.dp_clip <= 0:
@@ -194,6 +199,21 @@ class SimConfig:
             raise ConfigError(f"{name} {refuses} DP-SGD steps; privacy {self.privacy!r} {instead}")
         if self.micro_batch != 0:
             raise ConfigError(f"{name} {takes} whole batches: it needs micro_batch 0, not {self.micro_batch}")
+
+    def check_model(self, model: Any) -> None:
+        """ConfigError (one line) unless this run can train ``model``'s BatchNorm layers, if it has any: a method
+        that keeps each client's running statistics (``Method.keeps_norm_stats``), no DP-SGD (a per-sample
+        gradient is undefined where a sample is normalised by its batch's statistics)."""
+        if not batch_normalised(model):
+            return
+        if self.privacy != "none":
+            raise ConfigError(f"privacy {self.privacy!r} cannot train model {self.model}: DP-SGD's per-sample "
+                              "gradients are undefined for BatchNorm layers; use GroupNorm or LayerNorm")  # fmt: skip
+        if not self.method_spec.keeps_norm_stats:
+            keeping = ", ".join(name for name, m in REGISTRY.items() if m.keeps_norm_stats)
+            raise ConfigError(f"method {self.method} does not keep each client's BatchNorm running statistics "
+                              f"(norm_stats {self.norm_stats}): model {self.model} needs one of {keeping}, "
+                              "or GroupNorm instead of BatchNorm")  # fmt: skip
 
     @property
     def method_spec(self) -> Method:

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from edge_node.algorithm import dense_nnz, forward_flops, read_weights, weight_positions
 from edge_node.algorithm.dispfl import DisPFLParams
 from edge_node.algorithm.graphed import GraphedStep
+from edge_node.algorithm.norm_stats import has_running_stats
 from edge_node.algorithm.training import StepReplay
 from edge_node.data import Dataset, partition_clients
 from edge_node.data.batches import ClientData, ImagePool
@@ -66,8 +67,8 @@ RECORD_KEYS = (
     "server_bytes_sent", "bytes_received_mean", "busiest_node", "busiest_node_bytes", "paper_comm_mb_mean",
     "paper_comm_mb_busiest", "flops_per_client_mean", "flops_per_client_max", "density_mean", "densities_target",
     "forward_flops_dense", "s2s_pruned", "s2s_start_round", "s2s_stable_fraction", "s2s_stability_median",
-    "screen", "screen_refusals", "screen_refused", "privacy", "dp_epsilon_spent", "dp_epsilon_target", "dp_delta",
-    "dp_noise_multiplier", "modelled_energy", "wall_s",
+    "screen", "screen_refusals", "screen_refused", "norm_stats", "privacy", "dp_epsilon_spent", "dp_epsilon_target",
+    "dp_delta", "dp_noise_multiplier", "modelled_energy", "wall_s",
 )  # fmt: skip
 
 
@@ -120,6 +121,7 @@ def run_simulation(
     """
     device = resolve_device(config.device)
     model = build_checked_model(config.model, dataset.num_classes, dataset.input_shape, config.seed)
+    config.check_model(model)
     method = config.method_spec
     if "neighbours" in method.uses and config.neighbours >= config.clients and config.topology == "random":
         raise ConfigError(f"neighbours={config.neighbours} must be less than clients={config.clients}")
@@ -135,7 +137,7 @@ def run_simulation(
             then, now = saved_settings(saved["config"]), config.to_json()
             detail = ", ".join(f"{k}: {then.get(k)!r} saved, {now[k]!r} now" for k in diff)
             raise CheckpointError(f"{out} holds a run with other settings ({detail}); use another --output or --fresh")
-    params = config.dispfl_params()
+    params = config.dispfl_params().fitted(model)  # a BatchNorm model trains whole batches
     train_parts, test_parts = partition(config, dataset)
     meter = _open_meter(config.energy_backend)
     start_round = 0 if saved is None else saved["round"] + 1
@@ -242,8 +244,8 @@ def _saved_run(path: Path, fresh: bool, device: torch.device) -> dict[str, Any] 
 def _on_device(saved: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """``saved`` (a loaded checkpoint) with its tensors on ``device`` (the writer loads it on the CPU to send it)."""
     moved = dict(saved)
-    for key in ("weights", "train_masks", "next_masks"):
-        moved[key] = [{k: v.to(device) for k, v in d.items()} for d in saved[key]]
+    for key in ("weights", "train_masks", "next_masks", "buffers"):
+        moved[key] = [{k: v.to(device) for k, v in d.items()} for d in saved.get(key, [])]
     return moved
 
 
@@ -342,6 +344,7 @@ def build_record(config: SimConfig, params: DisPFLParams, ctx: SimContext, t: in
         "screen": config.screen if "screen" in method.uses else None,
         "screen_refusals": None if r.screen_refused is None else sum(len(v) for v in r.screen_refused.values()),
         "screen_refused": r.screen_refused,
+        "norm_stats": config.norm_stats if has_running_stats(ctx.model) else None,  # FedBN's "local", never averaged
         "modelled_energy": {"label": "modelled", "total_j": modelled_total,
                             "per_client_mean_j": None if modelled_total is None else modelled_total / n},
         **r.fields,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import torch
@@ -150,6 +150,10 @@ class Shard:
                         densities[i],
                     )
                 )
+        if sample.buffers:  # BatchNorm statistics (small): pickled, one gather of every process's clients
+            theirs = self.gather_objects({i: {k: v.cpu() for k, v in mine[i].buffers.items()} for i in mine}, n)
+            out = [c if i in mine else replace(c, buffers={k: v.to(device) for k, v in theirs[i].items()})
+                   for i, c in enumerate(out)]  # fmt: skip
         return out
 
 

@@ -104,6 +104,8 @@ class Method(ABC):
             may be split over processes (the sharded runner of issue 22 refuses the others by name).
         keeps_server: ``RunState.server`` holds a server's model beside the clients' personal ones
             (checkpointed after them).
+        keeps_norm_stats: each client's state carries its BatchNorm running statistics from round to round
+            (``ClientState.buffers``, FedBN's ``norm_stats`` local); a method without it refuses a BatchNorm model.
     """
 
     name: str
@@ -115,6 +117,7 @@ class Method(ABC):
     uses: frozenset[str] = frozenset()
     shardable: bool = False
     keeps_server: bool = False
+    keeps_norm_stats: bool = False
 
     def check(self, config: SimConfig) -> None:
         """Method-specific checks of ``config`` (ConfigError in one line); the shared ones are SimConfig's."""
@@ -135,20 +138,25 @@ class Method(ABC):
     def restore(self, ctx: SimContext, saved: dict[str, Any]) -> RunState:
         """The state a checkpoint holds (written by :meth:`checkpoint`)."""
         densities = self.state_densities(ctx) + ([1.0] if self.keeps_server else [])
+        buffers = saved.get("buffers") or [{} for _ in densities]  # a checkpoint before BatchNorm models: none
         entries = [
-            ClientState(w, tm, nm, d)
-            for w, tm, nm, d in zip(saved["weights"], saved["train_masks"], saved["next_masks"], densities, strict=True)
+            ClientState(w, tm, nm, d, b)
+            for w, tm, nm, d, b in zip(
+                saved["weights"], saved["train_masks"], saved["next_masks"], densities, buffers, strict=True
+            )
         ]
         server = entries.pop() if self.keeps_server else None
         return RunState(entries, dict(saved.get("extra") or {}), server)
 
     def checkpoint(self, state: RunState) -> dict[str, Any]:
-        """What the checkpoint saves of ``state``: each entry's weights and masks (a server's last), ``extra``."""
+        """What the checkpoint saves of ``state``: each entry's weights, masks and BatchNorm statistics (a server's
+        last), ``extra``."""
         clients = state.clients + ([state.server] if state.server is not None else [])
         return {
             "weights": [c.weights for c in clients],
             "train_masks": [c.train_mask for c in clients],
             "next_masks": [c.next_mask for c in clients],
+            "buffers": [c.buffers for c in clients],
             "extra": state.extra,
         }
 

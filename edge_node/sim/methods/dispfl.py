@@ -94,5 +94,5 @@ class DisPFL(Method):
 DISPFL = DisPFL(
     name="dispfl", label="DisPFL", acc_before_is="aggregated personal model, before local training",
     acc_after_is="after local training", sparse=True, uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen"},
-    shardable=True,
+    shardable=True, keeps_norm_stats=True,
 )  # fmt: skip

@@ -34,9 +34,9 @@ _AVERAGE = "neighbourhood average"
 _FINE_TUNED = "neighbourhood average fine-tuned by the round's E local epochs"
 DPSGD_PLAIN = DPSGD(
     name="dpsgd", label="D-PSGD", acc_before_is=_AVERAGE, acc_after_is=_FINE_TUNED, headline="before",
-    uses=NEIGHBOURHOOD | GRAPHED, shardable=True,
+    uses=NEIGHBOURHOOD | GRAPHED, shardable=True, keeps_norm_stats=True,
 )  # fmt: skip
 DPSGD_FT = DPSGD(
     name="dpsgd-ft", label="D-PSGD-FT", acc_before_is=_AVERAGE, acc_after_is=_FINE_TUNED, uses=NEIGHBOURHOOD | GRAPHED,
-    shardable=True,
+    shardable=True, keeps_norm_stats=True,
 )  # fmt: skip

@@ -18,5 +18,5 @@ class Local(Method):
 
 LOCAL = Local(
     name="local", label="Local", acc_before_is="before this round's local training",
-    acc_after_is="after local training", uses=GRAPHED, shardable=True,
+    acc_after_is="after local training", uses=GRAPHED, shardable=True, keeps_norm_stats=True,
 )  # fmt: skip

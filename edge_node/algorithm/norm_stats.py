@@ -1,0 +1,71 @@
+"""BatchNorm's running statistics under DisPFL: FedBN's ``local`` policy (Li et al., ICLR 2021).
+
+A BatchNorm layer's affine weights are parameters like any other (masked, trained, averaged); its buffers
+(``running_mean``, ``running_var``, ``num_batches_tracked``) are a client's own: kept beside its weights and
+masks (``ClientState.buffers``), loaded into the model before the client trains or is evaluated, read back
+after training, checkpointed, and never sent or averaged (``norm_stats = "local"``). A model without such
+buffers has nothing here: every function is a no-op for it, and it trains bit for bit as before.
+
+A BatchNorm model trains whole batches: its statistics come from the batch, so a batch sliced into
+micro-batches would normalise each slice by its own statistics (``DisPFLParams.fitted`` sets ``micro_batch``
+to 0), and a batch of one sample has no variance (BatchNorm in training mode raises; :func:`trainable`
+drops such a batch, an epoch's last one). Both hold for a BatchNorm layer without running statistics too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+TensorDict = Mapping[str, torch.Tensor]
+NORM_STATS = ("local",)  # "local": FedBN, running statistics stay on the client
+DEFAULT_NORM_STATS = "local"
+_STAT_NAMES = frozenset({"running_mean", "running_var", "num_batches_tracked"})
+
+
+def other_buffer(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """The first buffer of ``model`` that is not a BatchNorm layer's running statistic, with its layer; or None."""
+    for name, _ in model.named_buffers():
+        layer_name, _, leaf = name.rpartition(".")
+        layer = model.get_submodule(layer_name) if layer_name else model
+        if not (isinstance(layer, _BatchNorm) and leaf in _STAT_NAMES):
+            return name, layer
+    return None
+
+
+def has_running_stats(model: nn.Module) -> bool:
+    """True when ``model`` holds BatchNorm running statistics (buffers a client keeps)."""
+    return any(True for _ in model.named_buffers())
+
+
+def batch_normalised(model: nn.Module) -> bool:
+    """True when a layer of ``model`` normalises by the batch's statistics (BatchNorm, with or without buffers)."""
+    return any(isinstance(module, _BatchNorm) for module in model.modules())
+
+
+def read_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Detached copies of ``model``'s buffers by name ({} for a model without any)."""
+    return {name: b.detach().clone() for name, b in model.named_buffers()}
+
+
+def load_buffers(model: nn.Module, buffers: TensorDict) -> None:
+    """Copy a client's ``buffers`` into ``model`` in place; ``{}`` (a client that has not trained yet) resets every
+    BatchNorm layer's statistics to a new layer's (mean 0, variance 1, no batch tracked). No-op without buffers."""
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if buffers:
+                buffer.copy_(buffers[name])
+    if not buffers:
+        for module in model.modules():
+            if isinstance(module, _BatchNorm) and module.track_running_stats:
+                module.reset_running_stats()
+
+
+def trainable(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``batches`` without those of one sample (BatchNorm in training mode cannot normalise one)."""
+    for x, y in batches:
+        if y.shape[0] > 1:
+            yield x, y
