@@ -28,7 +28,9 @@ _LOGGER = logging.getLogger(__name__)
 ROUNDS_FILE = "rounds.jsonl"  # a simulation run directory's and a node's state dir's (sim.report.ROUNDS_LOG)
 
 
-def check_model_and_data(model: str, dataset: str, data_dir: Path | None = None, *, seed: int = 0) -> nn.Module:
+def check_model_and_data(
+    model: str, dataset: str, data_dir: Path | None = None, *, seed: int = 0, task: str = "classification"
+) -> nn.Module:
     """Load ``dataset`` and build ``model`` for it, held to the model contract (docs/PLUGINS.md).
 
     What ``edge-node loopback`` runs before it creates the fleet directory, so that a broken factory or a
@@ -40,8 +42,25 @@ def check_model_and_data(model: str, dataset: str, data_dir: Path | None = None,
     from edge_node.data import load_dataset
     from edge_node.models import build_checked_model
 
-    data = load_dataset(dataset, data_dir)
-    return build_checked_model(model, data.num_classes, data.input_shape, seed)
+    data = load_dataset(dataset, data_dir, task=task)
+    return build_checked_model(model, data.num_outputs, data.input_shape, seed)
+
+
+def check_start(
+    model: str, dataset: str, data_dir: Path | None, init_weights: Path | None, trainable: tuple[str, ...], *,
+    seed: int = 0, task: str = "classification",
+) -> None:  # fmt: skip
+    """Build ``model`` for ``dataset`` and start it from ``init_weights``, frozen but for ``trainable``
+    (edge_node.pretrained): what ``edge-node loopback`` runs before it creates the fleet directory, so that a
+    bad file or glob is one line (exit 2) instead of N failing daemons.
+
+    Raises:
+        ConfigError, ModelError, DataError: one line.
+    """
+    from edge_node.pretrained import prepare_start
+
+    prepare_start(check_model_and_data(model, dataset, data_dir, seed=seed, task=task), init_weights, trainable,
+                  model_name=model)  # fmt: skip
 
 
 def run_simulation(
@@ -84,7 +103,7 @@ def run_simulation(
     resolve_device(config.device)  # before the (possibly long) data decode
     shard = join(config.method, config.method_spec.shardable, config.clients, config.device)
     try:
-        data = load_dataset(config.dataset, config.data_dir, cache_dir=cache_dir, download=download)
+        data = load_dataset(config.dataset, config.data_dir, cache_dir=cache_dir, download=download, task=config.task)
         run_dir = run(config, data, fresh=fresh, on_round=on_round, on_start=on_start, on_client=on_client,
                       shard=shard)  # fmt: skip
     finally:

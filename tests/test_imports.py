@@ -42,6 +42,7 @@ LAYERS = [
     {"models", "pooling", "data"},
     {"energy"},
     {"wire"},
+    {"pretrained"},  # a model's start and frozen layers: algorithm.frozen, and the wire spec of what travels
     {"net"},
     {"node"},
     {"sim", "fleet"},

@@ -22,7 +22,7 @@ the simulation and on a device draws the same masks, shuffles, augmentation and 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -30,13 +30,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from edge_node.algorithm.aggregation import aggregate
+from edge_node.algorithm.aggregation import aggregate, aggregate_buffers
 from edge_node.algorithm.dp import DPConfig, dp_noise_generator
+from edge_node.algorithm.frozen import frozen_names
 from edge_node.algorithm.masks import MASK_METHODS, check_density, init_masks, mask_density
-from edge_node.algorithm.norm_stats import batch_normalised, load_buffers, read_buffers, trainable
+from edge_node.algorithm.norm_stats import (
+    DEFAULT_NORM_STATS,
+    NORM_STATS,
+    batch_normalised,
+    load_buffers,
+    read_buffers,
+    trainable,
+)
 from edge_node.algorithm.prune_regrow import REGROW_RULES, draw_regrow_scores, random_regrow_plan, update_masks
-from edge_node.algorithm.robust import StatsOf, model_stats, screen_peer_models
+from edge_node.algorithm.robust import StatsOf, model_stats, screen_peer_buffers, screen_peer_models
 from edge_node.algorithm.schedules import learning_rate, prune_rate
+from edge_node.algorithm.tasks import CLASSIFICATION, Task, resolve_task
 from edge_node.algorithm.training import (
     Batch,
     SGDConfig,
@@ -58,7 +67,7 @@ BatchSource = Callable[[int, torch.Generator], Iterable[Batch]]
 Offer = tuple[str, TensorDict, TensorDict]
 
 
-_DERIVED = frozenset({"dp", "secret_noise"})  # DisPFLParams fields no config holds under that name
+_DERIVED = frozenset({"dp", "secret_noise", "task", "frozen"})  # DisPFLParams fields no config holds under that name
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,14 @@ class DisPFLParams:
     # its privacy budget (edge_node.algorithm.dp), so DisPFLParams.of leaves it out.
     dp: DPConfig | None = None
     secret_noise: bool = False  # DP noise from the OS's randomness (a device), not the fleet seed (a simulation)
+    # The learning task (its loss and metrics: edge_node.algorithm.tasks); ``of`` resolves a config's ``task`` name.
+    task: Task = CLASSIFICATION
+    # The parameters that do not train (edge_node.algorithm.frozen): all-true masks that never change, never
+    # published. Never a setting of its own: ``fitted`` reads it off the model (``--trainable`` froze the rest).
+    frozen: frozenset[str] = frozenset()
+    # A BatchNorm model's running statistics (edge_node.algorithm.norm_stats): "local" keeps the client's own,
+    # "average" averages them with those of the peers that sent theirs (both configs' ``norm_stats``).
+    norm_stats: str = DEFAULT_NORM_STATS
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "planned_rounds"):
@@ -104,17 +121,26 @@ class DisPFLParams:
             raise ConfigError(f"regrow={self.regrow!r} must be one of {', '.join(REGROW_RULES)}")
         if self.mask_init not in MASK_METHODS:
             raise ConfigError(f"mask_init={self.mask_init!r} must be one of {', '.join(MASK_METHODS)}")
+        if self.norm_stats not in NORM_STATS:
+            raise ConfigError(f"norm_stats={self.norm_stats!r} must be one of {', '.join(NORM_STATS)}")
+        if self.frozen and self.dp is not None:
+            raise ConfigError("DP-SGD trains every parameter: trainable (frozen layers) and privacy exclude each other")
 
     @classmethod
     def of(cls, settings: object, **overrides: Any) -> DisPFLParams:
         """The parameters a config holds under the same names (both configs' one way to build them)."""
-        values = {f.name: getattr(settings, f.name) for f in fields(cls) if f.name not in _DERIVED}
+        values: dict[str, Any] = {f.name: getattr(settings, f.name) for f in fields(cls) if f.name not in _DERIVED}
+        if "task" not in overrides:
+            values["task"] = resolve_task(getattr(settings, "task", CLASSIFICATION.name))
         return cls(**{**values, **overrides})
 
     def fitted(self, model: nn.Module) -> DisPFLParams:
         """These parameters for ``model``: a BatchNorm model trains whole batches (``micro_batch`` 0), its statistics
-        being the batch's (edge_node.algorithm.norm_stats); any other model's are these."""
-        return replace(self, micro_batch=0) if batch_normalised(model) and self.micro_batch else self
+        being the batch's (edge_node.algorithm.norm_stats); ``frozen`` is the model's parameters without
+        ``requires_grad``; any other model's are these."""
+        fitted = replace(self, micro_batch=0) if batch_normalised(model) and self.micro_batch else self
+        frozen = frozen_names(model)
+        return replace(fitted, frozen=frozen) if frozen != fitted.frozen else fitted
 
     def sgd(self, round_index: int) -> SGDConfig:
         """The SGD step settings of round ``round_index`` (decayed learning rate)."""
@@ -124,6 +150,7 @@ class DisPFLParams:
             clip_norm=self.clip_norm,
             micro_batch=self.micro_batch,
             dp=self.dp,
+            task=self.task,
         )
 
     def prune_rate(self, round_index: int) -> float:
@@ -167,27 +194,43 @@ class TrainResult:
     gradients: dict[str, torch.Tensor] | None  # dense gradients of one batch, for "gradient" regrowth
 
 
-def start(init_weights: TensorDict, density: float, *, seed: int, client: int, mask_init: str = "erk") -> ClientState:
+def start(
+    init_weights: TensorDict, density: float, *, seed: int, client: int, mask_init: str = "erk",
+    frozen: Collection[str] = (),
+) -> ClientState:  # fmt: skip
     """A client's state before round 0: the fleet's shared initial weights on its own random mask.
 
     Args:
-        init_weights: the same for every client of a fleet (a model built from the fleet seed).
-        density: the client's target density in (0, 1].
+        init_weights: the same for every client of a fleet (a model built from the fleet seed, or its start file).
+        density: the client's target density in (0, 1], of the trainable parameters.
         seed, client: key the client's mask stream (``Stream.MASK``).
+        frozen: parameters that do not train: all-true masks (dense, never pruned), outside the density.
     """
     density = check_density(density)
-    masks = init_masks(init_weights, density, torch_generator(seed, Stream.MASK, client), mask_init)
+    generator = torch_generator(seed, Stream.MASK, client)
+    if frozen:
+        trained = {name: w for name, w in init_weights.items() if name not in frozen}
+        sparse = init_masks(trained, density, generator, mask_init)
+        masks = {name: sparse.get(name, torch.ones_like(w, dtype=torch.bool)) for name, w in init_weights.items()}
+    else:
+        masks = init_masks(init_weights, density, generator, mask_init)
     weights = {name: w * masks[name] for name, w in init_weights.items()}
     return ClientState(weights, masks, dict(masks), density)
 
 
-def aggregate_peers(state: ClientState, peers: Sequence[tuple[TensorDict, TensorDict]]) -> ClientState:
+def aggregate_peers(
+    state: ClientState, peers: Sequence[tuple[TensorDict, TensorDict]], frozen: Collection[str] = ()
+) -> ClientState:
     """Average ``state`` with its peers' published ``(weights, mask)`` pairs, of any densities.
 
     The result is supported on the client's ``next_mask``, which becomes the mask it trains with
-    (docs/ALGORITHM.md step 2). With no peers the client keeps its own weights on that mask.
+    (docs/ALGORITHM.md step 2). With no peers the client keeps its own weights on that mask. ``frozen``
+    parameters (never published) keep the client's own values.
     """
-    weights = aggregate(state.weights, state.train_mask, state.next_mask, [w for w, _ in peers], [m for _, m in peers])
+    own = state.weights if not frozen else {n: w for n, w in state.weights.items() if n not in frozen}
+    weights = aggregate(own, state.train_mask, state.next_mask, [w for w, _ in peers], [m for _, m in peers])
+    if frozen:
+        weights = {name: state.weights[name] if name in frozen else weights[name] for name in state.weights}
     return ClientState(weights, state.next_mask, state.next_mask, state.density, state.buffers)
 
 
@@ -225,7 +268,7 @@ def train_local(
     check_trained(stats, trained, round_index, client, sgd.lr)
     gradients = None
     if params.regrow == "gradient":  # RigL-style: the dense gradient of one mini-batch
-        gradients = dense_gradients(model, next(iter(batches(1, generator))))
+        gradients = dense_gradients(model, next(iter(batches(1, generator))), params.task)
         if buffers:
             load_buffers(model, buffers)  # that batch's forward moved the statistics: training's are kept
     return TrainResult(replace(state, weights=trained, buffers=buffers), stats, sgd.lr, gradients)
@@ -277,9 +320,15 @@ def regrow_scores(
     return lambda: draw_regrow_scores(plan, torch_generator(seed, Stream.REGROW, client, round_index))
 
 
-def published(state: ClientState) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """What neighbours receive: the trained weights and the mask they were trained with (step 5)."""
-    return state.weights, state.train_mask
+def published(
+    state: ClientState, frozen: Collection[str] = ()
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """What neighbours receive: the trained weights and the mask they were trained with (step 5), without the
+    ``frozen`` parameters (every node holds the same values of those)."""
+    if not frozen:
+        return state.weights, state.train_mask
+    keep = [name for name in state.weights if name not in frozen]
+    return {n: state.weights[n] for n in keep}, {n: state.train_mask[n] for n in keep}
 
 
 @contextmanager
@@ -369,26 +418,41 @@ def keep_and_evaluate(trained: TrainResult, model: nn.Module, hooks: RoundHooks,
 
 
 def screen_and_aggregate(
-    state: ClientState, offers: Sequence[Offer], hooks: RoundHooks, *, screen: bool = True
-) -> tuple[ClientState, list[str], dict[str, str]]:
+    state: ClientState, offers: Sequence[Offer], hooks: RoundHooks, *, screen: bool = True,
+    frozen: Collection[str] = (), buffers: Mapping[str, TensorDict] | None = None,
+) -> tuple[ClientState, list[str], dict[str, str]]:  # fmt: skip
     """The round's first step: screen ``offers`` (when ``screen``), tell ``hooks.screened``, aggregate the accepted.
 
-    Returns the aggregated state, the accepted peer ids and the refused ones with their reasons.
+    Returns the aggregated state, the accepted peer ids and the refused ones with their reasons. Offers hold
+    the published (not the ``frozen``) parameters. ``buffers`` (``norm_stats = "average"``; None: ``local``,
+    the client's statistics are kept as they are): the running statistics each peer sent, by peer id (a peer
+    absent or with ``{}`` sent none); those of the accepted peers are screened too (``screen_peer_buffers``: a
+    peer refused there is refused whole) and averaged with the client's (``aggregate_buffers``).
     """
     accepted, refused = [peer for peer, _, _ in offers], {}
     if screen and offers:
-        own_weights, own_mask = published(state)
+        own_weights, own_mask = published(state, frozen)
         result = screen_peer_models(own_weights, own_mask, offers, stats_of=hooks.stats_of)
         accepted, refused = list(result.accepted), dict(result.refused)
+    sent = [(peer, buffers[peer]) for peer in accepted if buffers and buffers.get(peer)]
+    if screen and sent:
+        checked = screen_peer_buffers(state.buffers, sent)
+        accepted = [peer for peer in accepted if peer not in checked.refused]
+        refused.update(checked.refused)
     if hooks.screened is not None:
         hooks.screened(accepted, refused)
     models = {peer: (weights, mask) for peer, weights, mask in offers}
-    return aggregate_peers(state, [models[peer] for peer in accepted]), accepted, refused
+    aggregated = aggregate_peers(state, [models[peer] for peer in accepted], frozen)
+    if buffers is not None:
+        averaged = aggregate_buffers(state.buffers, [buffers.get(peer) or {} for peer in accepted])
+        aggregated = replace(aggregated, buffers=averaged)
+    return aggregated, accepted, refused
 
 
 def client_round(
     state: ClientState, offers: Sequence[Offer], model: nn.Module, round_index: int, params: DisPFLParams, *,
     seed: int, client: int, hooks: RoundHooks, screen: bool = True,
+    peer_buffers: Mapping[str, TensorDict] | None = None,
 ) -> ClientRound:  # fmt: skip
     """DisPFL's client round (the module docstring): screen, aggregate, evaluate, train, evaluate, update the mask.
 
@@ -396,6 +460,8 @@ def client_round(
         state: the client's state at the round's start; ``offers`` are screened against what it published.
         offers: the peers' published models, ids distinct.
         screen: screen the offers first (a device always does; the simulation's ``--no-screen`` skips it).
+        peer_buffers: the running statistics the peers sent, by peer id; averaged with the client's when
+            ``params.norm_stats`` is "average" (:func:`screen_and_aggregate`), ignored under "local".
 
     Raises:
         TrainingDiverged: local training diverged; ``state`` is unchanged and nothing should be published.
@@ -404,7 +470,10 @@ def client_round(
     if hooks.ahead is not None and params.regrow == "random" and hooks.keep is None:
         early_scores = hooks.ahead(regrow_scores(state.next_mask, round_index, params, seed=seed, client=client))
     with hooks.phase("aggregate"):
-        aggregated, accepted, refused = screen_and_aggregate(state, offers, hooks, screen=screen)
+        buffers = dict(peer_buffers or {}) if params.norm_stats == "average" else None
+        aggregated, accepted, refused = screen_and_aggregate(
+            state, offers, hooks, screen=screen, frozen=params.frozen, buffers=buffers
+        )
     with hooks.phase("train"):
         done = evaluate_and_train(aggregated, model, round_index, params, seed=seed, client=client, hooks=hooks)
         new_state = update_mask(

@@ -1,9 +1,13 @@
-"""Sparse mask initialisation: Erdos-Renyi-Kernel (ERK) with clipping, and uniform.
+"""Sparse mask initialisation: Erdos-Renyi-Kernel (ERK) with clipping, uniform, and magnitude.
 
 ERK (Evci et al., RigL, ICML 2020) as used by DisPFL (Dai et al., ICML 2022): tensor l gets density
 ``eps * p_l`` with ``p_l = sum(shape) / prod(shape)``; ``eps`` solves the global budget
 ``d * N``; while some ``eps * p_l > 1`` the tensors with the largest ``p_l`` become dense and
 ``eps`` is solved again. Every tensor (biases and norm affine parameters included) is masked.
+
+``magnitude`` keeps ERK's per-tensor counts but, instead of drawing positions at random, keeps each
+tensor's largest ``|w|`` (exact ties to the lower index): the first masks of a pretrained start
+(``--init-weights``) keep what the pretraining made large. It draws nothing from the generator.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 from edge_node.errors import ConfigError
 
 Shape = Sequence[int]
-MASK_METHODS = ("erk", "uniform")
+MASK_METHODS = ("erk", "uniform", "magnitude")
 
 
 def check_density(density: float) -> float:
@@ -77,22 +81,38 @@ def random_mask(shape: Shape, active: int, generator: torch.Generator) -> torch.
     return mask.view(tuple(shape))
 
 
+def magnitude_mask(weight: torch.Tensor, active: int) -> torch.Tensor:
+    """A bool mask of ``weight``'s shape keeping its ``active`` largest ``|w|`` (exact ties: lower index first)."""
+    from edge_node.algorithm.prune_regrow import select_k  # prune_regrow's tie rule, CPU and CUDA alike
+
+    n = weight.numel()
+    if active >= n:
+        return torch.ones(weight.shape, dtype=torch.bool, device=weight.device)
+    score = weight.detach().reshape(-1).abs().float().nan_to_num(nan=-1.0)
+    mask = torch.zeros(n, dtype=torch.bool, device=weight.device)
+    mask[select_k(score, active, largest=True)] = True
+    return mask.view(weight.shape)
+
+
 def init_masks(
     weights: Mapping[str, torch.Tensor],
     density: float,
     generator: torch.Generator,
     method: str = "erk",
 ) -> dict[str, torch.Tensor]:
-    """Random masks for ``weights`` at whole-model ``density`` (ERK or uniform per-tensor densities).
+    """Masks for ``weights`` at whole-model ``density``: random positions at ERK or uniform per-tensor densities,
+    or ``magnitude``: each tensor's largest ``|w|`` at ERK's counts.
 
-    Positions are drawn on the CPU from ``generator`` so a seed gives the same masks on any device;
+    Random positions are drawn on the CPU from ``generator`` so a seed gives the same masks on any device;
     masks are returned on each weight's device.
     """
     if method not in MASK_METHODS:
         raise ConfigError(f"mask method {method!r} must be one of {', '.join(MASK_METHODS)}")
     shapes = {name: tuple(w.shape) for name, w in weights.items()}
-    densities = erk_densities(shapes, density) if method == "erk" else uniform_densities(shapes, density)
+    densities = uniform_densities(shapes, density) if method == "uniform" else erk_densities(shapes, density)
     counts = active_counts(shapes, densities)
+    if method == "magnitude":
+        return {name: magnitude_mask(weights[name], counts[name]) for name in weights}
     return {name: random_mask(shapes[name], counts[name], generator).to(weights[name].device) for name in weights}
 
 

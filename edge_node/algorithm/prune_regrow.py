@@ -155,7 +155,7 @@ def update_masks(
             weights[name],
             mask,
             rate,
-            gradients[name] if rule == "gradient" and gradients is not None else None,
+            gradients.get(name) if rule == "gradient" and gradients is not None else None,  # frozen: none
             random_scores.get(name) if rule == "random" and random_scores is not None else None,
         )
         for name, mask in masks.items()

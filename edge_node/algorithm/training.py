@@ -1,7 +1,7 @@
 """Masked local SGD (DisPFL Alg. 1 lines 7-9): plain SGD whose inactive weights stay exactly zero.
 
-Per step: cross-entropy loss, gradient-norm clipping, weight decay added to the gradient (as
-``torch.optim.SGD`` does, after clipping), ``w -= lr * g``, then ``w *= mask`` so the gradient of an
+Per step: the task's loss (cross-entropy for classification), gradient-norm clipping, weight decay added
+to the gradient (as ``torch.optim.SGD`` does, after clipping), ``w -= lr * g``, then ``w *= mask`` so the gradient of an
 inactive weight never lands. Momentum is 0 (DisPFL). The loss is accumulated on the device and read
 once at the end: no host round trip per step.
 """
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from edge_node.algorithm.dp import DPConfig, private_gradients
+from edge_node.algorithm.tasks import CLASSIFICATION, Task
 
 TensorDict = Mapping[str, torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -33,6 +34,7 @@ class SGDConfig:
     # DP-SGD (edge_node.algorithm.dp): per-sample clipping and Gaussian noise instead of the plain gradient;
     # the global-norm clip and weight decay above still apply after it (post-processing).
     dp: DPConfig | None = None
+    task: Task = CLASSIFICATION  # its loss is the step's (edge_node.algorithm.tasks)
 
 
 class StepReplay(Protocol):
@@ -87,13 +89,15 @@ def train_masked(
     ``graphs`` (a :class:`~edge_node.algorithm.graphed.GraphedStep` for ``model`` and ``config``) replays each
     batch of its shape as one CUDA graph; other batches (an epoch's last, smaller one) take the eager step.
     It refuses (ValueError) a call it was not captured for: DP-SGD, ``proximal``, other clipping or decay.
+    Only parameters with ``requires_grad`` train (frozen ones, edge_node.algorithm.frozen, are left as they are:
+    no gradient, no decay, no mask applied).
     """
     if config.dp is not None and noise is None:
         raise ValueError("DP-SGD training needs a noise generator")
     if graphs is not None:
         graphs.check(model, config, proximal is not None)
-    names = [name for name, _ in model.named_parameters()]
-    params: list[torch.Tensor] = [p for _, p in model.named_parameters()]
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    params: list[torch.Tensor] = [p for _, p in model.named_parameters() if p.requires_grad]
     mask_values = [masks[name].to(params[i].dtype) for i, name in enumerate(names)]
     anchor = [proximal[0][name].to(params[i].dtype) for i, name in enumerate(names)] if proximal else []
     with torch.no_grad():
@@ -110,9 +114,11 @@ def train_masked(
             graphs.replay(x, y)
             continue
         if config.dp is not None and noise is not None:
-            loss, grads = private_gradients(model, x, y, mask_values, config.dp, noise, config.micro_batch)
+            loss, grads = private_gradients(
+                model, x, y, mask_values, config.dp, noise, config.micro_batch, task=config.task
+            )
         else:
-            loss, grads = _loss_and_gradients(model, params, x, y, config.micro_batch)
+            loss, grads = _loss_and_gradients(model, params, x, y, config.micro_batch, config.task)
         with torch.no_grad():
             masked_update(params, grads, mask_values, config, config.lr, (anchor, proximal[1]) if proximal else None)
             loss_sum += loss.detach() * y.shape[0]
@@ -154,16 +160,17 @@ def masked_update(
 
 
 def _loss_and_gradients(
-    model: nn.Module, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, micro_batch: int
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Mean cross-entropy over the batch and its gradient, in slices of ``micro_batch`` samples."""
+    model: nn.Module, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, micro_batch: int,
+    task: Task = CLASSIFICATION,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
+    """The task's mean loss over the batch and its gradient, in slices of ``micro_batch`` samples."""
     if not 0 < micro_batch < y.shape[0]:
-        loss = nn.functional.cross_entropy(model(x), y)
+        loss = task.loss(model(x), y)
         return loss, list(torch.autograd.grad(loss, params))
     total = torch.zeros((), device=x.device)
     grads: list[torch.Tensor] = []
     for xs, ys in zip(x.split(micro_batch), y.split(micro_batch), strict=True):
-        part = nn.functional.cross_entropy(model(xs), ys, reduction="sum") / y.shape[0]
+        part = task.loss(model(xs), ys, reduction="sum") / y.shape[0]
         part_grads = torch.autograd.grad(part, params)
         if grads:
             torch._foreach_add_(grads, part_grads)
@@ -178,12 +185,13 @@ def all_finite(weights: TensorDict) -> bool:
     return bool(torch.stack([torch.isfinite(w).all() for w in weights.values()]).all())
 
 
-def dense_gradients(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-    """Gradient of the loss on one mini-batch w.r.t. every parameter, inactive ones included."""
-    names = [name for name, _ in model.named_parameters()]
-    params: list[torch.Tensor] = [p for _, p in model.named_parameters()]
+def dense_gradients(model: nn.Module, batch: Batch, task: Task = CLASSIFICATION) -> dict[str, torch.Tensor]:
+    """Gradient of the task's loss on one mini-batch w.r.t. every trainable parameter, inactive ones included
+    (frozen ones have none)."""
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    params: list[torch.Tensor] = [p for _, p in model.named_parameters() if p.requires_grad]
     x, y = batch
-    loss = nn.functional.cross_entropy(model(x), y)
+    loss = task.loss(model(x), y)
     grads = torch.autograd.grad(loss, params)
     return dict(zip(names, grads, strict=True))
 

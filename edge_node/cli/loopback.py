@@ -53,6 +53,19 @@ _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.
     show_default=True,
     help=f"{', '.join(_MODELS)}, an installed plug-in's name or a factory package.module:function.",
 )
+@click.option("--init-weights", type=click.Path(path_type=Path), default=None,
+              help="Every node's start: a safetensors file or a weights-only state_dict (never a pickle) [default: "
+              "none, all from --seed].")  # fmt: skip
+@click.option("--trainable", default=None, metavar="GLOB[,GLOB]",
+              help="Every node trains only the parameters matching these globs; the rest are frozen, never sent "
+              "[default: all].")  # fmt: skip
+@click.option(
+    "--task",
+    default="classification",
+    show_default=True,
+    metavar="TASK",
+    help="classification, regression, multilabel or a factory package.module:function (every node's).",
+)
 @click.option("--dataset", default="demo", show_default=True,
               help=f"Data set each node takes its slice of: {', '.join(_DATASETS)} (demo is built in) or a data "
               "factory package.module:function.")  # fmt: skip
@@ -94,12 +107,18 @@ def loopback(fresh: bool, progress: bool | None, fleet_id: str, daemon_args: tup
     from edge_node.fleet.supervise import run_fleet
 
     live = progress is not False and sys.stderr.isatty()
+    flags["trainable"] = tuple((flags.get("trainable") or "").split(","))
     config = FleetConfig(fleet=fleet_id, daemon_args=daemon_args, progress=live,
                          devices=";".join(devices) if devices else None, **flags)  # fmt: skip
-    if config.model not in _MODELS or config.dataset not in _DATASETS:
+    if config.model not in _MODELS or config.dataset not in _DATASETS or config.task != "classification":
         from edge_node.api import check_model_and_data
 
-        check_model_and_data(config.model, config.dataset, config.data_dir, seed=config.seed)  # before any file
+        check_model_and_data(config.model, config.dataset, config.data_dir, seed=config.seed, task=config.task)
+    if config.init_weights is not None or config.trainable:  # a bad file or glob: one line, before anything is written
+        from edge_node.api import check_start
+
+        check_start(config.model, config.dataset, config.data_dir, config.init_weights, config.trainable,
+                    seed=config.seed, task=config.task)  # fmt: skip
     stop = threading.Event()
     caught: list[int] = []
 

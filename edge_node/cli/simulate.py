@@ -16,6 +16,7 @@ from edge_node.algorithm.fedp3 import AGGREGATIONS, SCHEDULES
 from edge_node.algorithm.masks import MASK_METHODS
 from edge_node.algorithm.norm_stats import NORM_STATS
 from edge_node.algorithm.prune_regrow import REGROW_RULES
+from edge_node.algorithm.tasks import format_record_metric, metric_label
 from edge_node.algorithm.topology import TOPOLOGIES
 from edge_node.api import read_records, run_simulation
 from edge_node.cli._app import app, complete_model, verbose_option
@@ -111,6 +112,24 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     help=f"Model: {', '.join(MODEL_NAMES)}, an installed plug-in's name or a factory package.module:function "
     f"[default: {_default('model')}].",
 )
+@click.option(
+    "--init-weights",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Every client's start: a safetensors file or a weights-only state_dict (never a pickle); parameters it "
+    "leaves out (a new head) come from --seed [default: none, all from --seed].",
+)
+@click.option(
+    "--trainable",
+    metavar="GLOB[,GLOB]",
+    help="Train only the parameters matching these globs (layer4.*,linear.*); the rest stay frozen and are never "
+    "sent (dispfl only) [default: all train].",
+)
+@click.option(
+    "--task",
+    help="What is learnt: classification, regression, multilabel or a factory package.module:function (its loss, "
+    f"how a data factory's labels are read, the records' headline metric) [default: {_default('task')}].",
+)
 @click.option("--clients", type=int, help=f"Number of clients [default: {_default('clients')}; paper: 100].")
 @click.option(
     "--neighbours",
@@ -145,7 +164,12 @@ def _choice(values: tuple[str, ...] | list[str]) -> click.Choice:
     type=_choice(SETTINGS),
     help="'ii': heterogeneous tiers 0.2..1.0, client i gets tier i mod 5 [default: i].",
 )
-@click.option("--mask-init", type=_choice(MASK_METHODS), help=f"[default: {_default('mask_init')}]")
+@click.option(
+    "--mask-init",
+    type=_choice(MASK_METHODS),
+    help=f"erk, uniform (random positions) or magnitude (the start's largest |w|, ERK's counts) "
+    f"[default: {_default('mask_init')}]",
+)
 @click.option(
     "--regrow", type=_choice(REGROW_RULES), help="gradient (the paper) or random (reference code) [default: random]."
 )
@@ -348,7 +372,8 @@ def _client_lines(config: SimConfig, every_s: float = PIPE_PROGRESS_S) -> Any:
 def _round_line(config: SimConfig) -> Any:
     def line(record: dict[str, Any]) -> None:
         click.echo(
-            f"round {record['round'] + 1}/{config.rounds}: acc {100 * record['acc_mean']:.2f}% "
+            f"round {record['round'] + 1}/{config.rounds}: {metric_label(record)} "
+            f"{format_record_metric(record, 'acc_mean', digits=2)} "
             f"({record['acc_metric']}), busiest node {record['busiest_node']} "
             f"{record['busiest_node_bytes'] / 1e6:.2f} MB, {record['wall_s']:.1f} s",
             err=True,

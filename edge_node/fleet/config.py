@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge_node.algorithm.tasks import check_task_name
 from edge_node.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -49,6 +50,9 @@ class FleetConfig:
     fleet: str = "loopback"
     seed: int = 0
     model: str = "cnn"
+    init_weights: Path | None = None  # every node's start (edge_node.pretrained); None: the fleet seed's
+    trainable: tuple[str, ...] = ()  # globs of the parameters that train (edge_node.algorithm.frozen); (): all
+    task: str = "classification"  # edge_node.algorithm.tasks: every node's
     dataset: str = "demo"
     data_dir: Path | None = None
     partition: str = "dir:0.3"
@@ -67,6 +71,7 @@ class FleetConfig:
     subnet: str = DEFAULT_SUBNET
 
     def __post_init__(self) -> None:
+        check_task_name(self.task)
         if not 2 <= self.nodes <= MAX_NODES:
             raise ConfigError(f"--nodes {self.nodes} must be in 2..{MAX_NODES}")
         if self.rounds < 0:
@@ -98,6 +103,12 @@ class FleetConfig:
                                   "127.0.0.1 would slow down every program of this machine)")  # fmt: skip
         object.__setattr__(self, "output", Path(self.output))
         object.__setattr__(self, "daemon_args", tuple(self.daemon_args))
+        parts = [self.trainable] if isinstance(self.trainable, str) else list(self.trainable)
+        object.__setattr__(self, "trainable", tuple(g.strip() for p in parts for g in str(p).split(",") if g.strip()))
+        if self.init_weights is not None:
+            if not Path(self.init_weights).is_file():
+                raise ConfigError(f"--init-weights {self.init_weights}: no such file")
+            object.__setattr__(self, "init_weights", Path(self.init_weights).resolve())  # the daemons' cwd may differ
 
     @property
     def profiles(self) -> list[DeviceProfile]:
@@ -134,6 +145,7 @@ class FleetConfig:
             "seed": self.seed,
             "client_index": i,
             "model": self.model,
+            "task": self.task,
             "dataset": self.dataset,
             "partition": self.partition,
             "num_clients": self.nodes,
@@ -153,6 +165,8 @@ class FleetConfig:
             "batch_size": self.effective_batch_size,
             "lr": self.lr,
             "planned_rounds": self.effective_planned_rounds,
+            "init_weights": self.init_weights,
+            "trainable": self.trainable or None,
         }
         settings.update({k: v for k, v in optional.items() if v is not None})
         return settings
@@ -161,6 +175,8 @@ class FleetConfig:
         out = dataclasses.asdict(self)
         out["output"] = str(self.output)
         out["data_dir"] = str(self.data_dir) if self.data_dir is not None else None
+        out["init_weights"] = str(self.init_weights) if self.init_weights is not None else None
+        out["trainable"] = list(self.trainable)
         out["daemon_args"] = list(self.daemon_args)
         return out
 

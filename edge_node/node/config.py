@@ -20,6 +20,7 @@ from edge_node.algorithm.dispfl import DisPFLParams
 from edge_node.algorithm.dp import DPConfig, check_budget
 from edge_node.algorithm.heterogeneous import TIER_DENSITIES
 from edge_node.algorithm.norm_stats import DEFAULT_NORM_STATS, NORM_STATS
+from edge_node.algorithm.tasks import check_task_name
 from edge_node.data import check_dataset_name, parse_partition
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
@@ -79,6 +80,21 @@ class NodeConfig:
         "Model: cnn, resnet18, vgg11, an installed plug-in's name or a factory package.module:function (the same "
         "on every node of a fleet).",
     )
+    task: str = _key(
+        "classification",
+        "What is learnt: classification, regression, multilabel or a factory package.module:function (its loss, "
+        "labels and headline metric; the same on every node of a fleet).",
+    )
+    init_weights: Path | None = _key(
+        None,
+        "Every node's start: a safetensors file or a weights-only state_dict (never a pickle); parameters it leaves "
+        "out (a new head) come from the fleet seed. The same file on every node of a fleet.",
+    )
+    trainable: tuple[str, ...] = _key(
+        (),
+        "Train only the parameters matching these globs (layer4.*,linear.*); the rest stay frozen, are never sent "
+        "[default: all train]. The same on every node of a fleet.",
+    )
     num_classes: int | None = _key(None, "Fleet-wide number of classes [default: from the data].")
     classes: tuple[str, ...] = _key((), "Fleet-wide class names; an image folder's class folders map onto them.")
     data: Path | None = _key(None, "Own data: image-folder tree (train/, test/), CIFAR batches, or a .tar.gz.")
@@ -125,7 +141,9 @@ class NodeConfig:
     clip_norm: float = _key(_DISPFL.clip_norm, "Gradient-norm clipping.")
     prune_alpha: float = _key(_DISPFL.prune_alpha, "Initial prune fraction of the cosine schedule.")
     regrow: str = _key(_DISPFL.regrow, "Regrowth: random (reference code) or gradient (paper).")
-    mask_init: str = _key(_DISPFL.mask_init, "Initial mask: erk or uniform.")
+    mask_init: str = _key(
+        _DISPFL.mask_init, "Initial mask: erk, uniform or magnitude (the start's largest |w| at ERK's counts)."
+    )
     norm_stats: str = _key(
         DEFAULT_NORM_STATS,
         "A BatchNorm model's running statistics: local (FedBN: kept by this node, checkpointed, used in its "
@@ -167,6 +185,11 @@ class NodeConfig:
             check_dataset_name(self.dataset)
         except (ModelError, DataError) as exc:
             raise ConfigError(str(exc)) from None
+        check_task_name(self.task)
+        self._check_start()
+        if self.task != "classification" and self.data is not None:
+            raise ConfigError(f"task={self.task!r} needs a data factory (dataset = \"package.module:function\"); "
+                              "a data folder holds image classes")  # fmt: skip
         parse_partition(self.partition)
         _at_least("num_clients", self.num_clients, 1)
         if self.client_index is not None and not 0 <= self.client_index < max(self.num_clients, 2**31):
@@ -234,6 +257,16 @@ class NodeConfig:
             DPConfig(self.dp_clip, 1.0)  # checks dp_clip
             if self.regrow == "gradient":
                 raise ConfigError("privacy dp-sgd needs regrow = random: gradient regrowth reads a batch without noise")
+
+    def _check_start(self) -> None:
+        """Normalise ``init_weights`` and ``trainable`` (the file and globs are checked against the model at start)."""
+        from edge_node.algorithm.frozen import parse_globs
+
+        if self.init_weights is not None:
+            object.__setattr__(self, "init_weights", Path(self.init_weights))
+        object.__setattr__(self, "trainable", parse_globs(self.trainable))
+        if self.trainable and self.privacy == "dp-sgd":
+            raise ConfigError("privacy dp-sgd trains every parameter: trainable (frozen layers) excludes it")
 
     def server_limits(self) -> ServerLimits:
         """The peer service's limits from the ``server_*`` keys (the rest at their defaults)."""

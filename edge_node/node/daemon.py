@@ -52,9 +52,10 @@ import numpy as np
 import torch
 
 from edge_node import __version__
-from edge_node.algorithm import count_correct, read_weights, tier_name
+from edge_node.algorithm import read_weights, tier_name
 from edge_node.algorithm.dispfl import ClientRound, DisPFLParams, RoundHooks, client_round, published, start
 from edge_node.algorithm.norm_stats import batch_normalised
+from edge_node.algorithm.tasks import format_metric, metric_fields, metrics_mean, score
 from edge_node.algorithm.training import Batch
 from edge_node.energy import EnergyAccountant, open_meter
 from edge_node.errors import ConfigError, ListenError, TlsError, TrainingDiverged
@@ -233,7 +234,7 @@ class Node:
         else:
             self.state = start(
                 init_weights, self.capacity.density, seed=config.seed, client=self.client_index,
-                mask_init=config.mask_init,
+                mask_init=config.mask_init, frozen=self.params.frozen,
             )  # fmt: skip
         self.identity = identity
         self.density = self.state.density
@@ -495,6 +496,8 @@ class Node:
             "discovery_refusals": self.discovery_refusals(),
             "acc_before": acc_before,
             "acc_after": acc_after,
+            **metric_fields(self.params.task),
+            "metrics": metrics_mean([acc_after]),  # every metric of the task after local training
             "train_loss": trained.stats.mean_loss,
             "samples": data.num_train,
             "lr": trained.lr,
@@ -540,10 +543,13 @@ class Node:
         release_free_memory()  # pulled models, the aggregate, the export
         self.beat()
         refused_text = f", refused {_count_kinds(refused)}" if refused else ""
+        task = self.params.task
         _LOGGER.info(
-            "%s: %d/%d peers answered%s, accuracy %.1f%% -> %.1f%%, in %.2f MB, out %.2f MB, %.1f s, %.3g J (%s)",
-            round_label(t, self.config.rounds), len(received), len(chosen), refused_text, 100 * acc_before,
-            100 * acc_after, bytes_in / 1e6, bytes_out / 1e6, energy["duration_s"], energy["total_j"], energy["label"],
+            "%s: %d/%d peers answered%s, %s %s -> %s, in %.2f MB, out %.2f MB, %.1f s, %.3g J (%s)",
+            round_label(t, self.config.rounds), len(received), len(chosen), refused_text, task.metric,
+            format_metric(acc_before, fraction=task.metric_is_fraction),
+            format_metric(acc_after, fraction=task.metric_is_fraction),
+            bytes_in / 1e6, bytes_out / 1e6, energy["duration_s"], energy["total_j"], energy["label"],
         )  # fmt: skip
         if not chosen and not self.config.lockstep:
             self.should_exit.wait(IDLE_WITHOUT_PEERS_S)  # nobody found yet: trained locally, keep looking
@@ -573,9 +579,9 @@ class Node:
         """Local test accuracy, in slices of ``micro_batch`` (else the training batch): the round's memory peak
         is training's, not evaluation's (a batch of 1,000 made a cnn node's peak ~200 MB higher)."""
         batches = self.local.data.eval_batches(self.params.micro_batch or self.params.batch_size)
-        correct, total = count_correct(self.model, self._tick(batches))
+        value = score(self.model, self._tick(batches), self.params.task)
         release_free_memory()
-        return correct / max(total, 1)
+        return value
 
     def discovery_refusals(self) -> dict[str, int]:
         """What discovery refused since start (other fleet, architecture, protocol, address, ...), by reason."""
@@ -613,7 +619,7 @@ class Node:
             ) from exc
 
     def _publish(self) -> None:
-        weights, mask = published(self.state)
+        weights, mask = published(self.state, self.params.frozen)  # the spec's tensors: never the frozen ones
         self.server_state.publish(
             ModelSnapshot(
                 weights=weights, masks=mask, round=self.rounds_done, density=self.density, node_id=self.node_id,
@@ -685,6 +691,7 @@ class Node:
             "peers": self.tracker.to_json(),
             "acc_before": totals.acc_before,
             "acc_after": totals.acc_after,
+            **(metric_fields(self.params.task) if hasattr(self, "params") else {}),
             "bytes_in_total": totals.bytes_in,
             "bytes_out_total": self.server_state.served()[1] if hasattr(self, "server_state") else 0,
             "server_refusals": self.server_state.refusals() if hasattr(self, "server_state") else {},

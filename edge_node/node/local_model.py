@@ -13,6 +13,7 @@ from edge_node.models import arch_name, build_checked_model
 from edge_node.node.config import NodeConfig
 from edge_node.node.export import onnx_problem
 from edge_node.node.local_data import LocalData
+from edge_node.pretrained import prepare_start, wire_spec
 from edge_node.wire import ModelSpec
 
 __all__ = ["node_model"]
@@ -22,7 +23,8 @@ EXPORT_FIX = {"start": "set export_onnx = false to run without the export", "exp
 
 
 def node_model(config: NodeConfig, local: LocalData, *, check_export: str | None = None) -> tuple[nn.Module, ModelSpec]:
-    """The configured model, checked and built from the fleet seed (on the CPU), and its wire spec.
+    """The configured model, checked and built from the fleet seed (on the CPU), started from ``init_weights``
+    and frozen but for ``trainable`` when they are set (edge_node.pretrained), and its wire spec.
 
     Args:
         check_export: the command that will export the model (``start`` with ``export_onnx``, ``export``):
@@ -31,11 +33,13 @@ def node_model(config: NodeConfig, local: LocalData, *, check_export: str | None
     Raises:
         ModelError: the model breaks the contract (``build_checked_model``), or cannot be exported to ONNX
             (``model X cannot be exported to ONNX (reason): <the command's fix>``).
+        ConfigError: a bad ``init_weights`` file or a ``trainable`` glob that matches nothing.
     """
     input_shape = local.data.pool.input_shape
     model = build_checked_model(config.model, local.num_classes, input_shape, config.seed)
+    started = prepare_start(model, config.init_weights, config.trainable, model_name=config.model)
     if check_export is not None:
         problem = onnx_problem(model, input_shape)
         if problem is not None:
             raise ModelError(f"model {config.model} cannot be exported to ONNX ({problem}): {EXPORT_FIX[check_export]}")
-    return model, ModelSpec.from_tensors(arch_name(config.model), local.num_classes, dict(model.named_parameters()))
+    return model, wire_spec(arch_name(config.model), local.num_classes, model, started)

@@ -19,6 +19,7 @@ from edge_node.algorithm.prune_regrow import REGROW_RULES
 from edge_node.algorithm.sub_fedavg import ACC_THRESHOLD as SUBFEDAVG_ACC
 from edge_node.algorithm.sub_fedavg import DIST_THRESHOLD as SUBFEDAVG_DIST
 from edge_node.algorithm.sub_fedavg import PRUNE_RATE as SUBFEDAVG_PRUNE_RATE
+from edge_node.algorithm.tasks import check_task_name
 from edge_node.algorithm.topology import TOPOLOGIES, check_topology
 from edge_node.data import PartitionSpec, check_dataset_name, parse_partition_spec
 from edge_node.energy.detect import BACKENDS
@@ -44,6 +45,7 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "ditto_lambda": DITTO_LAMBDA, "ditto_personal_share": DITTO_PERSONAL_SHARE,
     "subfedavg_prune_rate": SUBFEDAVG_PRUNE_RATE, "subfedavg_dist_threshold": SUBFEDAVG_DIST,
     "subfedavg_acc_threshold": SUBFEDAVG_ACC, "cuda_graphs": False, "norm_stats": DEFAULT_NORM_STATS,
+    "task": "classification", "init_weights": None, "trainable": [],
 }  # fmt: skip
 # Keys config.json holds beyond the fields (derived, written for readers; ignored when the file is read back).
 DERIVED_KEYS = frozenset({"partition_variant"})
@@ -59,8 +61,15 @@ class SimConfig:
 
     method: str = "dispfl"
     dataset: str = "demo"
+    # What is learnt (edge_node.algorithm.tasks): classification, regression, multilabel or a factory; it reads a
+    # data factory's labels, and names the loss and the records' headline metric (acc_*, see docs/API.md).
+    task: str = "classification"
     data_dir: Path | None = None
     model: str = "cnn"
+    # Every client's start (edge_node.pretrained): a safetensors file or a weights-only state_dict; None: the seed's.
+    init_weights: Path | None = None
+    # fnmatch globs of the parameters that train (edge_node.algorithm.frozen); empty: all of them. DisPFL only.
+    trainable: tuple[str, ...] = ()
     clients: int = 4  # paper: 100
     neighbours: int = 2  # peers pulled per round, random topology only (paper: 10)
     topology: str = "random"
@@ -126,6 +135,7 @@ class SimConfig:
                 raise ConfigError(f"{name.replace('_', ' ')} {value!r} must be one of {', '.join(choices)}")
 
         self.method_spec  # noqa: B018 -- checks `method` against the registry (as it is now: tests add to it)
+        self._check_start()
         if self.micro_batch is None:
             object.__setattr__(self, "micro_batch", self.default_micro_batch)
         try:
@@ -133,6 +143,7 @@ class SimConfig:
             check_model_name(self.model)
         except (DataError, ModelError) as exc:
             raise ConfigError(str(exc)) from None
+        check_task_name(self.task)
         choice("setting", SETTINGS)
         choice("device", DEVICES)
         choice("energy_backend", BACKENDS)
@@ -184,6 +195,24 @@ class SimConfig:
         """``micro_batch`` when none is given: 0 where the steps take whole batches (captured, which refuses
         slices), else a device's slices (DisPFLParams' default: the lock-step fleet equals the simulation)."""
         return 0 if self.cuda_graphs else _DISPFL.micro_batch
+
+    def _check_start(self) -> None:
+        """Normalise ``init_weights`` and ``trainable``; refuse frozen layers where they are not implemented."""
+        from edge_node.algorithm.frozen import parse_globs
+
+        if self.init_weights is not None:
+            object.__setattr__(self, "init_weights", Path(self.init_weights))
+        object.__setattr__(self, "trainable", parse_globs(self.trainable))
+        if not self.trainable:
+            return
+        if "trainable" not in self.method_spec.uses:
+            users = ", ".join(users_of("trainable"))
+            raise ConfigError(f"trainable (frozen layers) is not implemented for method {self.method} (only {users})")
+        if self.cuda_graphs:
+            raise ConfigError("cuda_graphs captures a step of every parameter; trainable (frozen layers) needs eager "
+                              "steps")  # fmt: skip
+        if self.privacy != "none":
+            raise ConfigError(f"privacy {self.privacy!r} trains every parameter; trainable (frozen layers) excludes it")
 
     def _check_cuda_graphs(self) -> None:
         """ConfigError unless a run with ``cuda_graphs`` can capture its step (whole batches of plain SGD on CUDA)."""
@@ -257,6 +286,8 @@ class SimConfig:
         """The fields as JSON values, plus the derived ``partition_variant`` (see DERIVED_KEYS)."""
         out = dataclasses.asdict(self)
         out["data_dir"] = str(self.data_dir) if self.data_dir else None
+        out["init_weights"] = str(self.init_weights) if self.init_weights is not None else None
+        out["trainable"] = list(self.trainable)
         out["output"] = str(self.output)
         out["partition_variant"] = self.partition_variant
         return out

@@ -32,6 +32,7 @@ from edge_node.algorithm import dense_nnz, forward_flops, read_weights, weight_p
 from edge_node.algorithm.dispfl import DisPFLParams
 from edge_node.algorithm.graphed import GraphedStep
 from edge_node.algorithm.norm_stats import has_running_stats
+from edge_node.algorithm.tasks import format_metric, metric_fields, metrics_mean
 from edge_node.algorithm.training import StepReplay
 from edge_node.data import Dataset, partition_clients
 from edge_node.data.batches import ClientData, ImagePool
@@ -39,15 +40,14 @@ from edge_node.energy import EnergyAccountant, modelled_energy, open_meter
 from edge_node.energy.base import Meter
 from edge_node.errors import CheckpointError, ConfigError
 from edge_node.models import arch_name, build_checked_model
+from edge_node.pretrained import prepare_start, wire_spec
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from edge_node.sim.config import SimConfig, saved_settings
 from edge_node.sim.methods import RoundResult, RunState, SimContext
 from edge_node.sim.methods.base import SERVER_ID, stderr_is_tty
-from edge_node.sim.methods.base import accuracy as accuracy  # where tests and readers find it
 from edge_node.sim.report import ACCURACY_PLOT, COMMUNICATION_PLOT, ROUNDS_LOG, SUMMARY_FILE
 from edge_node.sim.shard import SINGLE, Shard
 from edge_node.storage import append_line, atomic_write_text, truncate_jsonl
-from edge_node.wire import ModelSpec
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ RUN_FILES = (
 RECORD_KEYS = (
     "round", "method", "partition", "partition_variant", "lr", "prune_rate", "acc_mean", "acc_metric",
     "acc_before_mean", "acc_after_mean", "acc_before", "acc_after", "acc_before_is", "acc_after_is",
+    "task", "metric", "metric_higher_is_better", "metric_is_fraction", "metrics_mean",
     "train_loss_mean", "trained_clients", "bytes_received", "bytes_sent", "server_bytes_received",
     "server_bytes_sent", "bytes_received_mean", "busiest_node", "busiest_node_bytes", "paper_comm_mb_mean",
     "paper_comm_mb_busiest", "flops_per_client_mean", "flops_per_client_max", "density_mean", "densities_target",
@@ -120,8 +121,9 @@ def run_simulation(
     the others), writes the run directory and calls the callbacks.
     """
     device = resolve_device(config.device)
-    model = build_checked_model(config.model, dataset.num_classes, dataset.input_shape, config.seed)
+    model = build_checked_model(config.model, dataset.num_outputs, dataset.input_shape, config.seed)
     config.check_model(model)
+    model_start = prepare_start(model, config.init_weights, config.trainable, model_name=config.model)  # before writing
     method = config.method_spec
     if "neighbours" in method.uses and config.neighbours >= config.clients and config.topology == "random":
         raise ConfigError(f"neighbours={config.neighbours} must be less than clients={config.clients}")
@@ -178,7 +180,7 @@ def run_simulation(
         init_weights=init_weights,
         positions=weight_positions(model, pool.input_shape),
         dense=dense_nnz(model),
-        spec=ModelSpec.from_tensors(arch_name(config.model), dataset.num_classes, init_weights),
+        spec=wire_spec(arch_name(config.model), dataset.num_outputs, model, model_start),
         accountant=accountant,
         on_client=on_client,
         shard=shard,
@@ -207,12 +209,14 @@ def run_simulation(
             accountant.close_round(t, modelled_j=record["modelled_energy"]["total_j"])
             if not shard.writer:
                 continue
-            bar.set_postfix(acc=f"{100 * record['acc_mean']:.1f}%")
+            headline = format_metric(record["acc_mean"], fraction=params.task.metric_is_fraction)
+            bar.set_postfix({params.task.metric: headline})
             _LOGGER.info(
-                "round %d: %s acc %.2f%% (%s), busiest node %s %.2f MB, %.1f s",
+                "round %d: %s %s %s (%s), busiest node %s %.2f MB, %.1f s",
                 t,
                 config.method,
-                100 * record["acc_mean"],
+                params.task.metric,
+                headline,
                 record["acc_metric"],
                 record["busiest_node"],
                 record["busiest_node_bytes"] / 1e6,
@@ -325,6 +329,8 @@ def build_record(config: SimConfig, params: DisPFLParams, ctx: SimContext, t: in
         "acc_after": r.acc_after,
         "acc_before_is": method.acc_before_is,
         "acc_after_is": method.acc_after_is,
+        **metric_fields(params.task),
+        "metrics_mean": metrics_mean(r.acc_after if after else r.acc_before),
         "train_loss_mean": float(np.mean(finite_losses)) if finite_losses else None,
         "trained_clients": len(r.flops),
         "bytes_received": received,

@@ -61,12 +61,21 @@ class ModelSpec:
     """Names and shapes of a model's parameter tensors, in ``named_parameters`` order.
 
     Both ends build it from the model they run; a stream is accepted only for the same ``arch_id``,
-    and every tensor in it is checked against these names and shapes.
+    and every tensor in it is checked against these names and shapes. ``shapes`` lists the tensors that
+    travel (a model's frozen parameters do not); ``variant`` is what else the two ends must share (the
+    digest of a pretrained start, the frozen parameters: edge_node.pretrained), hashed into the id with
+    the shapes; "" (a model trained whole from the fleet seed) leaves the id as it always was.
+    ``buffers``: the BatchNorm running statistics that travel too (a node under ``norm_stats average``:
+    dense float32 after the parameters, protocol 1.3), in ``named_buffers`` order; empty (the default) for
+    any other node. They are no part of the id (``local`` and ``average`` nodes of a model share it), but
+    two specs are equal only with the same buffers.
     """
 
     arch_name: str
     num_classes: int
     shapes: Mapping[str, tuple[int, ...]] = field(compare=False)
+    variant: str = field(default="", compare=False)
+    buffers: Mapping[str, tuple[int, ...]] = field(default_factory=dict, compare=False)
     arch_id: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -85,20 +94,43 @@ class ModelSpec:
         if not shapes:
             raise ValueError("a ModelSpec needs at least one parameter tensor")
         object.__setattr__(self, "shapes", MappingProxyType(shapes))
+        buffers: dict[str, tuple[int, ...]] = {}
+        for name, shape in self.buffers.items():
+            if not isinstance(name, str) or not name or len(name.encode()) > 255 or name in shapes:
+                raise ValueError(f"buffer name {name!r} must be a non-empty string of at most 255 bytes, no parameter's")
+            dims = tuple(int(d) for d in shape)
+            if any(d < 0 for d in dims):
+                raise ValueError(f"buffer {name!r} has a negative dimension in shape {dims}")
+            buffers[name] = dims
+        object.__setattr__(self, "buffers", MappingProxyType(buffers))
         text = ";".join(f"{name}:{'x'.join(map(str, dims))}" for name, dims in shapes.items())
+        if self.variant:
+            text += f"|{self.variant}"
         digest = hashlib.sha256(text.encode()).hexdigest()[:8]
         object.__setattr__(self, "arch_id", f"{self.arch_name}/{self.num_classes}/{digest}")
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ModelSpec) and self.arch_id == other.arch_id and self.shapes == other.shapes
+        return (
+            isinstance(other, ModelSpec)
+            and self.arch_id == other.arch_id
+            and self.shapes == other.shapes
+            and self.buffers == other.buffers
+        )
 
     def __hash__(self) -> int:
         return hash(self.arch_id)
 
     @classmethod
-    def from_tensors(cls, arch_name: str, num_classes: int, weights: Mapping[str, torch.Tensor]) -> ModelSpec:
+    def from_tensors(
+        cls, arch_name: str, num_classes: int, weights: Mapping[str, torch.Tensor], variant: str = ""
+    ) -> ModelSpec:
         """Spec of ``weights`` (e.g. ``dict(model.named_parameters())``), keeping its order."""
-        return cls(arch_name, num_classes, {name: tuple(t.shape) for name, t in weights.items()})
+        return cls(arch_name, num_classes, {name: tuple(t.shape) for name, t in weights.items()}, variant)
+
+    def with_buffers(self, buffers: Mapping[str, torch.Tensor]) -> ModelSpec:
+        """This spec with ``buffers`` (e.g. ``dict(model.named_buffers())``) travelling too (``norm_stats average``)."""
+        shapes = {name: tuple(t.shape) for name, t in buffers.items()}
+        return ModelSpec(self.arch_name, self.num_classes, self.shapes, self.variant, shapes)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -190,13 +222,15 @@ class WireLimits:
 
 @dataclass(frozen=True)
 class DecodedModel:
-    """A validated model from a peer: dense float32 weights (zero where inactive) and bool masks."""
+    """A validated model from a peer: dense float32 weights (zero where inactive) and bool masks; ``buffers``:
+    its running statistics when it sent them (float32, ``num_batches_tracked`` int64), else {}."""
 
     header: StreamHeader
     weights: dict[str, torch.Tensor]
     masks: dict[str, torch.Tensor]
     value_type: ValueType
     wire_bytes: int  # serialized bytes of all messages, header included
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def nnz(self) -> int:

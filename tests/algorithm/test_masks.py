@@ -66,4 +66,4 @@ def test_init_masks_exact_counts_personal_positions_and_reproducible():
 
 def test_unknown_mask_method_is_refused():
     with pytest.raises(ConfigError, match="mask method"):
-        init_masks({"w": torch.zeros(3, 3)}, 0.5, torch.Generator(), "magnitude")
+        init_masks({"w": torch.zeros(3, 3)}, 0.5, torch.Generator(), "largest")

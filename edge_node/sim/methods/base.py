@@ -26,11 +26,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from tqdm import tqdm
 
-from edge_node.algorithm import count_correct, nnz_per_tensor, round_training_flops
+from edge_node.algorithm import nnz_per_tensor, round_training_flops
 from edge_node.algorithm.dense import dense_state
 from edge_node.algorithm.dispfl import ClientState, DisPFLParams, Evaluated, RoundHooks, evaluate_and_train
 from edge_node.algorithm.flops import WeightPositions
 from edge_node.algorithm.heterogeneous import client_densities
+from edge_node.algorithm.tasks import CLASSIFICATION, Task
+from edge_node.algorithm.tasks import score as task_score
 from edge_node.algorithm.topology import round_neighbours
 from edge_node.algorithm.training import StepReplay
 from edge_node.data.batches import Batch, ClientData
@@ -165,10 +167,10 @@ class Method(ABC):
         """Round ``t`` of every client: the new state and the per-client results (each method's own)."""
 
 
-def accuracy(model: torch.nn.Module, data: ClientData, batch_size: int) -> float:
-    """Top-1 accuracy of ``model`` as it is on the client's test samples."""
-    correct, total = count_correct(model, data.eval_batches(batch_size))
-    return correct / max(total, 1)
+def score(model: torch.nn.Module, data: ClientData, batch_size: int, task: Task = CLASSIFICATION) -> float:
+    """The task's headline metric of ``model`` as it is on the client's test samples (top-1 accuracy for
+    classification), carrying the task's other metrics (a :class:`~edge_node.algorithm.tasks.Score`)."""
+    return task_score(model, data.eval_batches(batch_size), task)
 
 
 def stderr_is_tty() -> bool:
@@ -204,8 +206,9 @@ class SimContext:
     # ----- accounting
 
     def model_bytes(self, nnz: dict[str, int], node_id: str, t: int) -> int:
-        """Bytes the encoder produces for a model with ``nnz`` active values per tensor, sent by ``node_id``."""
-        total = sum(self.dense.values())
+        """Bytes the encoder produces for a model with ``nnz`` active values per tensor, sent by ``node_id``
+        (the spec's tensors: frozen parameters never travel)."""
+        total = sum(self.dense[name] for name in self.spec.shapes)
         return encoded_model_size(
             self.spec,
             nnz,
@@ -219,7 +222,8 @@ class SimContext:
     def traffic(self, t: int, clients: list[ClientState], nbrs: list[list[int]]) -> dict[str, Any]:
         """Bytes each node receives and sends in round ``t``: what the encoder puts on the wire per pull."""
         n = len(clients)
-        published_nnz = [nnz_per_tensor(c.train_mask) for c in clients]
+        travels = self.spec.shapes  # not the frozen parameters (edge_node.algorithm.frozen)
+        published_nnz = [{k: v for k, v in nnz_per_tensor(c.train_mask).items() if k in travels} for c in clients]
         model_active = [sum(nnz.values()) for nnz in published_nnz]
         model_bytes = [self.model_bytes(nnz, f"client-{j}", t) for j, nnz in enumerate(published_nnz)]
         received = [sum(model_bytes[j] for j in nbrs[i]) for i in range(n)]
@@ -295,7 +299,8 @@ class SimContext:
             more.setdefault("ahead", run_ahead)
         if self.graphs is not None:
             more.setdefault("graphs", self.graphs())
-        return RoundHooks(batches, lambda model: accuracy(model, data, eval_batch_size), self.phase, **more)
+        task = self.params.task
+        return RoundHooks(batches, lambda model: score(model, data, eval_batch_size, task), self.phase, **more)
 
     @contextmanager
     def stopping_on_divergence(self, t: int) -> Iterator[None]:

@@ -42,8 +42,8 @@ class DisPFL(Method):
 
     def initial_state(self, ctx: SimContext) -> RunState:
         config = ctx.config
-        clients = [start(ctx.init_weights, d, seed=config.seed, client=i, mask_init=config.mask_init)
-                   for i, d in enumerate(ctx.densities)]  # fmt: skip
+        clients = [start(ctx.init_weights, d, seed=config.seed, client=i, mask_init=config.mask_init,
+                         frozen=ctx.params.frozen) for i, d in enumerate(ctx.densities)]  # fmt: skip
         return RunState(clients, self.initial_extra(ctx))
 
     def initial_extra(self, ctx: SimContext) -> dict[str, Any]:
@@ -62,9 +62,10 @@ class DisPFL(Method):
         extra = dict(state.extra)
         plan = self.plan(ctx, t, extra)
         stats = StatsMemo()  # each round-start model's screen statistics, computed once for all its pullers
+        models = [published(c, params.frozen) for c in at_start]  # the same dicts for every puller (the memo's key)
 
         def offers(i: int) -> list[tuple[str, Any, Any]]:
-            return [(f"client-{j}", *published(at_start[j])) for j in nbrs[i]]
+            return [(f"client-{j}", *models[j]) for j in nbrs[i]]
 
         def hooks(i: int) -> RoundHooks:
             return ctx.hooks(i, keep=plan.keep(i), stats_of=stats)
@@ -73,7 +74,7 @@ class DisPFL(Method):
             with ctx.stopping_on_divergence(t):
                 done = client_round(
                     at_start[i], offers(i), ctx.model, t, params, seed=config.seed, client=i, hooks=hooks(i),
-                    screen=config.screen,
+                    screen=config.screen, peer_buffers={f"client-{j}": at_start[j].buffers for j in nbrs[i]},
                 )  # fmt: skip
             for peer, reason in done.refused.items():
                 _LOGGER.warning("round screen: client-%d refused %s: %s", i, peer, reason)
@@ -93,6 +94,6 @@ class DisPFL(Method):
 
 DISPFL = DisPFL(
     name="dispfl", label="DisPFL", acc_before_is="aggregated personal model, before local training",
-    acc_after_is="after local training", sparse=True, uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen"},
-    shardable=True, keeps_norm_stats=True,
+    acc_after_is="after local training", sparse=True, shardable=True, keeps_norm_stats=True,
+    uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen", "trainable"},
 )  # fmt: skip
