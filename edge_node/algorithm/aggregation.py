@@ -9,6 +9,9 @@ Finite inputs give a finite result: a mean of values lies between them, but a fl
 ones (two peers at 3e38) overflows. The float32 computation runs as always, so ordinary inputs give
 bit-identical results; only a tensor whose result came out non-finite is computed again in float64
 and rounded back. (How far one peer may push the mean is ``robust.screen_peer_models``'s business.)
+
+A BatchNorm model's running statistics, under ``norm_stats = "average"``, are aggregated beside the
+weights by :func:`aggregate_buffers`: dense, over the client and the peers that sent them.
 """
 
 from __future__ import annotations
@@ -78,3 +81,41 @@ def _aggregate_tensor(
         count.add_(nm[name])
     agg = torch.where(count > 0, total / count.clamp_min(1), torch.zeros_like(total))
     return agg * own_next_mask[name]
+
+
+def aggregate_buffers(own_buffers: TensorDict, peer_buffers: Sequence[TensorDict]) -> dict[str, torch.Tensor]:
+    """BatchNorm's running statistics under ``norm_stats = "average"``: each buffer over its holders.
+
+    The holders are the client (when ``own_buffers`` is not empty: it has trained) and every peer whose
+    entry of ``peer_buffers`` is not empty (a peer that sent none, such as a ``local`` node, is not counted).
+    A float buffer (``running_mean``, ``running_var``) becomes the holders' mean, summed in order (the client
+    first) in its own dtype; an integer one (``num_batches_tracked``) their largest value. With no holder the
+    result is ``{}`` (a new layer's statistics). Every holder must have the same names, shapes and dtypes
+    (the decoder checked a peer's); inputs are never modified.
+    """
+    holders = [b for b in (own_buffers, *peer_buffers) if b]
+    if not holders:
+        return {}
+    names = list(holders[0])
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for held in holders[1:]:
+            if list(held) != names:
+                raise ConfigError(f"buffers {sorted(held)} do not match the client's {sorted(names)}")
+        for name in names:
+            first = holders[0][name]
+            values = [held[name] for held in holders]
+            for value in values[1:]:
+                if value.shape != first.shape or value.dtype != first.dtype:
+                    raise ConfigError(
+                        f"buffer {name!r}: {tuple(value.shape)} {value.dtype} against"
+                        f" {tuple(first.shape)} {first.dtype}"
+                    )
+            if first.is_floating_point():
+                total = first.clone()
+                for value in values[1:]:
+                    total.add_(value.to(first.device))
+                out[name] = total / len(values)
+            else:
+                out[name] = torch.stack([value.to(first.device) for value in values]).amax(dim=0)
+    return out

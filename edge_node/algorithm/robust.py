@@ -260,3 +260,57 @@ def screen_peer_models(
     order = {peer_id: i for i, peer_id in enumerate(ids)}
     accepted.sort(key=order.__getitem__)
     return ScreenResult(accepted, {k: refused[k] for k in sorted(refused, key=order.__getitem__)})
+
+
+def screen_peer_buffers(
+    own_buffers: TensorDict, peers: Sequence[tuple[str, TensorDict]], *, stats_of: StatsOf = model_stats
+) -> ScreenResult:
+    """The same rule for BatchNorm running statistics (``norm_stats = "average"``): each float buffer is a
+    dense tensor screened against the node's own and the other peers' (``num_batches_tracked``, an integer,
+    is only checked for its shape and sign); a peer's buffer of another name, shape or dtype, a NaN, an
+    infinity or a negative ``running_var`` refuses it. A node without buffers yet (it has not trained)
+    accepts every peer that passes those checks, having nothing to compare with.
+    """
+    accepted: list[str] = []
+    refused: dict[str, str] = {}
+    for peer_id, buffers in peers:
+        problem = _buffer_problem(own_buffers, buffers)
+        if problem is None:
+            accepted.append(peer_id)
+        else:
+            refused[peer_id] = problem
+    floats = [name for name, b in own_buffers.items() if b.is_floating_point()]
+    if not floats or not accepted:
+        return ScreenResult(accepted, refused)
+    ones = {name: torch.ones_like(own_buffers[name], dtype=torch.bool) for name in floats}
+    by_id = dict(peers)
+    result = screen_peer_models(
+        {name: own_buffers[name] for name in floats},
+        ones,
+        [(peer_id, {name: by_id[peer_id][name] for name in floats}, ones) for peer_id in accepted],
+        stats_of=stats_of,
+    )
+    refused.update({peer_id: f"buffers: {reason}" for peer_id, reason in result.refused.items()})
+    order = {peer_id: i for i, (peer_id, _) in enumerate(peers)}
+    return ScreenResult(result.accepted, {k: refused[k] for k in sorted(refused, key=order.__getitem__)})
+
+
+def _buffer_problem(own: TensorDict, buffers: TensorDict) -> str | None:
+    """Why a peer's buffers cannot be averaged with ``own`` (when the node has any), or None."""
+    if own and list(buffers) != list(own):
+        return f"buffers {sorted(buffers)[:8]} are not the node's {sorted(own)[:8]}"
+    for name, value in buffers.items():
+        mine = own.get(name)
+        if not isinstance(value, torch.Tensor):
+            return f"buffer {name!r} is not a tensor"
+        if mine is not None and (value.shape != mine.shape or value.dtype != mine.dtype):
+            return (
+                f"buffer {name!r}: {tuple(value.shape)} {value.dtype}, the node's is {tuple(mine.shape)} {mine.dtype}"
+            )
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return f"buffer {name!r}: values are NaN or infinite"
+        if name.rpartition(".")[2] == "running_var" and bool((value < 0).any()):
+            return f"buffer {name!r}: a variance is negative"
+        if not value.is_floating_point() and bool((value < 0).any()):
+            return f"buffer {name!r}: a count is negative"
+    return None
