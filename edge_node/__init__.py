@@ -7,6 +7,8 @@ The public API (docs/API.md), importable from here; names are loaded on first us
   (:class:`NodeConfig`, :class:`Node`) runs one device's daemon; :func:`read_records` reads the per-round
   records either writes; :func:`load_trained` returns the trained model of a node's state dir or of a
   simulation's client.
+- :class:`Task` is the base of a learning task of your own (``--task package.module:function``; the built-in
+  ones are classification, regression and multilabel).
 - :func:`build_checked_model` / :func:`load_dataset` build a model (built-in or a user's factory) and load a
   data set (built-in or a user's factory) the way the commands do.
 
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from edge_node.errors import EdgeNodeError
 
 if TYPE_CHECKING:
+    from edge_node.algorithm.tasks import Task
     from edge_node.api import load_trained, read_records, run_node, run_simulation
     from edge_node.data import Dataset, load_dataset
     from edge_node.models import build_checked_model
@@ -38,6 +41,7 @@ _LAZY = {
     "Node": "edge_node.node.daemon",
     "NodeConfig": "edge_node.node.config",
     "SimConfig": "edge_node.sim.config",
+    "Task": "edge_node.algorithm.tasks",
     "build_checked_model": "edge_node.models",
     "load_dataset": "edge_node.data",
     "load_trained": "edge_node.api",
@@ -52,6 +56,7 @@ __all__ = [
     "Node",
     "NodeConfig",
     "SimConfig",
+    "Task",
     "__version__",
     "build_checked_model",
     "load_dataset",

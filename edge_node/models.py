@@ -184,8 +184,8 @@ def build_model(
     ``(num_classes, input_shape)``; what it raises or returns instead of a module is a ModelError.
     """
     factory = model_factory(name)
-    if num_classes < 2:
-        raise ModelError(f"num_classes={num_classes} must be at least 2")
+    if num_classes < 1:  # a classifier's labels were checked for 2 classes; a regression may have one output
+        raise ModelError(f"num_classes={num_classes} must be at least 1 (the model's outputs)")
     shape = tuple(int(d) for d in input_shape)
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
@@ -255,7 +255,7 @@ def build_checked_model(name: str, num_classes: int, input_shape: Sequence[int],
     if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (2, num_classes):
         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ModelError(f"model {name} gives outputs of shape {got} for a batch of 2 {_shape_text(shape)}; "
-                         f"(2, {num_classes}) class scores were expected")  # fmt: skip
+                         f"(2, {num_classes}) outputs (class scores or a task's targets) were expected")  # fmt: skip
     if name not in MODELS:
         again = build_model(name, num_classes, seed=seed, input_shape=shape)
         ours, theirs = list(built.parameters()), list(again.parameters())

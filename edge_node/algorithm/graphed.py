@@ -49,7 +49,9 @@ class GraphedStep:
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {device}")
         self.model = model
         self.batch_shape = tuple(int(n) for n in batch_shape)
-        self.config = SGDConfig(lr=config.lr, weight_decay=config.weight_decay, clip_norm=config.clip_norm)
+        self.config = SGDConfig(
+            lr=config.lr, weight_decay=config.weight_decay, clip_norm=config.clip_norm, task=config.task
+        )
         self._params = params
         self._addresses = [p.data_ptr() for p in params]
         self._x = torch.zeros(self.batch_shape, dtype=params[0].dtype, device=device)
@@ -117,7 +119,7 @@ class GraphedStep:
 
     def _step(self) -> None:
         """The captured step: train_masked's, on the static buffers."""
-        loss = nn.functional.cross_entropy(self.model(self._x), self._y)
+        loss = self.config.task.loss(self.model(self._x), self._y)
         grads = list(torch.autograd.grad(loss, self._params))
         with torch.no_grad():
             masked_update(self._params, grads, self._masks, self.config, self._lr)

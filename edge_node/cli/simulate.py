@@ -16,7 +16,6 @@ from edge_node.algorithm.fedp3 import AGGREGATIONS, SCHEDULES
 from edge_node.algorithm.masks import MASK_METHODS
 from edge_node.algorithm.norm_stats import NORM_STATS
 from edge_node.algorithm.prune_regrow import REGROW_RULES
-from edge_node.algorithm.tasks import format_record_metric, metric_label
 from edge_node.algorithm.topology import TOPOLOGIES
 from edge_node.api import read_records, run_simulation
 from edge_node.cli._app import app, complete_model, verbose_option
@@ -36,6 +35,7 @@ from edge_node.sim.config import (
 from edge_node.sim.report import SUMMARY_FILE, format_summary, plot_run
 from edge_node.sim.runner import progress_bars_shown
 from edge_node.sim.shard import is_writer
+from edge_node.task_names import format_record_metric, metric_label
 from edge_node.tomlconf import build, merge, read_toml, to_toml
 
 _LOGGER = logging.getLogger(__name__)

@@ -12,6 +12,7 @@ from edge_node.cli._app import app
 from edge_node.cli._node_options import state_dir_of
 from edge_node.exit_codes import ExitCode
 from edge_node.node.status import rounds_done_text
+from edge_node.task_names import format_record_metric
 
 
 def format_status(status: dict[str, Any]) -> str:
@@ -28,7 +29,10 @@ def format_status(status: dict[str, Any]) -> str:
         ("node", f"{status.get('node_id')} of fleet {status.get('fleet')}, port {status.get('port')}"),
         ("model", f"{status.get('model')}, tier {status.get('tier')} (density {status.get('density')})"),
         ("rounds", f"{'-' if done is None else rounds_done_text(done, status.get('rounds_planned'))}, phase {phase}"),
-        ("accuracy", "-" if acc is None else f"{100 * acc:.1f}% after local training (last round)"),
+        (
+            str(status.get("metric") or "accuracy"),
+            "-" if acc is None else f"{format_record_metric(status, 'acc_after')} after local training (last round)",
+        ),
         ("peers known", ", ".join(status.get("peers_known") or []) or "none"),
         ("bytes in", f"{status.get('bytes_in_total', 0) / 1e6:.2f} MB this run"),
         ("energy", f"{status.get('energy_j_this_run', 0):.4g} J this run ({status.get('energy_label') or '-'})"),

@@ -30,8 +30,9 @@ AUGMENT_SAMPLES = 1024
 
 @dataclass(frozen=True, eq=False)
 class ImagePool:
-    """A data set's samples and labels (int64) on one device: uint8 NCHW images with their normalisation, or
-    float32 samples of any shape (empty ``mean``/``std``)."""
+    """A data set's samples and targets on one device: uint8 NCHW images with their normalisation, or
+    float32 samples of any shape (empty ``mean``/``std``); int64 class labels, or a task's float32 [N, K]
+    targets (regression, multi-label)."""
 
     train_x: torch.Tensor
     train_y: torch.Tensor
@@ -43,12 +44,14 @@ class ImagePool:
 
     @classmethod
     def from_dataset(cls, dataset: Dataset, device: torch.device | str = "cpu") -> ImagePool:
-        """Move ``dataset``'s arrays to ``device`` once."""
+        """Move ``dataset``'s arrays to ``device`` once (its targets where the task has its own, else labels)."""
+        train_y = dataset.train_y if dataset.train_t is None else dataset.train_t
+        test_y = dataset.test_y if dataset.test_t is None else dataset.test_t
         return cls(
             torch.as_tensor(dataset.train_x).to(device),
-            torch.as_tensor(dataset.train_y).to(device),
+            torch.as_tensor(train_y).to(device),
             torch.as_tensor(dataset.test_x).to(device),
-            torch.as_tensor(dataset.test_y).to(device),
+            torch.as_tensor(test_y).to(device),
             dataset.mean,
             dataset.std,
             dataset.num_classes,

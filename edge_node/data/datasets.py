@@ -49,6 +49,10 @@ class Dataset:
     class_names: tuple[str, ...]
     mean: tuple[float, ...]  # images: per channel, in [0, 1] units, of the training images; else ()
     std: tuple[float, ...]
+    # A task whose targets are not the labels (regression, multi-label: edge_node.algorithm.tasks): float32
+    # [N, K] targets; the int64 labels above are then the partitions' keys (quantile bins, label sets).
+    train_t: np.ndarray | None = None
+    test_t: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         image = self.train_x.dtype == np.uint8
@@ -63,11 +67,22 @@ class Dataset:
                 raise DataError(f"{self.name} {split} labels outside 0..{self.num_classes - 1}")
         if self.train_x.shape[1:] != self.test_x.shape[1:]:
             raise DataError(f"{self.name}: train samples {self.train_x.shape[1:]} vs test {self.test_x.shape[1:]}")
+        if (self.train_t is None) != (self.test_t is None):
+            raise DataError(f"{self.name}: targets for one split only")
+        for split, t, x in (("train", self.train_t, self.train_x), ("test", self.test_t, self.test_x)):
+            if t is not None and (t.dtype != np.float32 or t.ndim != 2 or t.shape[0] != x.shape[0]):
+                wanted = f"float32 [{x.shape[0]}, K]"
+                raise DataError(f"{self.name} {split} targets must be {wanted}, got {t.dtype} {t.shape}")
         if len(self.class_names) != self.num_classes:
             raise DataError(f"{self.name}: {len(self.class_names)} class names for {self.num_classes} classes")
         channels = 3 if image else 0
         if len(self.mean) != channels or len(self.std) != channels:
             raise DataError(f"{self.name}: mean and std need {channels} values (one per image channel)")
+
+    @property
+    def num_outputs(self) -> int:
+        """The model's output width: the class count, or the targets' width."""
+        return self.num_classes if self.train_t is None else int(self.train_t.shape[1])
 
     @property
     def is_image(self) -> bool:
@@ -242,8 +257,9 @@ def _with_stats(arrays: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_dataset(
-    name: str, data_dir: Path | None = None, *, cache_dir: Path | None = None, download: bool = False
-) -> Dataset:
+    name: str, data_dir: Path | None = None, *, cache_dir: Path | None = None, download: bool = False,
+    task: str = "classification",
+) -> Dataset:  # fmt: skip
     """Load a data set by name (one of :data:`DATASET_NAMES`).
 
     Args:
@@ -253,6 +269,8 @@ def load_dataset(
             ``$EDGE_NODE_DATA_DIR`` or ``~/.cache/edge-node/datasets``.
         cache_dir: where decoded arrays are cached; default ``$EDGE_NODE_CACHE`` or ``~/.cache/edge-node``.
         download: fetch the authors' CIFAR tarball into ``data_dir`` when no data is found there.
+        task: how a data factory's labels are read (edge_node.algorithm.tasks); the built-in sets are
+            classification only.
 
     Raises:
         DataError: the data is absent (the message says where it looked and how to provide it),
@@ -261,7 +279,9 @@ def load_dataset(
     if is_factory_path(name):
         from edge_node.data.factory import load_factory_dataset  # imports torch: only for a factory
 
-        return load_factory_dataset(name)
+        return load_factory_dataset(name, task)
+    if task != "classification":
+        raise DataError(f"data set {name!r} holds classes; --task {task} needs a data factory (docs/PLUGINS.md)")
     if name not in DATASET_NAMES:
         raise DataError(
             f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)} or a factory package.module:function"

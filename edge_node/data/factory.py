@@ -2,8 +2,10 @@
 
 The factory takes no arguments and returns ``(train, test)``, each a sequence (or iterable) of
 ``(sample, label)`` pairs: a sample is a tensor (or array) of one fixed shape, a label an integer class
-in ``0..C-1``. A ``torch.utils.data.Dataset`` or a list of pairs both qualify. The class count ``C`` is
-the largest label plus one; every sample is converted once into one array, so the rest of edge-node
+in ``0..C-1`` (a Python int, a numpy integer or a 0-dim integer tensor, as ``TensorDataset`` gives), or
+what another task reads (a float target, a 0/1 vector: edge_node.algorithm.tasks). A
+``torch.utils.data.Dataset`` or a list of pairs both qualify. The class count ``C`` is the largest label
+plus one; every sample is converted once into one array, so the rest of edge-node
 (partitions, batches, capacity probe) treats it like a built-in data set.
 
 Samples that are uint8 ``(3, H, W)`` are images: they get the CIFAR augmentation (random crop, flip) and
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from edge_node.algorithm.tasks import resolve_task
 from edge_node.data.datasets import Dataset, channel_stats
 from edge_node.errors import DataError
 from edge_node.plugins import load_factory, one_line
@@ -29,10 +32,20 @@ _LOG = logging.getLogger(__name__)
 MAX_SAMPLES = 10_000_000  # a split larger than this is not a device's data set (memory: it is stacked once)
 
 
+def _label_array(label: Any) -> np.ndarray:
+    """A label as a numpy value: a Python or numpy number, a 0-dim or 1-D tensor (``TensorDataset``), a list."""
+    if isinstance(label, torch.Tensor):
+        return label.detach().cpu().numpy()
+    return np.asarray(label)
+
+
 def _stack(path: str, split: str, pairs: Iterable[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """(samples, labels) arrays of one split; DataError names the first bad pair."""
+    """(samples, raw labels) arrays of one split; DataError names the first bad pair.
+
+    The labels keep their own dtype and shape (``[N]`` or ``[N, K]``): the task reads them.
+    """
     xs: list[np.ndarray] = []
-    ys: list[int] = []
+    ys: list[np.ndarray] = []
     try:
         for i, pair in enumerate(pairs):
             if i >= MAX_SAMPLES:
@@ -47,31 +60,36 @@ def _stack(path: str, split: str, pairs: Iterable[Any]) -> tuple[np.ndarray, np.
                 raise DataError(f"data factory {path}: {split} sample {i} is a scalar; a sample needs a shape")
             if x.dtype.kind not in "fiub":
                 raise DataError(f"data factory {path}: {split} sample {i} is {x.dtype}, not numbers")
-            label_value = label.item() if isinstance(label, (torch.Tensor, np.ndarray)) and label.size == 1 else label
-            if isinstance(label_value, bool) or not isinstance(label_value, (int, np.integer)) or label_value < 0:
-                raise DataError(f"data factory {path}: {split} label {i} is {label!r}, not a class number >= 0")
+            y = _label_array(label)
+            if y.dtype.kind not in "biuf" or y.ndim > 1:
+                raise DataError(f"data factory {path}: {split} label {i} is {label!r}, not a number or a 1-D vector")
+            if ys and y.shape != ys[0].shape:
+                raise DataError(f"data factory {path}: {split} label {i} has shape {y.shape}, label 0 {ys[0].shape}")
             xs.append(x)
-            ys.append(int(label_value))
+            ys.append(y)
     except DataError:
         raise
     except Exception as exc:  # the user's iterable raised while producing samples
         raise DataError(f"data factory {path}: reading its {split} set raised {one_line(exc)}") from None
     if not xs:
         raise DataError(f"data factory {path}: its {split} set is empty")
-    return np.stack(xs), np.asarray(ys, dtype=np.int64)
+    return np.stack(xs), np.stack(ys)
 
 
 def _is_image(x: np.ndarray) -> bool:
     return x.dtype == np.uint8 and x.ndim == 4 and x.shape[1] == 3
 
 
-def load_factory_dataset(path: str) -> Dataset:
+def load_factory_dataset(path: str, task: str = "classification") -> Dataset:
     """Call the data factory ``path`` and turn its ``(train, test)`` into a :class:`Dataset`.
+
+    ``task`` (edge_node.algorithm.tasks) reads the labels: integer classes, float targets, 0/1 vectors.
 
     Raises:
         DataError: one line for a factory that cannot be found, raises, or returns anything but two
-            non-empty splits of same-shaped numeric samples with integer labels (at least 2 classes).
+            non-empty splits of same-shaped numeric samples with labels the task accepts.
     """
+    reader = resolve_task(task)
     factory = load_factory(path, "data factory", DataError)
     try:
         splits = factory()
@@ -79,13 +97,11 @@ def load_factory_dataset(path: str) -> Dataset:
         raise DataError(f"data factory {path} raised {one_line(exc)}") from None
     if not isinstance(splits, (tuple, list)) or len(splits) != 2:
         raise DataError(f"data factory {path} must return (train, test), got a {type(splits).__name__}")
-    train_x, train_y = _stack(path, "train", splits[0])
-    test_x, test_y = _stack(path, "test", splits[1])
+    train_x, train_raw = _stack(path, "train", splits[0])
+    test_x, test_raw = _stack(path, "test", splits[1])
     if train_x.shape[1:] != test_x.shape[1:]:
         raise DataError(f"data factory {path}: train samples {train_x.shape[1:]} but test {test_x.shape[1:]}")
-    num_classes = int(max(train_y.max(), test_y.max())) + 1
-    if num_classes < 2:
-        raise DataError(f"data factory {path}: labels name {num_classes} class; at least 2 are needed")
+    labels = reader.labels(train_raw, test_raw, f"data factory {path}")
     if _is_image(train_x) and _is_image(test_x):
         mean, std = channel_stats(train_x)
         stats: tuple[tuple[float, ...], tuple[float, ...]] = (mean, std)
@@ -95,16 +111,18 @@ def load_factory_dataset(path: str) -> Dataset:
             raise DataError(f"data factory {path}: samples hold NaN or infinite values")
         stats = ((), ())
     kind = "images" if stats[0] else "float32 samples"
-    _LOG.info("data factory %s: %d train / %d test %s of shape %s, %d classes", path, len(train_y), len(test_y),
-              kind, train_x.shape[1:], num_classes)  # fmt: skip
+    _LOG.info("data factory %s: %d train / %d test %s of shape %s, %s: %d outputs", path, len(train_raw),
+              len(test_raw), kind, train_x.shape[1:], reader.name, labels.num_outputs)  # fmt: skip
     return Dataset(
         name=path,
         train_x=np.ascontiguousarray(train_x),
-        train_y=train_y,
+        train_y=labels.train_keys,
         test_x=np.ascontiguousarray(test_x),
-        test_y=test_y,
-        num_classes=num_classes,
-        class_names=tuple(str(c) for c in range(num_classes)),
+        test_y=labels.test_keys,
+        num_classes=labels.num_keys,
+        class_names=labels.key_names,
         mean=stats[0],
         std=stats[1],
+        train_t=labels.train_targets,
+        test_t=labels.test_targets,
     )

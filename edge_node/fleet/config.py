@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_node.algorithm.tasks import check_task_name
 from edge_node.errors import ConfigError
+from edge_node.task_names import check_task_name
 
 if TYPE_CHECKING:
     from edge_node.fleet.devices import DeviceProfile

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
+from edge_node.task_names import format_metric, format_record_metric, metric_label
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -26,6 +28,7 @@ class NodeView:
     phase: str = "starting"
     acc_before: float | None = None
     acc_after: float | None = None
+    metric_is_fraction: bool = True  # the task's headline metric is shown as a percentage (accuracy, F1)
     peers_answered: list[str] = field(default_factory=list)
     refused: int = 0
     bytes_in: int = 0
@@ -37,14 +40,15 @@ class NodeView:
             return
         self.rounds_done = int(record["round"]) + 1
         self.acc_before, self.acc_after = record.get("acc_before"), record.get("acc_after")
+        self.metric_is_fraction = bool(record.get("metric_is_fraction", True))
         self.peers_answered = list(record.get("peers_answered", []))
         self.refused += sum(int(v) for v in (record.get("refusals") or {}).values())
         self.bytes_in += int(record.get("bytes_in", 0))
         self.bytes_out += int(record.get("bytes_out", 0))
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
+def _pct(value: float | None, fraction: bool = True) -> str:
+    return "-" if value is None else format_metric(value, fraction=fraction)
 
 
 def round_line(node: NodeView, record: dict[str, Any]) -> str:
@@ -56,8 +60,9 @@ def round_line(node: NodeView, record: dict[str, Any]) -> str:
     refused = f", refused {', '.join(f'{k} {v}' for k, v in refusals.items())}" if refusals else ""
     seconds = sum((record.get("seconds") or {}).values())
     return (
-        f"{node.node_id} round {record['round'] + 1}{total}: acc {_pct(record.get('acc_before'))} -> "
-        f"{_pct(record.get('acc_after'))}, peers {','.join(record.get('peers_answered', [])) or 'none'}{refused}, "
+        f"{node.node_id} round {record['round'] + 1}{total}: {metric_label(record)} "
+        f"{format_record_metric(record, 'acc_before')} -> {format_record_metric(record, 'acc_after')}, "
+        f"peers {','.join(record.get('peers_answered', [])) or 'none'}{refused}, "
         f"in {record.get('bytes_in', 0) / 1e6:.2f} MB, out {record.get('bytes_out', 0) / 1e6:.2f} MB, {seconds:.1f} s"
     )
 
@@ -115,7 +120,8 @@ class LiveTable:
         for n in nodes:
             total = f"/{n.rounds_total}" if n.rounds_total else ""
             table.add_row(
-                n.node_id, f"{n.rounds_done}{total}", n.phase, _pct(n.acc_before), _pct(n.acc_after),
+                n.node_id, f"{n.rounds_done}{total}", n.phase, _pct(n.acc_before, n.metric_is_fraction),
+                _pct(n.acc_after, n.metric_is_fraction),
                 str(len(n.peers_answered)), str(n.refused), f"{n.bytes_in / 1e6:.1f}", f"{n.bytes_out / 1e6:.1f}",
                 n.state,
             )  # fmt: skip

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from edge_node.errors import CheckpointError, ConfigError
-from edge_node.fleet.summary import SUMMARY_JSON, fleet_rounds, node_summary, plot_panels
+from edge_node.fleet.summary import SUMMARY_JSON, fleet_rounds, metric_of, node_summary, plot_panels
 from edge_node.node.state import CHECKPOINT_FILE, NODE_CONFIG_FILE
 from edge_node.node.status import STATUS_FILE, rounds_done_text
 from edge_node.sim.report import ROUNDS_LOG, read_rounds
 from edge_node.storage import atomic_write_text
+from edge_node.task_names import format_metric
 from edge_node.tomlconf import read_toml
 
 SIM_CONFIG = "config.json"  # = edge_node.sim.checkpoint's run config (a simulation's output directory)
@@ -131,14 +132,15 @@ def build_report(title: str, info: dict[str, Any], nodes: list[NodeRun]) -> dict
     return {
         "title": title,
         "fleet": info,
+        **metric_of(per_node),
         "nodes": rows,
         "rounds": fleet_rounds(per_node),
         "stopped_early": [r["node_id"] for r in early],
     }
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
+def _pct(value: float | None, fraction: bool = True) -> str:
+    return "-" if value is None else format_metric(value, fraction=fraction)
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -148,33 +150,35 @@ def _counts(counts: dict[str, int]) -> str:
 def format_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: what stopped early first, then a row per node and the fleet's rounds."""
     nodes = report["nodes"]
+    metric, fraction = report.get("metric", "accuracy"), bool(report.get("metric_is_fraction", True))
     lines = [f"# Run report: {report['title']} ({len(nodes)} node{'' if len(nodes) == 1 else 's'})", ""]
     if report["stopped_early"]:
         lines += [
-            "**Stopped early** (accuracies are the last recorded, not final): "
+            f"**Stopped early** ({metric} values are the last recorded, not final): "
             + "; ".join(f"{n['node_id']} {n['completeness'].split(':')[0]}" for n in nodes if not n["complete"]
                         and n["rounds_planned"] is not None) + ".",
             "",
         ]  # fmt: skip
     lines += [
-        "| node | tier | rounds | accuracy first -> last | bytes in (MB) | bytes out (MB) | peers refused | "
+        f"| node | tier | rounds | {metric} first -> last | bytes in (MB) | bytes out (MB) | peers refused | "
         "server refusals | discovery refusals | energy (J) |",
         "|---|---|---|---|---:|---:|---|---|---|---:|",
     ]
     for n in nodes:
         energy = f"{n['energy_j']:.1f} ({n['energy_label']})" if n["energy_label"] else "-"
         lines.append(
-            f"| {n['node_id']} | {', '.join(n['tiers']) or '-'} | {n['completeness']} | {_pct(n['acc_first'])} -> "
-            f"{_pct(n['acc_final'])} | {n['bytes_in'] / 1e6:.2f} | {n['bytes_out'] / 1e6:.2f} | "
+            f"| {n['node_id']} | {', '.join(n['tiers']) or '-'} | {n['completeness']} | "
+            f"{_pct(n['acc_first'], fraction)} -> {_pct(n['acc_final'], fraction)} | {n['bytes_in'] / 1e6:.2f} | "
+            f"{n['bytes_out'] / 1e6:.2f} | "
             f"{_counts(n['peers_refused'])} | {_counts(n['server_refusals'])} | {_counts(n['discovery_refusals'])} | "
             f"{energy} |"
         )
     per_round = ", ".join(
-        f"{r['round'] + 1}: {_pct(r['acc_after_mean'])} ({r['nodes']} node{'' if r['nodes'] == 1 else 's'})"
+        f"{r['round'] + 1}: {_pct(r['acc_after_mean'], fraction)} ({r['nodes']} node{'' if r['nodes'] == 1 else 's'})"
         for r in report["rounds"]
     )
     if per_round:
-        lines += ["", f"Mean accuracy after local training, per round: {per_round}."]
+        lines += ["", f"Mean {metric} after local training, per round: {per_round}."]
     lines += [
         "",
         "Rounds count from 1 (a record's `round` is the 0-based index). Bytes are the encoded streams (bitmap + "

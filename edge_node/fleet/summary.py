@@ -14,6 +14,7 @@ from typing import Any
 
 from edge_node.fleet.daemons import exit_description
 from edge_node.storage import atomic_write_text
+from edge_node.task_names import format_metric
 
 SUMMARY_JSON = "fleet-summary.json"
 SUMMARY_MD = "fleet-summary.md"
@@ -89,10 +90,12 @@ def summarize(
         if devices and n["node_id"] in devices:
             n["device"] = devices[n["node_id"]]
     busiest = max(nodes, key=lambda n: n["bytes_in"] + n["bytes_out"], default=None)
+    metric = metric_of(per_node)
     finals = [n["acc_final"] for n in nodes if n["acc_final"] is not None]
     firsts = [n["acc_first"] for n in nodes if n["acc_first"] is not None]
     return {
         "fleet": fleet,
+        **metric,
         "nodes": nodes,
         "rounds": fleet_rounds(per_node),
         "acc_first_mean": sum(firsts) / len(firsts) if firsts else None,
@@ -105,8 +108,19 @@ def summarize(
     }
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"
+def metric_of(per_node: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The task and headline metric the nodes' records name (records older than tasks: accuracy)."""
+    first = next((r for records in per_node.values() for r in records if "metric" in r), {})
+    return {
+        "task": first.get("task", "classification"),
+        "metric": first.get("metric", "accuracy"),
+        "metric_higher_is_better": first.get("metric_higher_is_better", True),
+        "metric_is_fraction": first.get("metric_is_fraction", True),
+    }
+
+
+def _pct(value: float | None, fraction: bool = True) -> str:
+    return "-" if value is None or not math.isfinite(value) else format_metric(value, fraction=fraction)
 
 
 def _mb(value: int) -> str:
@@ -116,10 +130,14 @@ def _mb(value: int) -> str:
 def format_markdown(summary: dict[str, Any]) -> str:
     """The summary as a Markdown table per node plus the fleet's lines."""
     fleet = summary["fleet"]
+    metric = summary.get("metric", "accuracy")
+    fraction = summary.get("metric_is_fraction", True)
+    better = "" if metric == "accuracy" else (", higher is better" if summary.get("metric_higher_is_better", True)
+                                              else ", lower is better")  # fmt: skip
     lines = [
         f"# Loopback fleet: {fleet['nodes']} nodes, {fleet['model']} on {fleet['dataset']} ({fleet['partition']})",
         "",
-        "| node | rounds | accuracy first -> final | bytes in (MB) | bytes out (MB) | peers answered | "
+        f"| node | rounds | {metric} first -> final | bytes in (MB) | bytes out (MB) | peers answered | "
         "peers refused | energy (J) |",
         "|---|---:|---|---:|---:|---|---|---:|",
     ]
@@ -133,16 +151,17 @@ def format_markdown(summary: dict[str, Any]) -> str:
             extra.append(exit_description(n["exit_code"], short=True))
         name = n["node_id"] + (f" ({', '.join(extra)})" if extra else "")
         lines.append(
-            f"| {name} | {n['rounds']} | {_pct(n['acc_first'])} -> {_pct(n['acc_final'])} | {_mb(n['bytes_in'])} | "
+            f"| {name} | {n['rounds']} | {_pct(n['acc_first'], fraction)} -> {_pct(n['acc_final'], fraction)} | "
+            f"{_mb(n['bytes_in'])} | "
             f"{_mb(n['bytes_out'])} | {', '.join(n['peers_answered']) or 'none'} | {refused} | {energy} |"
         )
     lines += device_table(summary["nodes"])
     lines.append("")
     lines.append(
-        f"Fleet mean accuracy (after local training): first round {_pct(summary['acc_first_mean'])}, "
-        f"final {_pct(summary['acc_final_mean'])}."
+        f"Fleet mean {metric} (after local training{better}): first round "
+        f"{_pct(summary['acc_first_mean'], fraction)}, final {_pct(summary['acc_final_mean'], fraction)}."
     )
-    per_round = ", ".join(f"{r['round'] + 1}: {_pct(r['acc_after_mean'])}" for r in summary["rounds"])
+    per_round = ", ".join(f"{r['round'] + 1}: {_pct(r['acc_after_mean'], fraction)}" for r in summary["rounds"])
     if per_round:
         lines.append(f"Per round (mean over the nodes that recorded it): {per_round}.")
     if summary["busiest_node"]:
@@ -213,15 +232,24 @@ def plot_panels(axes: list[Any], per_node: dict[str, list[dict[str, Any]]], roun
             ax.legend(fontsize=7, ncol=2)
     if axes and rounds and len(per_node) > 1:
         first = axes[0]
-        first.plot([r["round"] + 1 for r in rounds], [100 * r["acc_after_mean"] for r in rounds], color="black",
+        scale = 100 if metric_of(per_node)["metric_is_fraction"] else 1
+        first.plot([r["round"] + 1 for r in rounds], [scale * r["acc_after_mean"] for r in rounds], color="black",
                    lw=2.5, label="fleet mean")  # fmt: skip
         first.legend(fontsize=7, ncol=2)
 
 
+def _metric_scale(done: list[dict[str, Any]]) -> tuple[float, str, str]:
+    """(scale, axis unit, metric name) of the records' headline metric: (100, " (%)", "accuracy") for accuracy."""
+    metric = str(done[0].get("metric", "accuracy")).replace("_", " ")
+    fraction = done[0].get("metric_is_fraction", True)
+    return (100.0, " (%)", metric) if fraction else (1.0, "", metric)
+
+
 def _accuracy_panel(ax: Any, node_id: str, done: list[dict[str, Any]], color: str) -> None:
-    ax.plot([r["round"] + 1 for r in done], [100 * r["acc_after"] for r in done], alpha=0.6, lw=1, marker=".",
+    scale, unit, metric = _metric_scale(done)
+    ax.plot([r["round"] + 1 for r in done], [scale * r["acc_after"] for r in done], alpha=0.6, lw=1, marker=".",
             color=color, label=node_id)  # fmt: skip
-    ax.set(xlabel="round", ylabel="test accuracy after local training (%)", title="accuracy per node")
+    ax.set(xlabel="round", ylabel=f"test {metric} after local training{unit}", title=f"{metric} per node")
 
 
 def _bytes_panel(ax: Any, node_id: str, done: list[dict[str, Any]], color: str) -> None:
@@ -233,10 +261,11 @@ def _bytes_panel(ax: Any, node_id: str, done: list[dict[str, Any]], color: str) 
 
 def _time_panel(ax: Any, node_id: str, done: list[dict[str, Any]], color: str) -> None:
     start = done[0]["time_unix"] - sum(float(v) for v in (done[0].get("seconds") or {}).values())
-    ax.plot([(r["time_unix"] - start) / 60 for r in done], [100 * r["acc_after"] for r in done], marker=".",
+    scale, unit, metric = _metric_scale(done)
+    ax.plot([(r["time_unix"] - start) / 60 for r in done], [scale * r["acc_after"] for r in done], marker=".",
             color=color, label=node_id)  # fmt: skip
-    ax.set(xlabel="minutes since the node's first recorded round began", ylabel="accuracy (%)",
-           title="accuracy over wall time")  # fmt: skip
+    ax.set(xlabel="minutes since the node's first recorded round began", ylabel=f"{metric}{unit}",
+           title=f"{metric} over wall time")  # fmt: skip
 
 
 def _energy_panel(ax: Any, node_id: str, done: list[dict[str, Any]], color: str) -> None:

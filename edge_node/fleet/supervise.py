@@ -23,6 +23,7 @@ from edge_node.fleet.daemons import DaemonProcess, exit_description
 from edge_node.fleet.fleet import METRICS_TARGETS, Event, Fleet
 from edge_node.fleet.progress import NodeView
 from edge_node.fleet.summary import summarize, write_summary
+from edge_node.task_names import format_metric
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -232,9 +233,11 @@ def _fleet_round_lines(views: dict[str, NodeView], fleet: Fleet, announced: int,
             before = sum(r["acc_before"] for r in rs) / len(rs)
             after = sum(r["acc_after"] for r in rs) / len(rs)
             total = f"/{fleet.config.rounds}" if fleet.config.rounds else ""
+            metric = str(rs[0].get("metric") or "accuracy")
+            fraction = bool(rs[0].get("metric_is_fraction", True))
             display.event(
-                f"fleet round {t + 1}{total}: mean accuracy {100 * after:.1f}% after local training "
-                f"({100 * before:.1f}% before), {len(rs)} of {len(views)} nodes"
+                f"fleet round {t + 1}{total}: mean {metric} {format_metric(after, fraction=fraction)} after local "
+                f"training ({format_metric(before, fraction=fraction)} before), {len(rs)} of {len(views)} nodes"
             )
         announced += 1
     return announced

@@ -24,6 +24,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge_node.errors import ConfigError
+from edge_node.task_names import FRACTION_METRICS, format_metric
 
 DEFAULT_METRICS_PORT = 9478
 SCRAPE_TIMEOUT_S = 3.0
@@ -43,7 +44,8 @@ class NodeRow:
     tier: float | None = None
     rounds_done: int | None = None
     phase: str | None = None
-    acc_after: float | None = None
+    acc_after: float | None = None  # the task's headline metric after local training (accuracy, mae, ...)
+    metric: str = "accuracy"
     last_round_unix: float | None = None
     refusals: int | None = None
     healthy: bool | None = None
@@ -154,6 +156,9 @@ def parse_metrics(endpoint: str, text: str, now: float) -> NodeRow:
                 phase = sample.labels.get("phase")
             elif sample.name == "edge_node_accuracy_ratio":
                 values[f"accuracy_{sample.labels.get('stage')}"] = sample.value
+            elif sample.name == "edge_node_task_metric" and sample.labels.get("stage") == "after_training":
+                values["metric_after_training"] = sample.value
+                labels["metric_after_training"] = dict(sample.labels)
             else:
                 values[sample.name] = sample.value
                 labels[sample.name] = dict(sample.labels)
@@ -167,11 +172,13 @@ def parse_metrics(endpoint: str, text: str, now: float) -> NodeRow:
     rounds = number("edge_node_rounds_done")
     last = number("edge_node_last_round_timestamp_seconds")
     healthy = number("edge_node_healthy")
+    metric = labels.get("metric_after_training", {}).get("metric", "accuracy")
+    after = number("metric_after_training") if "metric_after_training" in values else number("accuracy_after_training")
     return NodeRow(
         endpoint=endpoint, node_id=labels["edge_node_build_info"].get("node_id"),
         fleet=labels["edge_node_build_info"].get("fleet"),
         tier=number("edge_node_tier_density_ratio"), rounds_done=None if rounds is None else int(rounds), phase=phase,
-        acc_after=number("accuracy_after_training"), last_round_unix=last if last else None, refusals=int(refusals),
+        acc_after=after, metric=metric, last_round_unix=last if last else None, refusals=int(refusals),
         healthy=None if healthy is None else healthy == 1, read_unix=now,
     )  # fmt: skip
 
@@ -186,7 +193,16 @@ def read_fleet(endpoints: Iterable[str], tls: Tls | None = None) -> list[NodeRow
     return sorted(rows, key=lambda r: (r.node_id is None, r.node_id or "", r.endpoint))
 
 
-COLUMNS = ("ID", "HOST", "TIER", "ROUND", "PHASE", "ACCURACY", "LAST ROUND", "REFUSALS")
+COLUMNS = ("ID", "HOST", "TIER", "ROUND", "PHASE", "METRIC", "LAST ROUND", "REFUSALS")
+
+
+def _metric_cell(row: NodeRow) -> str:
+    """``61.4%`` for accuracy (after local training); another task's metric by name: ``mae 54.07``."""
+    if row.acc_after is None:
+        return "-"
+    if row.metric == "accuracy":
+        return f"{100 * row.acc_after:.1f}%"
+    return f"{row.metric} {format_metric(row.acc_after, fraction=row.metric in FRACTION_METRICS)}"
 
 
 def row_cells(row: NodeRow, now: float) -> tuple[str, ...]:
@@ -198,7 +214,7 @@ def row_cells(row: NodeRow, now: float) -> tuple[str, ...]:
     return (
         row.node_id or "?", row.endpoint, "-" if row.tier is None else f"{row.tier:g}",
         "-" if row.rounds_done is None else f"{row.rounds_done} done", phase,
-        "-" if row.acc_after is None else f"{100 * row.acc_after:.1f}%", ago, str(row.refusals),
+        _metric_cell(row), ago, str(row.refusals),
     )  # fmt: skip
 
 

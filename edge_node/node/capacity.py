@@ -64,6 +64,8 @@ from edge_node.algorithm import (
     train_masked,
 )
 from edge_node.algorithm.dp import DPConfig
+from edge_node.algorithm.norm_stats import batch_normalised
+from edge_node.algorithm.tasks import CLASSIFICATION, Task, resolve_task
 from edge_node.data.batches import ClientData
 from edge_node.errors import ConfigError
 from edge_node.models import build_model
@@ -209,6 +211,7 @@ def probe(
     dp: DPConfig | None = None,
     generator: torch.Generator | None = None,
     check_stop: Callable[[], None] | None = None,
+    task: Task = CLASSIFICATION,
 ) -> Measurements:
     """Measure training throughput (real steps of ``model`` on ``data``), memory, CPUs, accelerator, link.
 
@@ -224,7 +227,7 @@ def probe(
     check = check_stop or (lambda: None)
     generator = generator or torch.Generator().manual_seed(0)
     masks = {name: torch.ones_like(w, dtype=torch.bool) for name, w in read_weights(model).items()}
-    sgd = SGDConfig(lr=1e-3, micro_batch=micro_batch, dp=dp)  # steps as the node's training takes them
+    sgd = SGDConfig(lr=1e-3, micro_batch=micro_batch, dp=dp, task=task)  # steps as the node's training takes them
     device = next(model.parameters()).device
     noise = torch.Generator(device=device).manual_seed(0) if dp is not None else None  # only timed, never published
 
@@ -238,6 +241,7 @@ def probe(
     rss_before = _rss()
     stream = iter(data.train_batches(10**6, generator, batch_size))
     x, y = next(stream)
+    least = 2 if batch_normalised(model) else 1  # BatchNorm cannot normalise one sample (training never does)
     warm = min(WARMUP_SAMPLES, int(y.shape[0]))
     check()
     step(x[:warm], y[:warm])  # first call: allocator, kernels, lazy initialisation
@@ -248,7 +252,7 @@ def probe(
     # an over-estimate). A batch whose step would not fit in the window is cut to fit in half of it.
     full = min(batch_size, int(y.shape[0]))
     estimate = warm_step_s * full / warm
-    step_samples = full if estimate <= probe_s else max(1, min(full, int(full * probe_s / (2 * estimate))))
+    step_samples = full if estimate <= probe_s else max(least, min(full, int(full * probe_s / (2 * estimate))))
     last = estimate * step_samples / full
     steps = samples = 0
     started = time.perf_counter()
@@ -432,9 +436,10 @@ def measure(
     input_shape = local.data.pool.input_shape
     scratch = build_model(config.model, local.num_classes, seed=config.seed, input_shape=input_shape).to(device)
     measured = probe(
-        scratch, local.data, config.batch_size, interfaces=config.interfaces, micro_batch=config.micro_batch,
+        scratch, local.data, config.batch_size, interfaces=config.interfaces,
+        micro_batch=0 if batch_normalised(scratch) else config.micro_batch,  # a BatchNorm model: whole batches
         dp=_timing_dp(config), generator=torch.Generator().manual_seed(config.seed),
-        check_stop=check_stop,
+        check_stop=check_stop, task=resolve_task(config.task),
     )  # fmt: skip
     decision = choose_tier(
         measured, spec, epochs=config.epochs, samples=local.data.num_train, neighbours=config.neighbours,

@@ -20,7 +20,6 @@ from edge_node.algorithm.dispfl import DisPFLParams
 from edge_node.algorithm.dp import DPConfig, check_budget
 from edge_node.algorithm.heterogeneous import TIER_DENSITIES
 from edge_node.algorithm.norm_stats import DEFAULT_NORM_STATS, NORM_STATS
-from edge_node.algorithm.tasks import check_task_name
 from edge_node.data import check_dataset_name, parse_partition
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
@@ -28,6 +27,7 @@ from edge_node.models import check_model_name
 from edge_node.net.discovery.static import parse_peers
 from edge_node.net.server import ServerLimits
 from edge_node.protocol import NODE_ID_PATTERN, check_fleet_id, is_valid_node_id
+from edge_node.task_names import check_task_name
 
 DEFAULT_CONFIG_FILE = Path("/etc/edge-node/config.toml")
 DEFAULT_STATE_DIR = Path("/var/lib/edge-node")

@@ -55,7 +55,7 @@ from edge_node import __version__
 from edge_node.algorithm import read_weights, tier_name
 from edge_node.algorithm.dispfl import ClientRound, DisPFLParams, RoundHooks, client_round, published, start
 from edge_node.algorithm.norm_stats import batch_normalised
-from edge_node.algorithm.tasks import format_metric, metric_fields, metrics_mean, score
+from edge_node.algorithm.tasks import metric_fields, metrics_mean, score
 from edge_node.algorithm.training import Batch
 from edge_node.energy import EnergyAccountant, open_meter
 from edge_node.errors import ConfigError, ListenError, TlsError, TrainingDiverged
@@ -87,6 +87,7 @@ from edge_node.node.state import (
 from edge_node.node.status import StatusServer, round_label, rounds_done_text, write_status_file
 from edge_node.seeding import Stream, numpy_generator
 from edge_node.storage import append_line, truncate_jsonl
+from edge_node.task_names import format_metric
 from edge_node.wire import DecodedModel, ValueType, compile_decoder
 
 _LOGGER = logging.getLogger(__name__)

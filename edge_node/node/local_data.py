@@ -26,7 +26,7 @@ _LOGGER = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class LocalData:
     data: ClientData  # this node's samples only
-    num_classes: int  # the fleet's class count (the model's output size)
+    num_classes: int  # the model's output size: the fleet's class count, or a task's target width
     description: str  # one line for the log and status
 
 
@@ -65,10 +65,10 @@ def load_local_data(config: NodeConfig, client_index: int, device: torch.device)
         data = ClientData.from_indices(pool, np.arange(len(train_y)), np.arange(len(test_y)))
         where = f"{config.data} ({dataset.name})"
     else:
-        dataset = load_dataset(config.dataset, config.data_dir)
-        num_classes = config.num_classes or dataset.num_classes
-        if num_classes != dataset.num_classes:
-            raise ConfigError(f"num_classes={num_classes} but {config.dataset} has {dataset.num_classes} classes")
+        dataset = load_dataset(config.dataset, config.data_dir, task=config.task)
+        num_classes = config.num_classes or dataset.num_outputs
+        if num_classes != dataset.num_outputs:
+            raise ConfigError(f"num_classes={num_classes} but {config.dataset} has {dataset.num_outputs} outputs")
         if config.num_clients == 1:
             train_idx, test_idx = np.arange(len(dataset.train_y)), np.arange(len(dataset.test_y))
             where = f"all of {config.dataset}"
@@ -81,6 +81,7 @@ def load_local_data(config: NodeConfig, client_index: int, device: torch.device)
         data = ClientData.from_indices(ImagePool.from_dataset(dataset, device), train_idx, test_idx).compact()
     if data.num_train == 0 or data.num_test == 0:
         raise DataError(f"{where}: {data.num_train} training and {data.num_test} test samples; a node needs both")
-    description = f"{where}: {data.num_train} training / {data.num_test} test samples, {num_classes} classes"
+    outputs = f"{num_classes} classes" if config.task == "classification" else f"{config.task}, {num_classes} outputs"
+    description = f"{where}: {data.num_train} training / {data.num_test} test samples, {outputs}"
     _LOGGER.info("local data: %s", description)
     return LocalData(data, num_classes, description)

@@ -114,7 +114,12 @@ class NodeMetrics:
         )  # fmt: skip
         self.accuracy = Gauge(
             "edge_node_accuracy_ratio", "Local test accuracy in the last round, before (the aggregate) and after "
-            "local training.", ["stage"], registry=reg,
+            "local training (classification only; see edge_node_task_metric).", ["stage"], registry=reg,
+        )  # fmt: skip
+        self.task_metric = Gauge(
+            "edge_node_task_metric", "The task's headline metric on the local test set in the last round (accuracy, "
+            "mae, micro_f1, ...), before and after local training; direction says which way is better.",
+            ["stage", "metric", "direction"], registry=reg,
         )  # fmt: skip
         self.last_round = Gauge(
             "edge_node_last_round_timestamp_seconds", "Unix time the last round was recorded.", registry=reg
@@ -155,9 +160,13 @@ class NodeMetrics:
         self.round_seconds.observe(sum(float(v) for v in seconds.values()))
         for phase, value in seconds.items():
             self.phase_seconds.labels(phase=phase).observe(float(value))
+        metric = str(record.get("metric") or "accuracy")
+        direction = "higher" if record.get("metric_higher_is_better", True) else "lower"
         for stage, key in (("before_training", "acc_before"), ("after_training", "acc_after")):
             if record.get(key) is not None:
-                self.accuracy.labels(stage=stage).set(float(record[key]))
+                if metric == "accuracy":
+                    self.accuracy.labels(stage=stage).set(float(record[key]))
+                self.task_metric.labels(stage=stage, metric=metric, direction=direction).set(float(record[key]))
         self.last_round.set(float(record.get("time_unix") or 0.0))
         self.asked.inc(len(record.get("peers_asked") or []))
         self.answered.inc(len(record.get("peers_answered") or []))

@@ -14,18 +14,18 @@ from edge_node.algorithm.ditto import PERSONAL_SHARE as DITTO_PERSONAL_SHARE
 from edge_node.algorithm.dp import PRIVACY_MODES
 from edge_node.algorithm.fedp3 import AGGREGATIONS, SCHEDULES
 from edge_node.algorithm.masks import MASK_METHODS, check_density
-from edge_node.algorithm.norm_stats import DEFAULT_NORM_STATS, NORM_STATS, batch_normalised
+from edge_node.algorithm.norm_stats import DEFAULT_NORM_STATS, NORM_STATS, batch_normalised, has_running_stats
 from edge_node.algorithm.prune_regrow import REGROW_RULES
 from edge_node.algorithm.sub_fedavg import ACC_THRESHOLD as SUBFEDAVG_ACC
 from edge_node.algorithm.sub_fedavg import DIST_THRESHOLD as SUBFEDAVG_DIST
 from edge_node.algorithm.sub_fedavg import PRUNE_RATE as SUBFEDAVG_PRUNE_RATE
-from edge_node.algorithm.tasks import check_task_name
 from edge_node.algorithm.topology import TOPOLOGIES, check_topology
 from edge_node.data import PartitionSpec, check_dataset_name, parse_partition_spec
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
 from edge_node.models import check_model_name
 from edge_node.sim.methods import METHOD_SETTINGS, REGISTRY, Method, get_method, users_of
+from edge_node.task_names import check_task_name
 
 # The learning methods (edge_node.sim.methods' registry): DisPFL (+ DA-DPFL's sparse-to-sparser) and its baselines.
 METHODS = tuple(REGISTRY)
@@ -115,7 +115,8 @@ class SimConfig:
     subfedavg_dist_threshold: float = SUBFEDAVG_DIST  # sub-fedavg: prune when the candidate masks differ by more
     subfedavg_acc_threshold: float = SUBFEDAVG_ACC  # sub-fedavg: keep a prune when the pruned model's accuracy >= this
     # BatchNorm's running statistics (edge_node.algorithm.norm_stats): "local" (FedBN) keeps each client's own,
-    # never sent nor averaged. Nothing to a model without them.
+    # never sent nor averaged; "average" sends them with the weights and averages them with the neighbours'
+    # (DisPFL's methods; refused for a model without them). Nothing to a model without them.
     norm_stats: str = DEFAULT_NORM_STATS
     screen: bool = True  # DisPFL's methods: screen peers' models before aggregating, as a device does (robust.py)
     seed: int = 0
@@ -232,7 +233,16 @@ class SimConfig:
     def check_model(self, model: Any) -> None:
         """ConfigError (one line) unless this run can train ``model``'s BatchNorm layers, if it has any: a method
         that keeps each client's running statistics (``Method.keeps_norm_stats``), no DP-SGD (a per-sample
-        gradient is undefined where a sample is normalised by its batch's statistics)."""
+        gradient is undefined where a sample is normalised by its batch's statistics). ``norm_stats`` average
+        needs running statistics to average and a method that averages them (``Method.averages_norm_stats``)."""
+        if self.norm_stats == "average":
+            if not has_running_stats(model):
+                raise ConfigError(f"norm_stats average: model {self.model} has no running statistics (BatchNorm "
+                                  "buffers) to average; use norm_stats local (the default)")  # fmt: skip
+            if not self.method_spec.averages_norm_stats:
+                averaging = ", ".join(name for name, m in REGISTRY.items() if m.averages_norm_stats)
+                raise ConfigError(f"norm_stats average is not implemented for method {self.method} "
+                                  f"(only {averaging}); use norm_stats local")  # fmt: skip
         if not batch_normalised(model):
             return
         if self.privacy != "none":

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_node.errors import CheckpointError
+from edge_node.task_names import format_metric
 
 ROUNDS_LOG = "rounds.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -22,7 +23,8 @@ COMMUNICATION_PLOT = "communication.png"
 CONVENTIONS = (
     "bytes = encoded bitmap+values+headers per node per round (fp32); busiest = max over nodes of recv+sent; "
     "paper MB = 4 B per active received parameter, 1 MB = 1e6 B; FLOPs = E*n*3*F(nnz) (+B*3*F(dense) for "
-    "gradient regrowth); accuracy = unweighted mean over clients of local test accuracy"
+    "gradient regrowth); accuracy (or another task's headline metric) = unweighted mean over clients of local test "
+    "accuracy (of that metric)"
 )
 
 
@@ -72,15 +74,20 @@ def summarize(records: list[dict[str, Any]], energy: dict[str, Any] | None = Non
     last = records[-1]
     n = len(records)
     after = [r["acc_after_mean"] for r in records if r.get("acc_after_mean") is not None]
+    best = max if last.get("metric_higher_is_better", True) else min  # the task's direction (records before: max)
     return {
         "rounds": n,
         "method": last.get("method", "dispfl"),
+        "task": last.get("task", "classification"),
+        "metric": last.get("metric", "accuracy"),
+        "metric_higher_is_better": last.get("metric_higher_is_better", True),
+        "metric_is_fraction": last.get("metric_is_fraction", True),
         "acc_final": headline_accuracy(last),
         "acc_metric": last.get("acc_metric", "after local training"),
-        "acc_best": max(headline_accuracy(r) for r in records),
+        "acc_best": best(headline_accuracy(r) for r in records),
         "acc_after_final": last.get("acc_after_mean"),
         "acc_before_final": last["acc_before_mean"],
-        "acc_after_best": max(after) if after else None,
+        "acc_after_best": best(after) if after else None,
         "bytes_received_per_node_round": sum(r["bytes_received_mean"] for r in records) / n,
         "busiest_node_bytes_max": max(r["busiest_node_bytes"] for r in records),
         "busiest_node_bytes_mean": sum(r["busiest_node_bytes"] for r in records) / n,
@@ -105,16 +112,26 @@ def format_summary(summary: dict[str, Any]) -> str:
     if not summary.get("rounds"):
         return "no completed rounds"
 
-    def pct(value: float | None) -> str:
-        return "-" if value is None else f"{100 * value:.2f}%"
+    fraction = bool(summary.get("metric_is_fraction", True))
 
+    def pct(value: float | None) -> str:
+        return "-" if value is None else format_metric(value, fraction=fraction, digits=2)
+
+    metric = str(summary.get("metric", "accuracy"))
+    direction = "" if metric == "accuracy" else (" (higher is better)" if summary.get("metric_higher_is_better", True)
+                                                 else " (lower is better)")  # fmt: skip
     rows = [
         ("method", f"{summary.get('method', 'dispfl')}"),
+        *(
+            [("task", f"{summary['task']}{direction}")]
+            if summary.get("task", "classification") != "classification"
+            else []
+        ),  # fmt: skip
         ("rounds", f"{summary['rounds']}"),
-        ("accuracy (final)", f"{pct(summary.get('acc_final'))} ({summary.get('acc_metric', '')})"),
-        ("accuracy (best round)", pct(summary.get("acc_best"))),
-        ("accuracy after local training (final)", pct(summary.get("acc_after_final"))),
-        ("accuracy before local training (final)", pct(summary.get("acc_before_final"))),
+        (f"{metric} (final)", f"{pct(summary.get('acc_final'))} ({summary.get('acc_metric', '')})"),
+        (f"{metric} (best round)", pct(summary.get("acc_best"))),
+        (f"{metric} after local training (final)", pct(summary.get("acc_after_final"))),
+        (f"{metric} before local training (final)", pct(summary.get("acc_before_final"))),
         ("bytes received per node per round", f"{summary['bytes_received_per_node_round'] / 1e6:.3f} MB (encoded)"),
         ("busiest node per round (recv+sent)", f"{summary['busiest_node_bytes_max'] / 1e6:.3f} MB (encoded)"),
         ("Comm, paper convention (busiest)", f"{summary['paper_comm_mb_busiest']:.2f} MB"),
@@ -138,10 +155,11 @@ def plot_run(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     """Write ``accuracy.png`` and ``communication.png`` (against rounds); returns their paths."""
     rounds = [r["round"] + 1 for r in records]
     last = records[-1] if records else {}
+    scale = 100 if last.get("metric_is_fraction", True) else 1
     before_label = last.get("acc_before_is") or "before (aggregated)"
-    accuracy = [([100 * r["acc_before_mean"] for r in records], {"marker": ".", "label": before_label})]
+    accuracy = [([scale * r["acc_before_mean"] for r in records], {"marker": ".", "label": before_label})]
     if all(r.get("acc_after_mean") is not None for r in records):
-        after = [100 * r["acc_after_mean"] for r in records]
+        after = [scale * r["acc_after_mean"] for r in records]
         accuracy.insert(0, (after, {"marker": "o", "label": last.get("acc_after_is") or "after local training"}))
     communication = [
         ([r["busiest_node_bytes"] / 1e6 for r in records], {"marker": "o", "label": "busiest node, recv+sent"}),
@@ -149,9 +167,18 @@ def plot_run(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         ([r["paper_comm_mb_busiest"] for r in records], {"ls": "--", "label": "paper convention, busiest"}),
     ]
     return [
-        _line_plot(out_dir / ACCURACY_PLOT, rounds, accuracy, "mean client test accuracy (%)"),
+        _line_plot(out_dir / ACCURACY_PLOT, rounds, accuracy, _metric_axis(last)),
         _line_plot(out_dir / COMMUNICATION_PLOT, rounds, communication, "MB per round (1 MB = 1e6 B)"),
     ]
+
+
+def _metric_axis(record: dict[str, Any]) -> str:
+    """The y label of the metric plot: ``mean client test accuracy (%)`` for classification."""
+    metric = str(record.get("metric", "accuracy"))
+    unit = " (%)" if record.get("metric_is_fraction", True) else ""
+    better = "" if metric == "accuracy" else (", higher is better" if record.get("metric_higher_is_better", True)
+                                              else ", lower is better")  # fmt: skip
+    return f"mean client test {metric.replace('_', ' ')}{unit}{better}"
 
 
 def _line_plot(path: Path, rounds: list[int], series: list[tuple[list[float], dict[str, Any]]], ylabel: str) -> Path:

@@ -26,13 +26,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from edge_node.algorithm import dense_nnz, forward_flops, read_weights, weight_positions
 from edge_node.algorithm.dispfl import DisPFLParams
 from edge_node.algorithm.graphed import GraphedStep
 from edge_node.algorithm.norm_stats import has_running_stats
-from edge_node.algorithm.tasks import format_metric, metric_fields, metrics_mean
+from edge_node.algorithm.tasks import metric_fields, metrics_mean
 from edge_node.algorithm.training import StepReplay
 from edge_node.data import Dataset, partition_clients
 from edge_node.data.batches import ClientData, ImagePool
@@ -48,6 +49,8 @@ from edge_node.sim.methods.base import SERVER_ID, stderr_is_tty
 from edge_node.sim.report import ACCURACY_PLOT, COMMUNICATION_PLOT, ROUNDS_LOG, SUMMARY_FILE
 from edge_node.sim.shard import SINGLE, Shard
 from edge_node.storage import append_line, atomic_write_text, truncate_jsonl
+from edge_node.wire import ModelSpec
+from edge_node.task_names import format_metric
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -180,7 +183,7 @@ def run_simulation(
         init_weights=init_weights,
         positions=weight_positions(model, pool.input_shape),
         dense=dense_nnz(model),
-        spec=wire_spec(arch_name(config.model), dataset.num_outputs, model, model_start),
+        spec=_travelling(wire_spec(arch_name(config.model), dataset.num_outputs, model, model_start), model, params),
         accountant=accountant,
         on_client=on_client,
         shard=shard,
@@ -228,6 +231,11 @@ def run_simulation(
         accountant.close()
         bar.close()
     return out
+
+
+def _travelling(spec: ModelSpec, model: nn.Module, params: DisPFLParams) -> ModelSpec:
+    """``spec`` with the model's running statistics under ``norm_stats`` average (they travel, and are counted)."""
+    return spec.with_buffers(dict(model.named_buffers())) if params.norm_stats == "average" else spec
 
 
 def _graphs_factory(
@@ -350,7 +358,7 @@ def build_record(config: SimConfig, params: DisPFLParams, ctx: SimContext, t: in
         "screen": config.screen if "screen" in method.uses else None,
         "screen_refusals": None if r.screen_refused is None else sum(len(v) for v in r.screen_refused.values()),
         "screen_refused": r.screen_refused,
-        "norm_stats": config.norm_stats if has_running_stats(ctx.model) else None,  # FedBN's "local", never averaged
+        "norm_stats": config.norm_stats if has_running_stats(ctx.model) else None,  # FedBN's "local", or "average"
         "modelled_energy": {"label": "modelled", "total_j": modelled_total,
                             "per_client_mean_j": None if modelled_total is None else modelled_total / n},
         **r.fields,

@@ -79,8 +79,23 @@ class Run:
             return f"{name} balanced"
         return name if spec.variant == "reference" else f"{name} {spec.variant}"
 
+    @property
+    def metric(self) -> str:
+        """The headline metric its records name (runs before tasks: accuracy)."""
+        return str(self.records[-1].get("metric") or "accuracy") if self.records else "accuracy"
+
+    @property
+    def higher_is_better(self) -> bool:
+        return bool(self.records[-1].get("metric_higher_is_better", True)) if self.records else True
+
+    @property
+    def scale(self) -> float:
+        """100 for a metric shown in percent (accuracy, F1), else 1 (an error in the target's units)."""
+        return 100.0 if (not self.records or self.records[-1].get("metric_is_fraction", True)) else 1.0
+
     def accuracy_curve(self) -> list[float]:
-        return [100 * headline_accuracy(r) for r in self.records]
+        """The headline metric per round: accuracy in percent, another task's metric in its units."""
+        return [self.scale * headline_accuracy(r) for r in self.records]
 
     def final_accuracy(self) -> float:
         return self.accuracy_curve()[-1]
@@ -97,9 +112,10 @@ class Run:
         return None if None in values else sum(values) / len(values)
 
     def rounds_to(self, target: float) -> int | None:
-        """The first round (1-based) whose accuracy reaches ``target`` percent, or None."""
+        """The first round (1-based) whose metric reaches ``target`` (percent for accuracy; at or below it for a
+        metric where lower is better), or None."""
         for number, acc in enumerate(self.accuracy_curve(), 1):
-            if acc >= target - 1e-9:
+            if (acc >= target - 1e-9) if self.higher_is_better else (acc <= target + 1e-9):
                 return number
         return None
 
@@ -185,19 +201,23 @@ def build_table(runs: Sequence[Run], target_acc: float | None = None) -> Table:
     """The paper-style table of ``runs`` (see the module docstring)."""
     if not runs:
         raise CheckpointError("no run directories given")
+    metrics = sorted({(r.metric, r.higher_is_better) for r in runs})
+    if len(metrics) > 1:
+        raise CheckpointError(f"runs of different tasks cannot share one table: metrics {[m for m, _ in metrics]}")
+    metric, higher = metrics[0]
     columns = sorted({r.column for r in runs}, key=lambda c: (not c.startswith("Dir"), c))
-    targets = {
-        col: target_acc
-        if target_acc is not None
-        else DEFAULT_TARGET_FRACTION * max(r.final_accuracy() for r in runs if r.column == col)
-        for col in columns
-    }
+    targets = {col: target_acc if target_acc is not None else _default_target([r for r in runs if r.column == col])
+               for col in columns}  # fmt: skip
+    unit = " (%)" if runs[0].scale == 100 else ""
+    name = "acc" if metric == "accuracy" else metric
+    shown = "{:.1f}%" if runs[0].scale == 100 else "{:.4g}"
     order = {m: i for i, m in enumerate(METHOD_ORDER)}
     labels = sorted({r.label for r in runs}, key=lambda lab: (
         min(order.get(r.method, 99) for r in runs if r.label == lab), lab))  # fmt: skip
-    header = ["method", *(f"{c} acc (%)" for c in columns), "busiest node MB/round (encoded)",
+    reach = "" if higher else "<= "
+    header = ["method", *(f"{c} {name}{unit}" for c in columns), "busiest node MB/round (encoded)",
               "busiest node MB/round (paper conv.)", "FLOPs/client/round",
-              *(f"rounds to {targets[c]:.1f}% ({c})" for c in columns)]  # fmt: skip
+              *(f"rounds to {reach}{shown.format(targets[c])} ({c})" for c in columns)]  # fmt: skip
     rows = []
     for label in labels:
         mine = [r for r in runs if r.label == label]
@@ -212,7 +232,8 @@ def build_table(runs: Sequence[Run], target_acc: float | None = None) -> Table:
                 round_cells.append("-")
                 continue
             acc = _mean([r.final_accuracy() for r in cell])
-            acc_cells.append(f"{acc:.2f}" + (f" (n={len(cell)})" if len(cell) > 1 else ""))
+            acc_cells.append((f"{acc:.2f}" if runs[0].scale == 100 else f"{acc:.4g}")
+                             + (f" (n={len(cell)})" if len(cell) > 1 else ""))  # fmt: skip
             round_cells.append(_rounds_cell([r.rounds_to(targets[col]) for r in cell]))
             busiest.append(_mean([r.busiest_mb() for r in cell]))
             paper.append(_mean([r.paper_mb() for r in cell]))
@@ -221,6 +242,14 @@ def build_table(runs: Sequence[Run], target_acc: float | None = None) -> Table:
         rows.append([label, *acc_cells, _joined(busiest, ".2f"), _joined(paper, ".2f"), _joined_known(flops, ".3g"),
                      *round_cells])  # fmt: skip
     return Table(header, rows, targets, list(runs))
+
+
+def _default_target(runs: Sequence[Run]) -> float:
+    """:data:`DEFAULT_TARGET_FRACTION` of the best final accuracy; for a metric where lower is better (an error),
+    the best final value divided by that fraction (within 1.25x of the best)."""
+    if runs[0].higher_is_better:
+        return DEFAULT_TARGET_FRACTION * max(r.final_accuracy() for r in runs)
+    return min(r.final_accuracy() for r in runs) / DEFAULT_TARGET_FRACTION
 
 
 def _rounds_cell(reached: list[int | None]) -> str:
@@ -234,6 +263,22 @@ def _rounds_cell(reached: list[int | None]) -> str:
 
 def caption(table: Table, target_acc: float | None) -> str:
     """What the table's columns mean, written under it: accuracy, rounds-to-target and the conventions."""
+    run = table.runs[0]
+    if run.metric != "accuracy":
+        shown = "{:.1f}%" if run.scale == 100 else "{:.4g}"
+        better = "higher" if run.higher_is_better else "lower"
+        if target_acc is not None:
+            target = f"{shown.format(target_acc)} (--target-acc)"
+        else:
+            best = ", ".join(f"{c}: {shown.format(t)}" for c, t in table.targets.items())
+            rule = (f"{DEFAULT_TARGET_FRACTION:.0%} of the best final {run.metric}" if run.higher_is_better else
+                    f"the best final {run.metric} / {DEFAULT_TARGET_FRACTION:g}")  # fmt: skip
+            target = f"{rule} among each partition's runs (so {best})"
+        side = "at or above" if run.higher_is_better else "at or below"
+        return (
+            f"{run.metric}: each run's final-round headline {run.metric} ({better} is better). Rounds to target: the "
+            f"first round (1-based) {side} {target}; {NOT_REACHED}: no round did. Conventions: {CONVENTIONS}.\n"
+        )
     if target_acc is not None:
         target = f"{target_acc:g}% (--target-acc)"
     else:
@@ -258,12 +303,13 @@ def plot_runs(runs: Sequence[Run], out_dir: Path) -> list[Path]:
 
     columns = sorted({r.column for r in runs}, key=lambda c: (not c.startswith("Dir"), c))
     paths = []
+    metric_axis = f"mean client test {runs[0].metric.replace('_', ' ')}{' (%)' if runs[0].scale == 100 else ''}"
     for name, ylabel, xlabel, series in (
-        (ACCURACY_PLOT, "mean client test accuracy (%)", "round",
+        (ACCURACY_PLOT, metric_axis, "round",
          lambda r: ([x["round"] + 1 for x in r.records], r.accuracy_curve())),
         (COMMUNICATION_PLOT, "busiest node MB per round (encoded, 1 MB = 1e6 B)", "round",
          lambda r: ([x["round"] + 1 for x in r.records], [x["busiest_node_bytes"] / 1e6 for x in r.records])),
-        (ACCURACY_VS_COMM_PLOT, "mean client test accuracy (%)", "cumulative busiest-node MB (encoded)",
+        (ACCURACY_VS_COMM_PLOT, metric_axis, "cumulative busiest-node MB (encoded)",
          lambda r: (_cumulative([x["busiest_node_bytes"] / 1e6 for x in r.records]), r.accuracy_curve())),
     ):  # fmt: skip
         fig, axes = plt.subplots(1, len(columns), figsize=(6 * len(columns), 4.2), squeeze=False)

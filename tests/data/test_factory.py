@@ -56,7 +56,7 @@ def test_the_partitioners_split_a_factorys_data(partition):
     ("name", "expected"),
     [
         (f"{P}:ragged", "train sample 1 has shape (5,), sample 0 (4,)"),
-        (f"{P}:text_labels", "train label 0 is 'cat', not a class number >= 0"),
+        (f"{P}:text_labels", "train label 0 is 'cat', not a number or a 1-D vector"),
         (f"{P}:one_split", "must return (train, test), got a list"),
         (f"{P}:data_raises", "raised OSError: sensor log not found"),
         (f"{P}:nothing_here", "has no attribute 'nothing_here'"),

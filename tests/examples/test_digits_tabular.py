@@ -60,3 +60,34 @@ def test_a_three_node_loopback_fleet_trains_the_plugin(plugin_env, tmp_path: Pat
     assert (summary["fleet"]["model"], summary["fleet"]["outcome"]) == ("digits_tabular:mlp", "done")
     means = [r["acc_after_mean"] for r in summary["rounds"]]  # lock-step: deterministic, as the simulation
     assert len(means) == 4 and means[-1] > means[0] + 0.1, means
+
+
+def test_the_regression_example_trains_in_a_three_node_fleet(plugin_env, tmp_path: Path):
+    out = tmp_path / "diabetes"
+    done = run(["loopback", "--nodes", "3", "--rounds", "2", "--lockstep", "--task", "regression", "--model",
+                "digits_tabular:mlp", "--dataset", "digits_tabular:diabetes", "--batch-size", "32", "--output",
+                str(out), "--no-progress"], plugin_env, tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = done.stdout.replace("fleet-accuracy.png", "")  # the plot's file name is the same for every task
+    assert "mae" in said and "accuracy" not in said.lower(), done.stdout
+    for node in ("node0", "node1", "node2"):
+        rounds = [json.loads(line) for line in (out / node / "rounds.jsonl").read_text().splitlines()]
+        assert [(r["round"], r["metric"], set(r["metrics"])) for r in rounds] == [
+            (0, "mae", {"mae", "r2"}), (1, "mae", {"mae", "r2"})
+        ], node  # fmt: skip
+        assert rounds[-1]["acc_after"] < rounds[0]["acc_before"], node  # the error falls
+    summary = json.loads((out / "fleet-summary.json").read_text())
+    assert (summary["metric"], summary["metric_higher_is_better"]) == ("mae", False)
+
+
+def test_the_multilabel_example_trains_in_simulation(plugin_env, tmp_path: Path):
+    out = tmp_path / "traits"
+    done = run(["simulate", "--task", "multilabel", "--model", "digits_tabular:mlp", "--dataset",
+                "digits_tabular:digit_traits", "--clients", "3", "--neighbours", "2", "--rounds", "2", "--epochs",
+                "1", "--batch-size", "32", "--output", str(out), "--no-progress", "--energy-backend", "estimate"],
+               plugin_env, tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "micro_f1 (final)" in done.stdout and "accuracy (final)" not in done.stdout, done.stdout
+    records = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert [set(r["metrics_mean"]) for r in records] == [{"micro_f1", "subset_accuracy"}] * 2
+    assert records[-1]["acc_mean"] > 0.5  # micro-F1 of three traits learnt from the pixels

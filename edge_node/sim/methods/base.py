@@ -108,6 +108,8 @@ class Method(ABC):
             (checkpointed after them).
         keeps_norm_stats: each client's state carries its BatchNorm running statistics from round to round
             (``ClientState.buffers``, FedBN's ``norm_stats`` local); a method without it refuses a BatchNorm model.
+        averages_norm_stats: its round averages those statistics with the peers' under ``norm_stats`` average
+            (DisPFL's client round, given the round-start clients' buffers); a method without it refuses average.
     """
 
     name: str
@@ -120,6 +122,7 @@ class Method(ABC):
     shardable: bool = False
     keeps_server: bool = False
     keeps_norm_stats: bool = False
+    averages_norm_stats: bool = False
 
     def check(self, config: SimConfig) -> None:
         """Method-specific checks of ``config`` (ConfigError in one line); the shared ones are SimConfig's."""
@@ -205,9 +208,10 @@ class SimContext:
 
     # ----- accounting
 
-    def model_bytes(self, nnz: dict[str, int], node_id: str, t: int) -> int:
+    def model_bytes(self, nnz: dict[str, int], node_id: str, t: int, buffers: bool = False) -> int:
         """Bytes the encoder produces for a model with ``nnz`` active values per tensor, sent by ``node_id``
-        (the spec's tensors: frozen parameters never travel)."""
+        (the spec's tensors: frozen parameters never travel), with the spec's buffers when ``buffers``
+        (``norm_stats`` average, a client that has trained)."""
         total = sum(self.dense[name] for name in self.spec.shapes)
         return encoded_model_size(
             self.spec,
@@ -217,6 +221,7 @@ class SimContext:
             fleet_id=SIM_FLEET_ID,
             round=max(t - 1, 0),
             density=sum(nnz.values()) / total,
+            buffers=buffers,
         )
 
     def traffic(self, t: int, clients: list[ClientState], nbrs: list[list[int]]) -> dict[str, Any]:
@@ -225,7 +230,8 @@ class SimContext:
         travels = self.spec.shapes  # not the frozen parameters (edge_node.algorithm.frozen)
         published_nnz = [{k: v for k, v in nnz_per_tensor(c.train_mask).items() if k in travels} for c in clients]
         model_active = [sum(nnz.values()) for nnz in published_nnz]
-        model_bytes = [self.model_bytes(nnz, f"client-{j}", t) for j, nnz in enumerate(published_nnz)]
+        buffered = [bool(self.spec.buffers and c.buffers) for c in clients]  # norm_stats average, once trained
+        model_bytes = [self.model_bytes(nnz, f"client-{j}", t, buffered[j]) for j, nnz in enumerate(published_nnz)]
         received = [sum(model_bytes[j] for j in nbrs[i]) for i in range(n)]
         served = [0] * n
         for i in range(n):

@@ -23,7 +23,7 @@ from edge_node.algorithm.fedavg import sample_clients, weighted_average
 from edge_node.algorithm.training import TensorDict, load_weights, read_weights, train_masked
 from edge_node.errors import ConfigError
 from edge_node.seeding import Stream, torch_generator
-from edge_node.sim.methods.base import Method, RoundResult, RunState, SimContext, accuracy
+from edge_node.sim.methods.base import Method, RoundResult, RunState, SimContext, score
 
 if TYPE_CHECKING:
     from edge_node.sim.config import SimConfig
@@ -63,9 +63,9 @@ class Ditto(Method):
         with ctx.phase("train"):
             for i in range(config.clients):
                 load_weights(ctx.model, server.weights)
-                acc_global.append(accuracy(ctx.model, ctx.data[i], config.eval_batch_size))
+                acc_global.append(score(ctx.model, ctx.data[i], config.eval_batch_size, ctx.params.task))
                 load_weights(ctx.model, clients[i].weights)
-                acc_personal.append(accuracy(ctx.model, ctx.data[i], config.eval_batch_size))
+                acc_personal.append(score(ctx.model, ctx.data[i], config.eval_batch_size, ctx.params.task))
         dense = [dict(ctx.dense)] * len(chosen)
         received, sent, paper_mb, server_traffic = ctx.server_traffic(t, chosen, dense, dense)
         result = RoundResult(acc_global, acc_personal, losses, flops, received, sent, paper_mb, server=server_traffic)

@@ -13,7 +13,7 @@ from edge_node.algorithm.dense import dense_state
 from edge_node.algorithm.dispfl import ClientState, train_local
 from edge_node.algorithm.fedavg import sample_clients, weighted_average
 from edge_node.seeding import Stream, torch_generator
-from edge_node.sim.methods.base import Method, RoundResult, RunState, SimContext, accuracy
+from edge_node.sim.methods.base import Method, RoundResult, RunState, SimContext, score
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class FedAvg(Method):
         with ctx.phase("train"):
             for i in range(n):  # evaluation of the new global model (and, for -ft, its local fine-tune)
                 load_weights(ctx.model, server.weights)
-                acc_before.append(accuracy(ctx.model, ctx.data[i], config.eval_batch_size))
+                acc_before.append(score(ctx.model, ctx.data[i], config.eval_batch_size, ctx.params.task))
                 if acc_after is not None:
                     acc_after.append(_fine_tuned_accuracy(ctx, t, i, server))
         dense = [dict(ctx.dense)] * len(chosen)  # the global model down, each trained one up
@@ -66,7 +66,7 @@ def _fine_tuned_accuracy(ctx: SimContext, t: int, i: int, server: ClientState) -
     load_weights(ctx.model, server.weights)
     batches = data.train_batches(params.epochs, generator, params.batch_size)
     train_masked(ctx.model, server.train_mask, batches, params.sgd(t))
-    return accuracy(ctx.model, data, ctx.config.eval_batch_size)
+    return score(ctx.model, data, ctx.config.eval_batch_size, ctx.params.task)
 
 
 _GLOBAL = "global model after the server's average"

@@ -23,7 +23,7 @@ from edge_node.algorithm.dispfl import ClientState, DisPFLParams, start, train_l
 from edge_node.algorithm.fedavg import sample_clients
 from edge_node.algorithm.fedspa import apply_mean_update, personal_weights, sparse_update
 from edge_node.algorithm.training import load_weights
-from edge_node.sim.methods.base import Method, RoundResult, RunState, SimContext, accuracy
+from edge_node.sim.methods.base import Method, RoundResult, RunState, SimContext, score
 
 if TYPE_CHECKING:
     from edge_node.sim.config import SimConfig
@@ -75,7 +75,7 @@ class FedSpa(Method):
         with ctx.phase("train"):
             for i, client in enumerate(clients):
                 load_weights(ctx.model, client.weights)
-                acc.append(accuracy(ctx.model, ctx.data[i], config.eval_batch_size))
+                acc.append(score(ctx.model, ctx.data[i], config.eval_batch_size, ctx.params.task))
         mask_bytes = 0 if self.static_masks else ctx.mask_bytes()  # the next mask, beside the update
         received, sent_bytes, paper_mb, server_traffic = ctx.server_traffic(t, chosen, down, down, mask_bytes)
         result = RoundResult(acc, None, losses, flops, received, sent_bytes, paper_mb, server=server_traffic)

@@ -23,7 +23,7 @@ from edge_node.algorithm.sub_fedavg import candidate_mask, holder_average, mask_
 from edge_node.algorithm.training import TrainStats, load_weights, read_weights, train_masked
 from edge_node.errors import ConfigError
 from edge_node.seeding import Stream, torch_generator
-from edge_node.sim.methods.base import Method, RoundResult, RunState, SimContext, accuracy
+from edge_node.sim.methods.base import Method, RoundResult, RunState, SimContext, score
 
 if TYPE_CHECKING:
     from edge_node.sim.config import SimConfig
@@ -34,6 +34,9 @@ class SubFedAvg(Method):
     """The server's model is ``RunState.server``; client ``k``'s entry is its personal sparse model."""
 
     def check(self, config: SimConfig) -> None:
+        if config.task != "classification":  # its prune is kept on an accuracy threshold
+            raise ConfigError(f"method sub-fedavg keeps a prune by test accuracy: --task {config.task} is not "
+                              "classification; use another method")  # fmt: skip
         if not 0.0 < config.subfedavg_prune_rate < 1.0:
             raise ConfigError(f"subfedavg_prune_rate={config.subfedavg_prune_rate!r} must be in (0, 1)")
         for name in ("subfedavg_dist_threshold", "subfedavg_acc_threshold"):
@@ -71,7 +74,7 @@ class SubFedAvg(Method):
         with ctx.phase("train"):
             for i, client in enumerate(clients):
                 load_weights(ctx.model, client.weights)
-                acc.append(accuracy(ctx.model, ctx.data[i], config.eval_batch_size))
+                acc.append(score(ctx.model, ctx.data[i], config.eval_batch_size, ctx.params.task))
         received, sent, paper_mb, server_traffic = ctx.server_traffic(t, chosen, down, up)
         result = RoundResult(acc, None, losses, flops, received, sent, paper_mb, server=server_traffic)
         return RunState(clients, state.extra, server), result
@@ -117,7 +120,7 @@ def _client_round(
         if mask_distance(first, last) > config.subfedavg_dist_threshold:
             pruned = personal_weights(trained, last)
             load_weights(ctx.model, pruned)
-            if accuracy(ctx.model, data, config.eval_batch_size) >= config.subfedavg_acc_threshold:
+            if score(ctx.model, data, config.eval_batch_size, ctx.params.task) >= config.subfedavg_acc_threshold:
                 kept = ClientState(pruned, last, last, client.density)
     return kept, total.mean_loss
 
