@@ -4,8 +4,9 @@
 pickle is never loaded) is every node's start: it is read once, when the model is built, so every node and
 every simulated client starts from the same weights. Parameters the file leaves out (a new head for the
 fleet's classes) keep the values the fleet seed gave them, and are named in the log; a tensor the model does
-not have, or a parameter of another shape, is refused. BatchNorm running statistics in the file are not used
-(yet): the clients' own start empty, as without a file.
+not have, or a parameter of another shape, is refused. BatchNorm running statistics in the file are every
+client's starting statistics (without them in the file, a new layer's: mean 0, variance 1); they join the
+start's digest.
 
 ``trainable`` globs (fnmatch, over parameter names: ``layer4.*,linear.*``) train only the matching parameters
 (edge_node.algorithm.frozen). The wire spec lists only those; the start's digest and the frozen parameters'
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from edge_node.algorithm.frozen import freeze
+from edge_node.algorithm.norm_stats import remember_start_statistics
 from edge_node.errors import ConfigError
 from edge_node.wire import ModelSpec
 
@@ -131,9 +133,23 @@ def apply_start(
         shown = ", ".join(left_out[:8]) + (f", ... ({len(left_out)} in all)" if len(left_out) > 8 else "")
         _LOGGER.warning("init_weights %s: %d of %d parameters not in the file, initialised from the fleet seed: %s",
                         source, len(left_out), len(params), shown)  # fmt: skip
-    stats = [name for name in tensors if name in buffers]
+    stats = [name for name in buffers if name in tensors]
+    for name in stats:
+        value, buffer = tensors[name], buffers[name]
+        if tuple(value.shape) != tuple(buffer.shape):
+            raise ConfigError(f"init_weights {source}: buffer {name!r} is {_shape(value.shape)} there, "
+                              f"{_shape(buffer.shape)} in model {model_name}")  # fmt: skip
+        if not bool(torch.isfinite(value.double()).all()) or (name.endswith("running_var") and bool((value < 0).any())):
+            raise ConfigError(f"init_weights {source}: buffer {name!r} holds NaN, infinite or negative variances")
     if stats:
-        _LOGGER.info("init_weights %s: its %d buffers (running statistics) are not used", source, len(stats))
+        with torch.no_grad():
+            for name in sorted(stats):
+                buffers[name].copy_(tensors[name].to(buffers[name].dtype))
+                digest.update(f"{name}:{_shape(buffers[name].shape)};".encode())
+                digest.update(buffers[name].detach().cpu().contiguous().numpy().tobytes())
+        remember_start_statistics(model)  # every client's statistics start from the file's, not from fresh ones
+        _LOGGER.info("init_weights %s: %d running statistics (BatchNorm buffers) are every client's start", source,
+                     len(stats))  # fmt: skip
     return digest.hexdigest(), left_out
 
 

@@ -37,8 +37,19 @@ def test_algorithm_imports_no_network_or_os_probes():
 
 # The layer order of docs/ARCHITECTURE.md, lowest first: a module imports only from its own layer or below.
 LAYERS = [
-    {"errors", "exit_codes", "protocol", "seeding", "storage", "tomlconf", "checkpoint_io", "v1", "plugins", "threads",
-     "task_names"},
+    {
+        "errors",
+        "exit_codes",
+        "protocol",
+        "seeding",
+        "storage",
+        "tomlconf",
+        "checkpoint_io",
+        "v1",
+        "plugins",
+        "threads",
+        "task_names",
+    },
     {"algorithm"},
     {"models", "pooling", "data"},
     {"energy"},

@@ -198,3 +198,32 @@ def test_simulate_refuses_bad_input_in_one_line_with_exit_2_before_writing(bad, 
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and ("matches no parameter" in lines[0] or "weights-only state_dict" in lines[0]), lines
     assert not out.exists()
+
+
+def test_a_start_files_batchnorm_statistics_are_every_clients_start(tmp_path):
+    from edge_node.algorithm.norm_stats import load_buffers, read_buffers
+
+    bn = "tests.plugin_factories:bn_conv"
+    source = build_checked_model(bn, 3, (3, 32, 32), seed=7)
+    with torch.no_grad():
+        source.train()
+        source(torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(0)))  # statistics of its own
+    saved = {**dict(source.named_parameters()), **dict(source.named_buffers())}
+    path = tmp_path / "bn.safetensors"
+    save_file({k: v.detach().contiguous() for k, v in saved.items()}, str(path))
+    model = build_checked_model(bn, 3, (3, 32, 32), seed=0)
+    begun = prepare_start(model, path, (), model_name=bn)
+    without = prepare_start(build_checked_model(bn, 3, (3, 32, 32), seed=0), None, (), model_name=bn)
+    assert begun.digest and begun.variant != without.variant
+    expected = read_buffers(source)
+    with torch.no_grad():
+        model.train()
+        model(torch.randn(4, 3, 32, 32))  # a client's training moves them
+    load_buffers(model, {})  # a client that has not trained yet starts from the file's statistics
+    assert all(torch.equal(read_buffers(model)[k], v) for k, v in expected.items())
+    bad = {**{k: v.detach().contiguous() for k, v in saved.items()}}
+    name = next(k for k in bad if k.endswith("running_var"))
+    bad[name] = -bad[name]
+    save_file(bad, str(tmp_path / "bad.safetensors"))
+    with pytest.raises(ConfigError, match="negative variances"):
+        prepare_start(build_checked_model(bn, 3, (3, 32, 32)), tmp_path / "bad.safetensors", (), model_name=bn)

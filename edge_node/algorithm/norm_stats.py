@@ -51,14 +51,26 @@ def read_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: b.detach().clone() for name, b in model.named_buffers()}
 
 
+_START_ATTR = "_edge_node_start_statistics"  # where remember_start_statistics keeps a model's starting buffers
+
+
+def remember_start_statistics(model: nn.Module) -> None:
+    """Keep ``model``'s buffers as they are now (a pretrained start's) as every client's starting statistics:
+    :func:`load_buffers` of ``{}`` restores them instead of a new layer's."""
+    object.__setattr__(model, _START_ATTR, read_buffers(model))
+
+
 def load_buffers(model: nn.Module, buffers: TensorDict) -> None:
-    """Copy a client's ``buffers`` into ``model`` in place; ``{}`` (a client that has not trained yet) resets every
+    """Copy a client's ``buffers`` into ``model`` in place; ``{}`` (a client that has not trained yet) restores
+    the start's statistics (:func:`remember_start_statistics`: a pretrained file's), or, without one, resets every
     BatchNorm layer's statistics to a new layer's (mean 0, variance 1, no batch tracked). No-op without buffers."""
+    start: TensorDict = getattr(model, _START_ATTR, {})
+    source = buffers or start
     with torch.no_grad():
         for name, buffer in model.named_buffers():
-            if buffers:
-                buffer.copy_(buffers[name])
-    if not buffers:
+            if source:
+                buffer.copy_(source[name])
+    if not source:
         for module in model.modules():
             if isinstance(module, _BatchNorm) and module.track_running_stats:
                 module.reset_running_stats()

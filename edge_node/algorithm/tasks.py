@@ -324,4 +324,3 @@ def metric_fields(task: Task) -> dict[str, object]:
         "metric_higher_is_better": task.higher_is_better,
         "metric_is_fraction": task.metric_is_fraction,
     }
-
