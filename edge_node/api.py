@@ -270,8 +270,8 @@ def run_trained(run_dir: Path, client: int, *, check_export: bool = False) -> Tr
     config = build(SimConfig, values, str(path))
     if not 0 <= client < config.clients:
         raise CheckpointError(f"client {client} is not in {run_dir}: its clients are 0..{config.clients - 1}")
-    dataset = load_dataset(config.dataset, config.data_dir)
-    model = build_checked_model(config.model, dataset.num_classes, dataset.input_shape, config.seed)
+    dataset = load_dataset(config.dataset, config.data_dir, task=config.task)
+    model = build_checked_model(config.model, dataset.num_outputs, dataset.input_shape, config.seed)
     if check_export:
         problem = onnx_problem(model, dataset.input_shape)
         if problem is not None:
