@@ -10,6 +10,11 @@ ignore it and serve their latest snapshot, which the 1.1 client then refuses for
 1.2 checks a stream's payload with XXH3-128 instead of SHA-256 (``wire.spec.payload_hasher``): a 1.2
 server sends a caller of 1.0 or 1.1 the header with the SHA-256 it expects, and a 1.2 receiver checks
 a stream with the digest its header's version names.
+1.3 adds BatchNorm running statistics to a model stream (``SparseTensor.buffer``: dense float32 chunks after
+the parameters), sent only to a caller that asks for them (``GetModelRequest.buffers``: a node under
+``norm_stats average``). A caller of 1.2, or one under ``local``, never asks and gets the stream it always
+got; a server of 1.2, or one under ``local``, ignores the request and sends none, and the ``average`` caller
+averages its statistics over the peers that did send theirs (``aggregation.aggregate_buffers``).
 
 Servers answer in the caller's version: they never send a field the caller's MINOR does not define,
 so receivers refuse unknown fields in what peers send them (stream messages, Hello replies).
@@ -20,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 
-PROTOCOL_VERSION = "1.2"
+PROTOCOL_VERSION = "1.3"
 
 # ASCII digits only ([0-9], not \d, which also matches other scripts' digits), matched in full (no
 # trailing newline, which ``$`` would let through).

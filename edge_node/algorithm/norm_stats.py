@@ -3,8 +3,11 @@
 A BatchNorm layer's affine weights are parameters like any other (masked, trained, averaged); its buffers
 (``running_mean``, ``running_var``, ``num_batches_tracked``) are a client's own: kept beside its weights and
 masks (``ClientState.buffers``), loaded into the model before the client trains or is evaluated, read back
-after training, checkpointed, and never sent or averaged (``norm_stats = "local"``). A model without such
-buffers has nothing here: every function is a no-op for it, and it trains bit for bit as before.
+after training, checkpointed, and never sent or averaged (``norm_stats = "local"``). Under ``norm_stats =
+"average"`` they are also published, dense, beside the weights, and a round averages each float buffer over
+the client and the peers that sent it and takes the largest ``num_batches_tracked``
+(``aggregation.aggregate_buffers``; a peer that sent none, a ``local`` or 1.2 node, is not counted). A model
+without such buffers has nothing here: every function is a no-op for it, and it trains bit for bit as before.
 
 A BatchNorm model trains whole batches: its statistics come from the batch, so a batch sliced into
 micro-batches would normalise each slice by its own statistics (``DisPFLParams.fitted`` sets ``micro_batch``
@@ -21,7 +24,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 TensorDict = Mapping[str, torch.Tensor]
-NORM_STATS = ("local",)  # "local": FedBN, running statistics stay on the client
+# "local": FedBN, running statistics stay on the client; "average": sent with the weights and averaged
+NORM_STATS = ("local", "average")
 DEFAULT_NORM_STATS = "local"
 _STAT_NAMES = frozenset({"running_mean", "running_var", "num_batches_tracked"})
 

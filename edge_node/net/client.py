@@ -505,6 +505,8 @@ def _request(spec: ModelSpec, expected_fleet: str, node_id: str, round: int | No
     )
     if round is not None:
         request.round = round
+    if spec.buffers:  # norm_stats average (1.3): the peer's running statistics too, if it sends any
+        request.buffers = True
     return request
 
 

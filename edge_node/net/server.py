@@ -49,7 +49,7 @@ import resource
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -69,7 +69,7 @@ from edge_node.wire import (
     encode_model,
     parse_protocol_version,
 )
-from edge_node.wire.codec import header_for_version
+from edge_node.wire.codec import header_for_version, without_buffers
 from edge_node.wire.messages import (
     PEER_SERVICE_NAME,
     GetModelRequest,
@@ -78,7 +78,7 @@ from edge_node.wire.messages import (
     ProtoModelChunk,
     value_type_to_proto,
 )
-from edge_node.wire.spec import DIGEST_XXH3_SINCE, MIN_MAX_MESSAGE_BYTES
+from edge_node.wire.spec import BUFFERS_SINCE, DIGEST_XXH3_SINCE, MIN_MAX_MESSAGE_BYTES
 
 LEGACY_DIGEST_VERSION = "1.1"  # callers before 1.2 get a header of this version, with its SHA-256
 
@@ -103,6 +103,9 @@ class ModelSnapshot:
     fleet_id: str
     arch_id: str
     tier: str = ""
+    # BatchNorm running statistics (protocol 1.3, ``norm_stats average``: the server's spec lists them), sent to
+    # the callers that ask for them; {} for any other node, or one that has not trained yet.
+    buffers: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 FD_RESERVE = 256  # descriptors besides the server's connections: files, mDNS, pulls, torch, the status socket
@@ -187,23 +190,38 @@ class _Published:
     tier: str
     messages: tuple[bytes, ...]  # serialized ModelChunk messages, header first
     versioned: bool = False  # encode_model's stream: callers before 1.2 get their header (else: verbatim)
+    buffered: bool = False  # the stream ends with running statistics (1.3): only for callers that ask
 
     @property
     def wire_bytes(self) -> int:
         return sum(len(m) for m in self.messages)
 
     @functools.cached_property
+    def plain(self) -> tuple[bytes, ...]:
+        """The stream without its buffers (for a caller that did not ask for them, or of 1.2), made on the
+        first such call: a fleet under ``norm_stats average`` asks for them."""
+        if not self.buffered:
+            return self.messages
+        stripped = without_buffers([ProtoModelChunk.FromString(m) for m in self.messages])
+        return tuple(m.SerializeToString() for m in stripped)
+
+    @functools.cached_property
     def legacy_header(self) -> bytes:
         """The header for callers before 1.2 (a SHA-256 digest): made on the first such call, since
         hashing a ResNet18 stream takes about 11 ms and most fleets never need it."""
-        parsed = [ProtoModelChunk.FromString(m) for m in self.messages]
+        parsed = [ProtoModelChunk.FromString(m) for m in self.plain]
         return header_for_version(parsed, LEGACY_DIGEST_VERSION).SerializeToString()
 
-    def for_minor(self, minor: int) -> tuple[bytes, ...]:
-        """The stream in the caller's version (``PROTOCOL_MAJOR``, ``minor``)."""
-        if not self.versioned or (PROTOCOL_MAJOR, minor) >= DIGEST_XXH3_SINCE:
+    def for_minor(self, minor: int, buffers: bool = False) -> tuple[bytes, ...]:
+        """The stream in the caller's version (``PROTOCOL_MAJOR``, ``minor``); with its buffers when the caller
+        asked for them (``buffers``, 1.3 on) and the stream has any."""
+        if not self.versioned:
             return self.messages
-        return (self.legacy_header, *self.messages[1:])
+        if buffers and (PROTOCOL_MAJOR, minor) >= BUFFERS_SINCE:
+            return self.messages
+        if (PROTOCOL_MAJOR, minor) >= DIGEST_XXH3_SINCE:
+            return self.plain
+        return (self.legacy_header, *self.plain[1:])
 
 
 REFUSAL_KINDS = (
@@ -332,9 +350,11 @@ class PeerServer:
             density=snapshot.density,
             value_type=self.value_type,
             max_message_bytes=self.max_message_bytes,
+            buffers=snapshot.buffers if self.spec.buffers else None,
         )
         raw = tuple(m.SerializeToString() for m in messages)
-        published = _Published(snapshot.round, snapshot.density, tier, raw, versioned=True)
+        buffered = bool(self.spec.buffers and snapshot.buffers)
+        published = _Published(snapshot.round, snapshot.density, tier, raw, versioned=True, buffered=buffered)
         self._keep(published)
         _LOGGER.info(
             "published round %s (density %.3f): %d messages, %d bytes",
@@ -582,7 +602,7 @@ class PeerServer:
                 f"caller {caller!r} already has {self._limits.max_streams_per_caller} model streams open (the limit)",
             )
         _LOGGER.debug("serving round %s to %s (%s)", published.round, request.node_id, context.peer())
-        return caller, published.for_minor(minor)
+        return caller, published.for_minor(minor, request.buffers)
 
     def _close_stream(self, caller: str) -> None:
         with self._lock:

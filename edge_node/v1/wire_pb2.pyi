@@ -19,7 +19,7 @@ FLOAT16: ValueType
 BFLOAT16: ValueType
 
 class SparseTensor(_message.Message):
-    __slots__ = ("name", "shape", "value_type", "bitmap", "values", "nnz", "dense", "start", "count", "value_start")
+    __slots__ = ("name", "shape", "value_type", "bitmap", "values", "nnz", "dense", "start", "count", "value_start", "buffer")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     VALUE_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class SparseTensor(_message.Message):
     START_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     VALUE_START_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_FIELD_NUMBER: _ClassVar[int]
     name: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     value_type: ValueType
@@ -40,7 +41,8 @@ class SparseTensor(_message.Message):
     start: int
     count: int
     value_start: int
-    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., value_type: _Optional[_Union[ValueType, str]] = ..., bitmap: _Optional[bytes] = ..., values: _Optional[bytes] = ..., nnz: _Optional[int] = ..., dense: _Optional[bool] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., value_start: _Optional[int] = ...) -> None: ...
+    buffer: bool
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., value_type: _Optional[_Union[ValueType, str]] = ..., bitmap: _Optional[bytes] = ..., values: _Optional[bytes] = ..., nnz: _Optional[int] = ..., dense: _Optional[bool] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., value_start: _Optional[int] = ..., buffer: _Optional[bool] = ...) -> None: ...
 
 class StreamHeader(_message.Message):
     __slots__ = ("protocol_version", "node_id", "fleet_id", "arch_id", "round", "density", "payload_digest", "message_count", "chunk_count")

@@ -50,6 +50,7 @@ def tensor_entry_bytes(
     start: int,
     count: int,
     value_start: int,
+    buffer: bool = False,
 ) -> int:
     """A SparseTensor's canonical bytes inside its ModelChunk (tag + length + message).
 
@@ -68,6 +69,7 @@ def tensor_entry_bytes(
         + _varint_field(start)
         + _varint_field(count)
         + _varint_field(value_start)  # field 10: still a one-byte tag
+        + (2 if buffer else 0)  # field 11 (1.3): a one-byte tag too
     )
     return 1 + varint_size(size) + size
 
@@ -83,6 +85,7 @@ class ChunkPlan:
     nnz: int  # values in this chunk
     dense: bool
     entry_bytes: int  # the chunk's bytes inside its ModelChunk (tag + length + message)
+    buffer: bool = False  # a running statistic (1.3), dense float32
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,9 @@ class StreamPlan:
         return sum(c.entry_bytes for m in self.messages for c in m)
 
 
-def _tensor_chunks(name: str, shape: tuple[int, ...], nnz: int, value_type: ValueType, budget: int) -> list[ChunkPlan]:
+def _tensor_chunks(
+    name: str, shape: tuple[int, ...], nnz: int, value_type: ValueType, budget: int, buffer: bool = False
+) -> list[ChunkPlan]:
     """Chunks of one tensor: one if it fits in an (empty) message, else the fewest equal ranges that fit."""
     numel = math.prod(shape)
     dense = nnz == numel
@@ -108,12 +113,13 @@ def _tensor_chunks(name: str, shape: tuple[int, ...], nnz: int, value_type: Valu
     def entry_bytes(start: int, count: int, value_start: int, values: int) -> int:
         bitmap_len = 0 if dense else (count + 7) // 8
         return tensor_entry_bytes(
-            name_len, shape_len, value_type, bitmap_len, values * itemsize, values, dense, start, count, value_start
-        )
+            name_len, shape_len, value_type, bitmap_len, values * itemsize, values, dense, start, count, value_start,
+            buffer,
+        )  # fmt: skip
 
     whole = entry_bytes(0, numel, 0, nnz)
     if whole <= budget:
-        return [ChunkPlan(name, 0, numel, 0, nnz, dense, whole)]
+        return [ChunkPlan(name, 0, numel, 0, nnz, dense, whole, buffer)]
     payload = (0 if dense else (numel + 7) // 8) + nnz * value_type.itemsize
     pieces = max(2, _ceil_div(payload, budget))
     while True:
@@ -127,7 +133,7 @@ def _tensor_chunks(name: str, shape: tuple[int, ...], nnz: int, value_type: Valu
             value_start = min(k * per_chunk, nnz)
             values = min(per_chunk, nnz - value_start)
             size = entry_bytes(start, count, value_start, values)
-            chunks.append(ChunkPlan(name, start, count, value_start, values, dense, size))
+            chunks.append(ChunkPlan(name, start, count, value_start, values, dense, size, buffer))
         if max(c.entry_bytes for c in chunks) <= budget:
             return chunks
         if span == 8:
@@ -144,6 +150,24 @@ def plan_stream(
     used = 0
     for name, shape in spec.shapes.items():
         for chunk in _tensor_chunks(name, shape, nnz_per_tensor[name], value_type, max_message_bytes):
+            if current and used + chunk.entry_bytes > max_message_bytes:
+                messages.append(tuple(current))
+                current, used = [], 0
+            current.append(chunk)
+            used += chunk.entry_bytes
+    if current:
+        messages.append(tuple(current))
+    return StreamPlan(tuple(messages))
+
+
+def plan_buffers(spec: ModelSpec, max_message_bytes: int) -> StreamPlan:
+    """The messages of ``spec.buffers`` (1.3), after the parameters' and never shared with them: every buffer
+    dense float32, flagged, packed greedily like :func:`plan_stream`'s (none for a spec without buffers)."""
+    messages: list[tuple[ChunkPlan, ...]] = []
+    current: list[ChunkPlan] = []
+    used = 0
+    for name, shape in spec.buffers.items():
+        for chunk in _tensor_chunks(name, shape, math.prod(shape), ValueType.FLOAT32, max_message_bytes, True):
             if current and used + chunk.entry_bytes > max_message_bytes:
                 messages.append(tuple(current))
                 current, used = [], 0
@@ -179,7 +203,8 @@ def largest_stream(spec: ModelSpec, max_message_bytes: int = MIN_MAX_MESSAGE_BYT
 
     Every tensor at its worst active count in fp32 (all but one element: a whole bitmap and almost
     dense values; or dense, whichever takes more), split at ``max_message_bytes`` (by default the
-    smallest budget a sender may choose, where chunks carry the most overhead), with the longest header.
+    smallest budget a sender may choose, where chunks carry the most overhead), with the longest header;
+    and the spec's buffers, if it has any.
     """
     payload = chunks = 0
     for name, shape in spec.shapes.items():
@@ -188,4 +213,7 @@ def largest_stream(spec: ModelSpec, max_message_bytes: int = MIN_MAX_MESSAGE_BYT
         plans = [_tensor_chunks(name, shape, nnz, ValueType.FLOAT32, max_message_bytes) for nnz in candidates]
         payload += max(sum(c.entry_bytes for c in plan) for plan in plans)
         chunks += max(len(plan) for plan in plans)
+    buffers = plan_buffers(spec, max_message_bytes)  # a spec's buffers (1.3), when it has any: dense float32
+    payload += buffers.payload_bytes
+    chunks += buffers.chunk_count
     return _max_header_bytes(spec.arch_id, chunks, chunks) + payload, chunks

@@ -9,7 +9,7 @@ and accepts exactly its canonical encoding, which is the only one an honest send
 - every field is known and of its declared wire type, and appears at most once per entry;
 - no field holds its default (proto3 omits zeros and empty strings: a present zero is padding);
 - every varint and length is in its shortest form and within 64 bits, every length within its
-  message; ``shape`` is packed; ``dense``, when present, is 1.
+  message; ``shape`` is packed; ``dense`` and ``buffer`` (1.3), when present, are 1.
 
 Any order of the fields is accepted (protobuf's own parsers accept any). What it returns are
 offsets into the message and the scalar fields, one row per entry (the columns below); the
@@ -29,11 +29,15 @@ import numpy as np
 NAME_AT, NAME_LEN, VALUE_TYPE, BITMAP_AT, BITMAP_LEN, VALUES_AT, VALUES_LEN = range(7)
 NNZ, DENSE, START, COUNT, VALUE_START, DIMS, SHAPE = range(7, 14)
 MAX_DIMS = 8  # shape entries kept; a spec's tensors have at most 4
-COLUMNS = SHAPE + MAX_DIMS
+BUFFER = SHAPE + MAX_DIMS  # field 11 (1.3): the chunk is a running statistic's
+COLUMNS = BUFFER + 1
+_FIELDS = 11  # the highest field number of a SparseTensor
 
-# Each field's column (index: the field number, 1-10), and which fields are length-delimited.
-_FIELD_COLUMN = np.array([-1, NAME_AT, DIMS, VALUE_TYPE, BITMAP_AT, VALUES_AT, NNZ, DENSE, START, COUNT, VALUE_START])
-_LENGTH_DELIMITED = np.array([False, True, True, False, True, True, False, False, False, False, False])
+# Each field's column (index: the field number, 1-11), and which fields are length-delimited.
+_FIELD_COLUMN = np.array(
+    [-1, NAME_AT, DIMS, VALUE_TYPE, BITMAP_AT, VALUES_AT, NNZ, DENSE, START, COUNT, VALUE_START, BUFFER]
+)
+_LENGTH_DELIMITED = np.array([False, True, True, False, True, True, False, False, False, False, False, False])
 
 # What broke (``parse`` returns the code, a detail and the byte where it broke).
 (
@@ -106,7 +110,7 @@ def _compiled() -> Callable[[np.ndarray, np.ndarray], tuple[int, int, int, int, 
                 return UNKNOWN, -1, at
             field = np.int64(tag) >> 3
             wire = np.int64(tag) & 7
-            if field < 1 or field > 10:
+            if field < 1 or field > _FIELDS:
                 return UNKNOWN, field, at
             if seen & (1 << field):
                 return REPEATED, field, at
@@ -121,7 +125,7 @@ def _compiled() -> Callable[[np.ndarray, np.ndarray], tuple[int, int, int, int, 
             if wire == 0:
                 if value >= _LIMIT or (field == 3 and value >= _ENUM_LIMIT):
                     return TOO_LARGE, field, at
-                if field == 7 and value != 1:
+                if (field == 7 or field == 11) and value != 1:
                     return LONG_VARINT, field, at  # a bool is 1; a larger varint is another encoding of it
                 row[_FIELD_COLUMN[field]] = np.int64(value)
                 continue

@@ -29,7 +29,7 @@ from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeErr
 from edge_node.protocol import MAX_ROUND, NODE_ID_PATTERN, check_fleet_id, check_node_id, check_round, is_valid_node_id
 from edge_node.wire import _parse
 from edge_node.wire._build import Built, TensorBuild
-from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_stream, varint_size
+from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_buffers, plan_stream, varint_size
 from edge_node.wire.messages import (
     ProtoModelChunk,
     ProtoSparseTensor,
@@ -99,6 +99,7 @@ def encoded_model_size(
     fleet_id: str = "fleet",
     round: int = 0,
     density: float = 1.0,
+    buffers: bool = False,
 ) -> int:
     """Exact serialized bytes of the stream ``encode_model`` produces, without encoding anything.
 
@@ -108,6 +109,7 @@ def encoded_model_size(
         dense_tensors: tensors sent without a mask (no entry needed in ``nnz_per_tensor``).
         node_id, fleet_id, round, density: the header's fields; they change its size by a few bytes,
             so pass the ones ``encode_model`` gets for an exact count.
+        buffers: the stream carries ``spec.buffers`` too (``encode_model`` given them: 1.3, ``norm_stats average``).
 
     Returns:
         The sum over all messages (header included) of their serialized size, i.e. of
@@ -132,6 +134,8 @@ def encoded_model_size(
             raise ValueError(f"nnz_per_tensor[{name!r}]={nnz} must be in [0, {numel}]")
         counts[name] = nnz
     plan = plan_stream(spec, counts, value_type, max_message_bytes)
+    if buffers:
+        plan = StreamPlan(plan.messages + plan_buffers(spec, max_message_bytes).messages)
     digest_size = payload_hasher(PROTOCOL_VERSION).digest_size
     header = _header_proto(node_id, fleet_id, spec.arch_id, round, density, bytes(digest_size), plan)
     return _header_message_bytes(header) + plan.payload_bytes
@@ -194,6 +198,8 @@ def sparse_to_proto(
 ) -> ProtoSparseTensor:
     """One chunk of an encoded tensor as a ``SparseTensor`` message (the layout says which bytes)."""
     message = ProtoSparseTensor(name=name, shape=shape, value_type=value_type_to_proto(value_type), dense=chunk.dense)
+    if chunk.buffer:
+        message.buffer = True
     message.start, message.count = chunk.start, chunk.count
     message.value_start, message.nnz = chunk.value_start, chunk.nnz
     if not chunk.dense:
@@ -215,12 +221,16 @@ def encode_model(
     density: float,
     value_type: ValueType = ValueType.FLOAT32,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    buffers: Mapping[str, torch.Tensor] | None = None,
 ) -> list[ProtoModelChunk]:
     """Encode a masked model as the messages of one stream: the header, then the tensors in spec order.
 
     Only active elements travel (``weights[name][masks[name]]``); a tensor without a mask, or whose
     mask is all true, is sent dense without a bitmap. No message serializes to more than
-    ``max_message_bytes``. Nothing of the caller's is modified.
+    ``max_message_bytes``. Nothing of the caller's is modified. ``buffers`` (1.3, ``norm_stats average``;
+    exactly ``spec.buffers``' names and shapes, or empty: none yet): the running statistics, after the
+    parameters in messages of their own, dense float32 whatever ``value_type`` (``num_batches_tracked``
+    as its float32 value); :func:`without_buffers` makes the stream of a caller that did not ask for them.
 
     Raises:
         ValueError / TypeError: names, shapes or dtypes disagree with ``spec``, a header field is
@@ -231,9 +241,14 @@ def encode_model(
     density = _check_header_args(node_id, fleet_id, round, density, max_message_bytes)
     _check_model_args(spec, weights, masks)
     encoded = {name: _encode_tensor(name, weights[name], masks.get(name), value_type) for name in spec.shapes}
+    if buffers:
+        _check_buffer_args(spec, buffers)
+        for name in spec.buffers:
+            encoded[name] = _encode_tensor(name, buffers[name].to(torch.float32), None, ValueType.FLOAT32)
     nnz = {
         name: (spec.numel(name) if not enc.bitmap else len(enc.values) // value_type.itemsize)
         for name, enc in encoded.items()
+        if name in spec.shapes
     }
     total = spec.total_numel
     kept = sum(nnz.values()) / total if total else 0.0
@@ -243,18 +258,49 @@ def encode_model(
             f" masks' (within {spec.density_tolerance:.2g}, ERK's rounding), receivers refuse any other"
         )
     plan = plan_stream(spec, nnz, value_type, max_message_bytes)
+    if buffers:
+        plan = StreamPlan(plan.messages + plan_buffers(spec, max_message_bytes).messages)
     digest = payload_hasher(PROTOCOL_VERSION)
     messages: list[ProtoModelChunk] = []
     for planned in plan.messages:
         tensors = []
         for chunk in planned:
-            tensor = sparse_to_proto(chunk.name, spec.shapes[chunk.name], value_type, chunk, encoded[chunk.name])
+            shape, kind = (spec.buffers, ValueType.FLOAT32) if chunk.buffer else (spec.shapes, value_type)
+            tensor = sparse_to_proto(chunk.name, shape[chunk.name], kind, chunk, encoded[chunk.name])
             digest.update(tensor.bitmap)
             digest.update(tensor.values)
             tensors.append(tensor)
         messages.append(ProtoModelChunk(tensors=tensors))
     header = _header_proto(node_id, fleet_id, spec.arch_id, round, density, digest.digest(), plan)
     return [ProtoModelChunk(header=header), *messages]
+
+
+def _check_buffer_args(spec: ModelSpec, buffers: Mapping[str, torch.Tensor]) -> None:
+    if list(buffers) != list(spec.buffers):
+        raise ValueError(f"buffers {list(buffers)[:8]} are not spec {spec.arch_id}'s {list(spec.buffers)[:8]}")
+    for name, shape in spec.buffers.items():
+        buffer = buffers[name]
+        if not isinstance(buffer, torch.Tensor) or tuple(buffer.shape) != shape:
+            raise ValueError(f"buffers[{name!r}] has shape {tuple(getattr(buffer, 'shape', ()))}, spec says {shape}")
+
+
+def without_buffers(messages: Sequence[ProtoModelChunk]) -> list[ProtoModelChunk]:
+    """``encode_model``'s stream ``messages`` without its buffers' messages (for a caller that did not ask for
+    them, or of 1.2), its header's counts and digest (in the header's version) made for what is left."""
+    kept = [m for m in messages[1:] if not (m.tensors and m.tensors[0].buffer)]
+    if len(kept) == len(messages) - 1:
+        return list(messages)
+    header = ProtoModelChunk()
+    header.CopyFrom(messages[0])
+    digest = payload_hasher(header.header.protocol_version)
+    for message in kept:
+        for tensor in message.tensors:
+            digest.update(tensor.bitmap)
+            digest.update(tensor.values)
+    header.header.payload_digest = digest.digest()
+    header.header.message_count = len(kept)
+    header.header.chunk_count = sum(len(m.tensors) for m in kept)
+    return [header, *kept]
 
 
 def header_for_version(messages: list[ProtoModelChunk], protocol_version: str) -> ProtoModelChunk:
@@ -345,8 +391,9 @@ class ModelDecoder:
         self.chunks = 0
         self.total_bytes = 0
         self.value_type: ValueType | None = None  # of the stream's first chunk; every chunk must have it
-        self._names = spec.names
-        self._names_by_bytes = {name.encode(): name for name in spec.names}
+        self._names = spec.names + tuple(spec.buffers)  # the buffers (1.3) after the parameters, when sent
+        self._names_by_bytes = {name.encode(): name for name in self._names}
+        self._buffer_names = frozenset(spec.buffers)
         self._rows = np.empty((0, _parse.COLUMNS), dtype=np.int64)  # one per chunk the header announces
         self._next_tensor = 0  # index into the spec's names of the next tensor to start
         self._current: _TensorState | None = None
@@ -532,7 +579,10 @@ class ModelDecoder:
             )
         self._next_tensor += 1
         assert self.value_type is not None  # set by the stream's first chunk, before its tensor starts
-        build = TensorBuild(name, self.spec.shapes[name], dense, self.value_type)
+        if name in self._buffer_names:  # a running statistic: dense float32 (the chunk was checked)
+            build = TensorBuild(name, self.spec.buffers[name], True, ValueType.FLOAT32)
+        else:
+            build = TensorBuild(name, self.spec.shapes[name], dense, self.value_type)
         self._building.append(build.future)
         state = self._current = self._tensors[name] = _TensorState(build)
         return state
@@ -542,13 +592,23 @@ class ModelDecoder:
         far, and hand its bitmap and values (views of the message) to its tensor's build."""
         (name_at, name_len, type_number, bitmap_at, bitmap_len, values_at, values_len) = row[: _parse.NNZ]
         nnz, dense, start, count, value_start, dims = row[_parse.NNZ : _parse.SHAPE]
+        flagged = bool(row[_parse.BUFFER])
+        if flagged and not self._buffer_names:
+            raise WireDecodeError(
+                f"message {index}, tensor {_quoted_name(raw, row)}: a buffer (running statistic) this node did not"
+                " ask for (it keeps its own: norm_stats local, or a model without buffers)"
+            )
         name = self._names_by_bytes.get(raw[name_at : name_at + name_len])
         if name is None:
             raise WireDecodeError(
                 f"message {index}, tensor {_quoted_name(raw, row)}: unknown tensor name (not in {self.spec.arch_id})"
             )
         where = f"message {index}, tensor {name!r}"
-        shape = self.spec.shapes[name]
+        is_buffer = name in self._buffer_names
+        if flagged != is_buffer:
+            kind = "a buffer" if is_buffer else "a parameter"
+            raise WireDecodeError(f"{where}: is {kind} of the model, but its buffer flag is {flagged}")
+        shape = (self.spec.buffers if is_buffer else self.spec.shapes)[name]
         if dims != len(shape) or tuple(row[_parse.SHAPE : _parse.SHAPE + dims]) != shape:
             raise WireDecodeError(
                 f"{where}: shape {tuple(row[_parse.SHAPE : _parse.SHAPE + dims])} does not match the model's {shape}"
@@ -557,7 +617,10 @@ class ModelDecoder:
             value_type = ValueType(type_number)
         except ValueError:
             raise WireDecodeError(f"{where}: unknown value type {type_number}") from None
-        if self.value_type is None:
+        if is_buffer:
+            if value_type is not ValueType.FLOAT32 or not dense:
+                raise WireDecodeError(f"{where}: a buffer travels dense in FLOAT32, not {value_type.name}")
+        elif self.value_type is None:
             self.value_type = value_type
         elif value_type is not self.value_type:
             raise WireDecodeError(
@@ -655,6 +718,7 @@ class ModelDecoder:
                 )
             weights[name], masks[name] = state.build.future.result()  # raises the tensor's refusal, if any
             active += state.next_value
+        buffers = self._finish_buffers()
         assert self._digest is not None  # set with the header
         digest = self._digest.digest()
         if digest != header.payload_digest:
@@ -670,7 +734,36 @@ class ModelDecoder:
                 f" (tolerance {self.spec.density_tolerance:.2g})"
             )
         assert self.value_type is not None
-        return DecodedModel(header, weights, masks, self.value_type, self.total_bytes)
+        return DecodedModel(header, weights, masks, self.value_type, self.total_bytes, buffers)
+
+    def _finish_buffers(self) -> dict[str, torch.Tensor]:
+        """The running statistics that arrived (all of the spec's, or none: a sender that keeps its own), each
+        checked: finite (by its build), a ``running_var`` never negative, a ``num_batches_tracked`` a whole
+        number >= 0 (handed over as int64, the others float32)."""
+        arrived = [name for name in self.spec.buffers if name in self._tensors]
+        if not arrived:
+            return {}
+        missing = [name for name in self.spec.buffers if name not in self._tensors]
+        if missing:
+            raise WireDecodeError(
+                f"buffer {missing[0]!r} is missing from the stream"
+                " (a stream carries all of the model's buffers or none)"
+            )
+        buffers: dict[str, torch.Tensor] = {}
+        for name in arrived:
+            state = self._tensors[name]
+            if not state.complete:
+                raise WireDecodeError(f"buffer {name!r} is incomplete: {state.next_element} of {state.numel} elements")
+            value = state.build.future.result()[0]
+            leaf = name.rpartition(".")[2]
+            if leaf == "running_var" and bool((value < 0).any()):
+                raise WireDecodeError(f"buffer {name!r}: {int((value < 0).sum())} variances are negative")
+            if leaf == "num_batches_tracked":
+                if bool((value < 0).any()) or not bool(torch.equal(value, value.round())):
+                    raise WireDecodeError(f"buffer {name!r}: {value.flatten()[:4].tolist()} is not a count >= 0")
+                value = value.to(torch.int64)
+            buffers[name] = value
+        return buffers
 
 
 def compile_decoder() -> None:

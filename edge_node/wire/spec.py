@@ -97,7 +97,9 @@ class ModelSpec:
         buffers: dict[str, tuple[int, ...]] = {}
         for name, shape in self.buffers.items():
             if not isinstance(name, str) or not name or len(name.encode()) > 255 or name in shapes:
-                raise ValueError(f"buffer name {name!r} must be a non-empty string of at most 255 bytes, no parameter's")
+                raise ValueError(
+                    f"buffer name {name!r} must be a non-empty string of at most 255 bytes, no parameter's"
+                )
             dims = tuple(int(d) for d in shape)
             if any(d < 0 for d in dims):
                 raise ValueError(f"buffer {name!r} has a negative dimension in shape {dims}")
@@ -249,6 +251,7 @@ class PayloadHasher(Protocol):
 
 
 DIGEST_XXH3_SINCE = (1, 2)  # the protocol version whose stream headers carry XXH3-128, not SHA-256
+BUFFERS_SINCE = (1, 3)  # the protocol version whose streams may carry running statistics (SparseTensor.buffer)
 
 
 def payload_hasher(protocol_version: str) -> PayloadHasher:

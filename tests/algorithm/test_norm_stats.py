@@ -107,3 +107,41 @@ def test_the_last_batch_is_trained_unless_it_is_one_sample(last):
     state = start(read_weights(model), 1.0, seed=0, client=0)
     done = train_local(state, model, _batches(0.0, last), 0, DisPFLParams(epochs=1, batch_size=8), seed=0, client=0)
     assert done.stats.samples == 16 + (last if last > 1 else 0)
+
+
+@pytest.mark.parametrize("policy", ["local", "average"])
+def test_average_evaluates_and_trains_on_the_mean_of_the_round_start_statistics(policy):
+    """Under average a client aggregates its running statistics with the peers' (their mean, the largest count)."""
+    model = _model()
+    init = read_weights(model)
+    params = DisPFLParams(epochs=1, batch_size=8, lr=0.05, norm_stats=policy)
+    states = [start(init, 0.8, seed=1, client=i) for i in range(2)]
+    seen = {}
+
+    def hooks(i, t):
+        def evaluate(m):
+            seen.setdefault((t, i), read_buffers(m))
+            return 0.5
+
+        return RoundHooks(_batches(offset=3.0 * i), evaluate)
+
+    for t in range(2):
+        offers = [[("c1", *published(states[1]))], [("c0", *published(states[0]))]]
+        buffers = [{"c1": states[1].buffers}, {"c0": states[0].buffers}]
+        states = [
+            client_round(states[i], offers[i], model, t, params, seed=1, client=i, hooks=hooks(i, t),
+                         peer_buffers=buffers[i]).state
+            for i in range(2)
+        ]  # fmt: skip
+        if t == 0:
+            round_start = [s.buffers for s in states]
+    a, b = seen[1, 0], seen[1, 1]  # what each client was evaluated with in round 1, before training
+    if policy == "local":
+        assert all(torch.equal(a[k], round_start[0][k]) for k in a)
+        assert not torch.equal(a["norm.running_mean"], b["norm.running_mean"])
+        return
+    for name in ("norm.running_mean", "norm.running_var"):
+        mean = (round_start[0][name] + round_start[1][name]) / 2
+        assert torch.equal(a[name], mean) and torch.equal(b[name], mean)
+    assert int(a["norm.num_batches_tracked"]) == int(b["norm.num_batches_tracked"]) == 2
+    assert not torch.equal(states[0].buffers["norm.running_mean"], states[1].buffers["norm.running_mean"])  # trained

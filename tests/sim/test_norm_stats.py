@@ -67,6 +67,36 @@ def test_a_method_that_cannot_keep_the_statistics_refuses_before_writing(tmp_pat
     assert not out.exists()
 
 
-def test_norm_stats_takes_local_only():
-    with pytest.raises(ConfigError, match="norm stats 'average' must be one of local"):
-        SimConfig(norm_stats="average")
+def test_norm_stats_takes_local_or_average():
+    assert SimConfig(norm_stats="average").dispfl_params().norm_stats == "average"
+    with pytest.raises(ConfigError, match="norm stats 'mean' must be one of local, average"):
+        SimConfig(norm_stats="mean")
+
+
+def test_average_sends_the_statistics_and_averages_them(tmp_path, demo):
+    local = _records(run_simulation(SimConfig(**COMMON, rounds=2, output=tmp_path / "local"), demo))
+    out = run_simulation(SimConfig(**COMMON, rounds=2, norm_stats="average", output=tmp_path / "average"), demo)
+    records = _records(out)
+    assert [r["norm_stats"] for r in records] == ["average", "average"]
+    # round 0: nobody has trained, no statistics travel; round 1: each published model carries its 17 values
+    assert records[0]["bytes_received"] == local[0]["bytes_received"]
+    assert records[1]["bytes_received"] > local[1]["bytes_received"]
+    assert records[0]["acc_after"] == local[0]["acc_after"] and records[1]["acc_before"] != local[1]["acc_before"]
+    a, b = load_checkpoint(out / CHECKPOINT_NAME, torch.device("cpu"))["buffers"]
+    assert int(a["norm.num_batches_tracked"]) == int(b["norm.num_batches_tracked"]) == 2 * 4  # max(4, 4) + 4
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        (dict(model="tests.plugin_factories:gn_conv"), "norm_stats average: model tests.plugin_factories:gn_conv"
+                                                       " has no running statistics"),
+        (dict(method="local"), "norm_stats average is not implemented for method local"),
+    ],
+)  # fmt: skip
+def test_average_is_refused_before_writing(tmp_path, demo, settings, expected):
+    out = tmp_path / "refused"
+    with pytest.raises(ConfigError, match=expected) as exc:
+        run_simulation(SimConfig(**{**COMMON, **settings}, norm_stats="average", rounds=1, output=out), demo)
+    assert "\n" not in str(exc.value)
+    assert not out.exists()

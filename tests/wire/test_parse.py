@@ -192,7 +192,8 @@ def _tensor(body: bytes) -> bytes:
         (_tensor(b"\x31" + b"\x00" * 8), _parse.WIRE_TYPE, 6),  # nnz as a fixed64
         (_tensor(b"\x10\x03"), _parse.WIRE_TYPE, 2),  # shape unpacked
         (_tensor(b"\x12\x09" + b"\x01" * 9), _parse.DIMS_OVER, 2),
-        (_tensor(b"\x58\x01"), _parse.UNKNOWN, 11),
+        (_tensor(b"\x60\x01"), _parse.UNKNOWN, 12),  # 1.3 defines 11 (buffer)
+        (_tensor(b"\x58\x02"), _parse.LONG_VARINT, 11),  # buffer is 1 or absent
         (_tensor(b"\x03"), _parse.UNKNOWN, 0),  # field 0 (a start-group tag)
         (b"\x0a\x00", _parse.HEADER, 1),
         (b"\x78\x01", _parse.UNKNOWN, 15),

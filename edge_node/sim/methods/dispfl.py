@@ -94,6 +94,6 @@ class DisPFL(Method):
 
 DISPFL = DisPFL(
     name="dispfl", label="DisPFL", acc_before_is="aggregated personal model, before local training",
-    acc_after_is="after local training", sparse=True, shardable=True, keeps_norm_stats=True,
+    acc_after_is="after local training", sparse=True, shardable=True, keeps_norm_stats=True, averages_norm_stats=True,
     uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen", "trainable"},
 )  # fmt: skip

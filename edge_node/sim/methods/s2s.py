@@ -110,4 +110,5 @@ DISPFL_S2S = SparseToSparser(
     acc_after_is="after local training and any further prune", sparse=True,
     uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen", "target_density", "s2s_stable_threshold"},
     keeps_norm_stats=True,
+    averages_norm_stats=True,
 )  # fmt: skip
