@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from edge_node.cli._app import app, complete_model, fail, verbose_option
+from edge_node.errors import ConfigError
 from edge_node.exit_codes import ExitCode
 from edge_node.fleet.config import DEFAULT_OUTPUT, FleetConfig
 
@@ -66,6 +67,9 @@ _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.
     metavar="TASK",
     help="classification, regression, multilabel or a factory package.module:function (every node's).",
 )
+@click.option("--norm-stats", type=click.Choice(("local", "average")), default="local", show_default=True,
+              help="A BatchNorm model's running statistics: local (each node's own, FedBN) or average (sent with "
+              "the model and averaged with the peers'; refused for a model without them).")  # fmt: skip
 @click.option("--dataset", default="demo", show_default=True,
               help=f"Data set each node takes its slice of: {', '.join(_DATASETS)} (demo is built in) or a data "
               "factory package.module:function.")  # fmt: skip
@@ -110,10 +114,15 @@ def loopback(fresh: bool, progress: bool | None, fleet_id: str, daemon_args: tup
     flags["trainable"] = tuple((flags.get("trainable") or "").split(","))
     config = FleetConfig(fleet=fleet_id, daemon_args=daemon_args, progress=live,
                          devices=";".join(devices) if devices else None, **flags)  # fmt: skip
-    if config.model not in _MODELS or config.dataset not in _DATASETS or config.task != "classification":
+    average = config.norm_stats == "average"
+    if config.model not in _MODELS or config.dataset not in _DATASETS or config.task != "classification" or average:
+        from edge_node.algorithm.norm_stats import has_running_stats
         from edge_node.api import check_model_and_data
 
-        check_model_and_data(config.model, config.dataset, config.data_dir, seed=config.seed, task=config.task)
+        built = check_model_and_data(config.model, config.dataset, config.data_dir, seed=config.seed, task=config.task)
+        if average and not has_running_stats(built):  # one line, before anything is written
+            raise ConfigError(f"--norm-stats average: model {config.model} has no running statistics (BatchNorm "
+                              "buffers) to average; use --norm-stats local (the default)")  # fmt: skip
     if config.init_weights is not None or config.trainable:  # a bad file or glob: one line, before anything is written
         from edge_node.api import check_start
 

@@ -53,6 +53,7 @@ class FleetConfig:
     init_weights: Path | None = None  # every node's start (edge_node.pretrained); None: the fleet seed's
     trainable: tuple[str, ...] = ()  # globs of the parameters that train (edge_node.algorithm.frozen); (): all
     task: str = "classification"  # edge_node.algorithm.tasks: every node's
+    norm_stats: str = "local"  # a BatchNorm model's running statistics: local (FedBN) or average (sent, averaged)
     dataset: str = "demo"
     data_dir: Path | None = None
     partition: str = "dir:0.3"
@@ -159,6 +160,7 @@ class FleetConfig:
             "energy_backend": self.energy_backend,
             "export_onnx": False,  # one model.onnx per round per node costs CPU the fleet shares
             "lockstep": self.lockstep,
+            "norm_stats": self.norm_stats,
         }
         optional = {
             "data_dir": self.data_dir,

@@ -147,7 +147,9 @@ class NodeConfig:
     norm_stats: str = _key(
         DEFAULT_NORM_STATS,
         "A BatchNorm model's running statistics: local (FedBN: kept by this node, checkpointed, used in its "
-        "evaluation, never sent). A BatchNorm model trains whole batches (--micro-batch is 0 for it).",
+        "evaluation, never sent) or average (sent with the model to peers that average too, protocol 1.3, and "
+        "averaged with theirs; refused for a model without them). A BatchNorm model trains whole batches "
+        "(--micro-batch is 0 for it).",
     )
     device: str = _key("cpu", "cpu or cuda.")
     threads: int | None = _key(None, "Torch intra-op threads [default: torch's].")

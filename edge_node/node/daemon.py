@@ -54,7 +54,7 @@ import torch
 from edge_node import __version__
 from edge_node.algorithm import read_weights, tier_name
 from edge_node.algorithm.dispfl import ClientRound, DisPFLParams, RoundHooks, client_round, published, start
-from edge_node.algorithm.norm_stats import batch_normalised
+from edge_node.algorithm.norm_stats import batch_normalised, has_running_stats
 from edge_node.algorithm.tasks import metric_fields, metrics_mean, score
 from edge_node.algorithm.training import Batch
 from edge_node.energy import EnergyAccountant, open_meter
@@ -222,6 +222,11 @@ class Node:
         if config.privacy == "dp-sgd" and batch_normalised(model):
             raise ConfigError(f"privacy dp-sgd cannot train model {config.model}: DP-SGD's per-sample gradients are "
                               "undefined for BatchNorm layers; use GroupNorm or LayerNorm")  # fmt: skip
+        if config.norm_stats == "average":  # the running statistics travel (protocol 1.3) and are averaged
+            if not has_running_stats(model):
+                raise ConfigError(f"norm_stats average: model {config.model} has no running statistics (BatchNorm "
+                                  "buffers) to average; use norm_stats local (the default)")  # fmt: skip
+            self.spec = self.spec.with_buffers(dict(model.named_buffers()))
         self.params = self.params.fitted(model)  # a BatchNorm model trains whole batches
         self.model = model.to(self.device)
         init_weights = read_weights(self.model)
@@ -464,7 +469,7 @@ class Node:
         try:
             done: ClientRound = client_round(
                 self.state, offers, self.model, t, self.params, seed=self.config.seed, client=self.client_index,
-                hooks=hooks,
+                hooks=hooks, peer_buffers={k: m.buffers for k, m in fresh.items()},
             )  # fmt: skip
         except TrainingDiverged as diverged:
             self._diverged(t, diverged, chosen, received, refused, retries)  # writes: outside the interruptible section
@@ -508,7 +513,7 @@ class Node:
             "energy_label": energy["label"],
             "energy_source": energy["source"],
         }
-        if new_state.buffers:  # FedBN: the statistics stayed here (never a FedAvg of buffers)
+        if new_state.buffers:  # FedBN's "local" (the statistics stayed here) or "average" (with the peers')
             record["norm_stats"] = self.config.norm_stats
         if self.budget is not None:
             record.update(self.budget.to_json(next_round))
@@ -625,6 +630,7 @@ class Node:
             ModelSnapshot(
                 weights=weights, masks=mask, round=self.rounds_done, density=self.density, node_id=self.node_id,
                 fleet_id=self.config.fleet, arch_id=self.spec.arch_id, tier=self.tier,
+                buffers=self.state.buffers if self.spec.buffers else {},  # norm_stats average: they travel
             )
         )  # fmt: skip
         for discovery in getattr(self, "discoveries", []):
