@@ -49,8 +49,8 @@ from edge_node.sim.methods.base import SERVER_ID, stderr_is_tty
 from edge_node.sim.report import ACCURACY_PLOT, COMMUNICATION_PLOT, ROUNDS_LOG, SUMMARY_FILE
 from edge_node.sim.shard import SINGLE, Shard
 from edge_node.storage import append_line, atomic_write_text, truncate_jsonl
-from edge_node.wire import ModelSpec
 from edge_node.task_names import format_metric
+from edge_node.wire import ModelSpec
 
 _LOGGER = logging.getLogger(__name__)
 
