@@ -33,8 +33,8 @@ def example_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def test_pretrain_then_a_fleet_fine_tunes_the_last_blocks(example_env, tmp_path: Path):
     start = tmp_path / "pretrained.safetensors"
-    pretrain = [sys.executable, "-m", "mobilenet_finetune.pretrain", "--out", str(start), "--epochs", "1", "--batch-size",
-                "32"]  # fmt: skip
+    pretrain = [sys.executable, "-m", "mobilenet_finetune.pretrain", "--out", str(start), "--epochs", "1",
+                "--batch-size", "32"]  # fmt: skip
     done = subprocess.run(pretrain, capture_output=True, text=True, timeout=300, env=example_env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert start.is_file() and "the head classifier.* left out" in done.stdout
