@@ -17,7 +17,8 @@ from edge_node.models import build_model
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from edge_node.sim.config import METHODS, SimConfig
 from edge_node.sim.methods import s2s
-from edge_node.sim.runner import RECORD_KEYS, accuracy, partition, run_simulation
+from edge_node.sim.methods.base import score
+from edge_node.sim.runner import RECORD_KEYS, partition, run_simulation
 from tests.sim.tiny import TINY, read_records
 
 CNN_PARAMS = 797_962
@@ -140,6 +141,6 @@ def test_sparse_to_sparser_reports_the_pruned_model_the_client_keeps(demo, tmp_p
         assert not any(bool(w.any()) for w in weights.values())
         load_weights(model, weights)
         data = ClientData.from_indices(pool, train_parts[i], test_parts[i])
-        assert last["acc_after"][i] == accuracy(model, data, config.eval_batch_size), i
+        assert last["acc_after"][i] == score(model, data, config.eval_batch_size), i
     assert last["acc_after"] != records[1]["acc_after"]
     assert last["flops_per_client_mean"] == pytest.approx(records[1]["flops_per_client_mean"])  # trained at 0.5
