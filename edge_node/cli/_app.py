@@ -42,7 +42,7 @@ SHORT_HELP = {
     "capacity": "Measure throughput, memory, CPUs, accelerator and link; print every tier's check and the one chosen.",
     "certs": "Mutual TLS material: a fleet CA signs one certificate per node (SAN = node id).",
     "energy": "Joules per round and phase, mean power and meter source from RUN_OR_STATE_DIR/energy.jsonl.",
-    "export": "Write the node's latest checkpointed model (masked weights) as ONNX and check it with onnxruntime.",
+    "export": "Write a trained model (masked weights) as ONNX and check it with onnxruntime.",
     "fleet": "Every node of the fleet in one table: id, host, tier, round, phase, accuracy, last round, refusals.",
     "loopback": "Run N real edge-node daemons on this machine (127.0.0.1 or namespaces) and summarise the fleet.",
     "peers": "Browse for edge-node peers over mDNS and print the live peer table.",
