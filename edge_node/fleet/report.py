@@ -154,7 +154,8 @@ def format_markdown(report: dict[str, Any]) -> str:
     lines = [f"# Run report: {report['title']} ({len(nodes)} node{'' if len(nodes) == 1 else 's'})", ""]
     if report["stopped_early"]:
         lines += [
-            f"**Stopped early** ({metric} values are the last recorded, not final): "
+            f"**Stopped early** ({'accuracies' if metric == 'accuracy' else metric + ' values'} are the last "
+            "recorded, not final): "
             + "; ".join(f"{n['node_id']} {n['completeness'].split(':')[0]}" for n in nodes if not n["complete"]
                         and n["rounds_planned"] is not None) + ".",
             "",
