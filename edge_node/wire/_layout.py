@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from edge_node.wire.spec import MIN_MAX_MESSAGE_BYTES, ModelSpec, ValueType
@@ -145,34 +145,36 @@ def plan_stream(
     spec: ModelSpec, nnz_per_tensor: Mapping[str, int], value_type: ValueType, max_message_bytes: int
 ) -> StreamPlan:
     """Chunks of every tensor in spec order, packed greedily into messages of at most the budget."""
-    messages: list[tuple[ChunkPlan, ...]] = []
-    current: list[ChunkPlan] = []
-    used = 0
-    for name, shape in spec.shapes.items():
-        for chunk in _tensor_chunks(name, shape, nnz_per_tensor[name], value_type, max_message_bytes):
-            if current and used + chunk.entry_bytes > max_message_bytes:
-                messages.append(tuple(current))
-                current, used = [], 0
-            current.append(chunk)
-            used += chunk.entry_bytes
-    if current:
-        messages.append(tuple(current))
-    return StreamPlan(tuple(messages))
+    chunks = (
+        chunk
+        for name, shape in spec.shapes.items()
+        for chunk in _tensor_chunks(name, shape, nnz_per_tensor[name], value_type, max_message_bytes)
+    )
+    return _packed(chunks, max_message_bytes)
 
 
 def plan_buffers(spec: ModelSpec, max_message_bytes: int) -> StreamPlan:
     """The messages of ``spec.buffers`` (1.3), after the parameters' and never shared with them: every buffer
     dense float32, flagged, packed greedily like :func:`plan_stream`'s (none for a spec without buffers)."""
+    chunks = (
+        chunk
+        for name, shape in spec.buffers.items()
+        for chunk in _tensor_chunks(name, shape, math.prod(shape), ValueType.FLOAT32, max_message_bytes, True)
+    )
+    return _packed(chunks, max_message_bytes)
+
+
+def _packed(chunks: Iterable[ChunkPlan], max_message_bytes: int) -> StreamPlan:
+    """``chunks`` in order, packed greedily into messages of at most ``max_message_bytes`` of entries."""
     messages: list[tuple[ChunkPlan, ...]] = []
     current: list[ChunkPlan] = []
     used = 0
-    for name, shape in spec.buffers.items():
-        for chunk in _tensor_chunks(name, shape, math.prod(shape), ValueType.FLOAT32, max_message_bytes, True):
-            if current and used + chunk.entry_bytes > max_message_bytes:
-                messages.append(tuple(current))
-                current, used = [], 0
-            current.append(chunk)
-            used += chunk.entry_bytes
+    for chunk in chunks:
+        if current and used + chunk.entry_bytes > max_message_bytes:
+            messages.append(tuple(current))
+            current, used = [], 0
+        current.append(chunk)
+        used += chunk.entry_bytes
     if current:
         messages.append(tuple(current))
     return StreamPlan(tuple(messages))
