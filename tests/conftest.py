@@ -42,17 +42,32 @@ def _decoder_compiled() -> None:
     compile_decoder()
 
 
-@pytest.fixture(autouse=True)
-def _torch_threads_restored():
-    """Undo a test's ``torch.set_num_threads`` (an in-process node applies its ``threads`` key, and the
-    setting is process-wide): later in-process runs would otherwise sum in another order than the
-    subprocess runs they are compared with, and their records would differ by float rounding."""
+_SESSION_THREADS = 0  # torch's thread count when the session started
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Remember the process's own torch thread count before any fixture can change it."""
     import torch
 
-    before = torch.get_num_threads()
+    global _SESSION_THREADS
+    _SESSION_THREADS = torch.get_num_threads()
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Each test starts and ends with the process's own ``torch`` thread count. An in-process node applies
+    its ``threads`` key, and the setting is process-wide: a module-scoped fixture's node sets it before any
+    test's set-up (so restoring "the count before the test" kept its 1 for the rest of the session), and a
+    later in-process run then sums in another order than the subprocess runs it is compared with, and their
+    records differ by float rounding (tests/sim/test_simulate_cli.py's config.json check, on a CPU whose
+    kernels split by thread count)."""
+    import torch
+
+    if torch.get_num_threads() != _SESSION_THREADS:
+        torch.set_num_threads(_SESSION_THREADS)
     yield
-    if torch.get_num_threads() != before:
-        torch.set_num_threads(before)
+    if torch.get_num_threads() != _SESSION_THREADS:
+        torch.set_num_threads(_SESSION_THREADS)
 
 
 @pytest.fixture(autouse=True)
