@@ -218,7 +218,7 @@ class Node:
                 config.epsilon, config.delta, config.dp_clip, self.params, self.local.data.num_train
             )
             self.params = self.budget.params(self.params)
-        model, self.spec = node_model(config, self.local, check_export="start" if config.export_onnx else None)
+        model, self.spec = node_model(config, self.local, check_export="start" if config.export_onnx else "warn")
         if config.privacy == "dp-sgd" and batch_normalised(model):
             raise ConfigError(f"privacy dp-sgd cannot train model {config.model}: DP-SGD's per-sample gradients are "
                               "undefined for BatchNorm layers; use GroupNorm or LayerNorm")  # fmt: skip

@@ -6,10 +6,12 @@ checked build and the spec come from this one function.
 
 from __future__ import annotations
 
+import logging
+
 from torch import nn
 
 from edge_node.errors import ModelError
-from edge_node.models import arch_name, build_checked_model
+from edge_node.models import MODELS, arch_name, build_checked_model
 from edge_node.node.config import NodeConfig
 from edge_node.node.export import onnx_problem
 from edge_node.node.local_data import LocalData
@@ -17,6 +19,8 @@ from edge_node.pretrained import prepare_start, wire_spec
 from edge_node.wire import ModelSpec
 
 __all__ = ["node_model"]
+
+log = logging.getLogger(__name__)
 
 # What a refused export tells each command to do.
 EXPORT_FIX = {"start": "set export_onnx = false to run without the export", "export": "fix the model's forward"}
@@ -28,7 +32,10 @@ def node_model(config: NodeConfig, local: LocalData, *, check_export: str | None
 
     Args:
         check_export: the command that will export the model (``start`` with ``export_onnx``, ``export``):
-            then it is exported to ONNX once and run by onnxruntime first (:func:`onnx_problem`).
+            then it is exported to ONNX once and run by onnxruntime first (:func:`onnx_problem`). ``warn``
+            (``start`` without ``export_onnx``): a plug-in model that cannot be exported is said in one
+            warning, so the user learns it before ``edge-node export`` refuses it, and the node runs (the
+            built-in models export, tested; they are not checked again).
 
     Raises:
         ModelError: the model breaks the contract (``build_checked_model``), or cannot be exported to ONNX
@@ -38,8 +45,13 @@ def node_model(config: NodeConfig, local: LocalData, *, check_export: str | None
     input_shape = local.data.pool.input_shape
     model = build_checked_model(config.model, local.num_classes, input_shape, config.seed)
     started = prepare_start(model, config.init_weights, config.trainable, model_name=config.model)
-    if check_export is not None:
+    if check_export is not None and (check_export != "warn" or config.model not in MODELS):
         problem = onnx_problem(model, input_shape)
-        if problem is not None:
+        if problem is not None and check_export == "warn":
+            log.warning(
+                "model %s cannot be exported to ONNX (%s): export_onnx = false, so this node runs without "
+                "model.onnx, and edge-node export will refuse its checkpoint", config.model, problem,
+            )  # fmt: skip
+        elif problem is not None:
             raise ModelError(f"model {config.model} cannot be exported to ONNX ({problem}): {EXPORT_FIX[check_export]}")
     return model, wire_spec(arch_name(config.model), local.num_classes, model, started)

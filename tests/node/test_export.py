@@ -197,3 +197,14 @@ def test_a_daemon_whose_export_fails_warns_counts_and_goes_on(tmp_path, monkeypa
     assert node.metrics.registry.get_sample_value("edge_node_export_failures_total") == 2.0
     assert not (config.state_dir / ONNX_FILE).exists()
     assert not list(config.state_dir.glob("*.tmp"))
+
+
+def test_without_export_onnx_a_model_that_cannot_be_exported_trains_with_one_warning(tmp_path, caplog):
+    config = _node_config(tmp_path / "state", f"{X}:fft_mlp", export_onnx=False)
+    caplog.set_level(logging.WARNING)
+    node = _rounds(config, 1)
+    assert node.rounds_done == 1
+    warnings = [r.getMessage() for r in caplog.records if "ONNX" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "'aten::fft_rfft'" in warnings[0] and "export_onnx = false, so this node runs without" in warnings[0]
+    assert not (config.state_dir / ONNX_FILE).exists()
