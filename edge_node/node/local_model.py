@@ -45,13 +45,16 @@ def node_model(config: NodeConfig, local: LocalData, *, check_export: str | None
     input_shape = local.data.pool.input_shape
     model = build_checked_model(config.model, local.num_classes, input_shape, config.seed)
     started = prepare_start(model, config.init_weights, config.trainable, model_name=config.model)
-    if check_export is not None and (check_export != "warn" or config.model not in MODELS):
-        problem = onnx_problem(model, input_shape)
-        if problem is not None and check_export == "warn":
-            log.warning(
-                "model %s cannot be exported to ONNX (%s): export_onnx = false, so this node runs without "
-                "model.onnx, and edge-node export will refuse its checkpoint", config.model, problem,
-            )  # fmt: skip
-        elif problem is not None:
-            raise ModelError(f"model {config.model} cannot be exported to ONNX ({problem}): {EXPORT_FIX[check_export]}")
-    return model, wire_spec(arch_name(config.model), local.num_classes, model, started)
+    spec = wire_spec(arch_name(config.model), local.num_classes, model, started)
+    if check_export is None or (check_export == "warn" and config.model in MODELS):
+        return model, spec
+    problem = onnx_problem(model, input_shape)
+    if problem is None:
+        return model, spec
+    if check_export != "warn":
+        raise ModelError(f"model {config.model} cannot be exported to ONNX ({problem}): {EXPORT_FIX[check_export]}")
+    log.warning(
+        "model %s cannot be exported to ONNX (%s): export_onnx = false, so this node runs without model.onnx, "
+        "and edge-node export will refuse its checkpoint", config.model, problem,
+    )  # fmt: skip
+    return model, spec
