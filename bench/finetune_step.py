@@ -34,6 +34,7 @@ SETTINGS = {
     "mobilenet_v2": ("mobilenet_finetune:mobilenet_v2", (
         ("all", ()), ("features.16-18+classifier", ("features.16.*", "features.17.*", "features.18.*",
                                                     "classifier.*")),
+        ("features.17-18+classifier", ("features.17.*", "features.18.*", "classifier.*")),
         ("classifier", ("classifier.*",)))),
 }  # fmt: skip
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +78,9 @@ def read_start_file(path: Path) -> dict[str, torch.Tensor]:
 
             loaded = load_file(str(path), device="cpu")
         else:
-            loaded = torch.load(path, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch warns of a pickle protocol it may not read: the refusal says it
+                warnings.simplefilter("ignore")
+                loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a pickle weights_only refuses, a truncated file, a corrupt header
         raise ConfigError(
             f"init_weights {path}: {_NOT_WEIGHTS} ({type(exc).__name__}; a pickle is never loaded)"
