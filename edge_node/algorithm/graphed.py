@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from edge_node.algorithm.frozen import train_mode
 from edge_node.algorithm.training import SGDConfig, masked_update
 
 WARMUP_STEPS = 3  # on a side stream before capture, as torch's CUDA graph documentation asks
@@ -128,7 +129,7 @@ class GraphedStep:
     def _capture(self) -> torch.cuda.CUDAGraph:
         """Warm up on a side stream, capture one step, and put the parameters back as they were."""
         state = [t.detach().clone() for t in self._state()]
-        self.model.train()
+        train_mode(self.model)
         current = torch.cuda.current_stream(self._x.device)
         side = torch.cuda.Stream(self._x.device)
         side.wait_stream(current)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from edge_node.algorithm.dp import DPConfig, private_gradients
+from edge_node.algorithm.frozen import train_mode
 from edge_node.algorithm.tasks import CLASSIFICATION, Task
 
 TensorDict = Mapping[str, torch.Tensor]
@@ -104,7 +105,7 @@ def train_masked(
         torch._foreach_mul_(params, mask_values)  # start on the mask
     loss_sum = torch.zeros((), device=params[0].device)
     steps = samples = 0
-    model.train()
+    train_mode(model)  # a frozen BatchNorm layer keeps its start's statistics
     if graphs is not None:
         graphs.load(mask_values, config.lr)
     for x, y in batches:

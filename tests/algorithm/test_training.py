@@ -140,3 +140,25 @@ def test_a_proximal_term_pulls_the_weights_towards_its_anchor_and_lambda_zero_ch
     plain, zero, pulled = trained(None), trained((anchor, 0.0)), trained((anchor, 5.0))
     assert all(torch.equal(plain[n], zero[n]) for n in plain)
     assert distance(pulled) < 0.5 * distance(plain)
+
+
+def test_a_batchnorm_layer_whose_parameters_are_frozen_keeps_its_statistics_and_the_rest_train_theirs():
+    from edge_node.algorithm.frozen import freeze
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+        torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3),
+    )  # fmt: skip
+    freeze(model, ("3.*", "4.*", "6.*"))  # the first conv and its BatchNorm are frozen
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    masks = {n: torch.ones_like(p, dtype=torch.bool) for n, p in model.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(8, 3, 8, 8, generator=g) * 3 + 1, torch.randint(0, 3, (8,), generator=g)) for _ in range(3)]
+    train_masked(model, masks, batches, DisPFLParams(micro_batch=0).sgd(0))
+    after = model.state_dict()
+    for name in ("1.running_mean", "1.running_var", "1.num_batches_tracked", "0.weight", "1.weight"):
+        assert torch.equal(after[name], start[name]), name  # frozen whole: statistics as started
+    for name in ("4.running_mean", "4.running_var", "4.weight"):
+        assert not torch.equal(after[name], start[name]), name  # a trainable BatchNorm learns its statistics
+    assert int(after["4.num_batches_tracked"]) == 3
