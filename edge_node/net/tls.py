@@ -28,7 +28,7 @@ import grpc
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import dsa, ec, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
@@ -41,8 +41,9 @@ DEFAULT_CA_DAYS = 3650
 DEFAULT_CERT_DAYS = 825
 _CLOCK_SKEW = dt.timedelta(minutes=5)  # certificates are valid from a little before "now"
 
-# CA key types that can sign certificates with SHA-256 (Ed25519/Ed448 sign without a hash; X25519/X448/DH cannot sign).
-_CA_KEY_TYPES = (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, dsa.DSAPrivateKey)
+# CA key types that sign node certificates with SHA-256 (Ed25519/Ed448 sign without a hash; X25519/X448/DH cannot
+# sign; DSA is deprecated by cryptography, which warns on any use of its module, and TLS 1.3 has no DSA signatures).
+_CA_KEY_TYPES = (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey)
 
 FINGERPRINT_CACHE_S = 300.0  # a fingerprint seen at (host, port, node) is trusted this long without a new handshake
 _FINGERPRINT_CACHE_MAX = 1024  # entries; the oldest go first
@@ -275,7 +276,8 @@ def issue_certificate(
     if _spki(ca_key.public_key()) != _spki(ca.public_key()):
         raise TlsError("the CA key does not belong to the CA certificate")
     if not isinstance(ca_key, _CA_KEY_TYPES):
-        raise TlsError(f"the CA key is a {type(ca_key).__name__}, which cannot sign certificates with SHA-256")
+        name = type(ca_key).__name__
+        raise TlsError(f"the CA key is a {name}, which cannot sign certificates with SHA-256 here (use EC or RSA)")
     key = _new_key()
     now = dt.datetime.now(dt.timezone.utc)
     names = [node_id, *[n for n in extra_dns if n != node_id]]
