@@ -49,6 +49,8 @@ LAYERS = [
         "plugins",
         "threads",
         "task_names",
+        "defaults",
+        "torch_threads",
     },
     {"algorithm"},
     {"models", "pooling", "data"},
