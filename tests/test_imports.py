@@ -49,6 +49,7 @@ LAYERS = [
         "plugins",
         "threads",
         "task_names",
+        "records",  # the round-record schema: read and written by node, sim and fleet
     },
     {"algorithm"},
     {"models", "pooling", "data"},
