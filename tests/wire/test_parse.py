@@ -104,7 +104,8 @@ def _field_bytes(draw: st.DrawFn) -> tuple[bytes, bool]:
     if wire == 5:
         return tag + draw(st.binary(min_size=4, max_size=4)), False
     if wire == 0:
-        value = draw(st.integers(0, 1)) if number == 7 else draw(_VALUE)  # a bool other than 0/1: see the cases
+        # the bools (7 dense, 11 buffer) as 0/1: one of another value has the canonical size (see the cases)
+        value = draw(st.integers(0, 1)) if number in (7, 11) else draw(_VALUE)
         return tag + _varint(value, draw(_EXTRA)), number == 2
     if number == 1:
         payload = draw(st.text(max_size=12)).encode()
@@ -158,6 +159,7 @@ def _canonical_and_in_range(raw: bytes, chunk: ProtoModelChunk | None, unpacked_
 @example((b"\x12\x03\x10\x80\x00", True))  # shape [0] unpacked in a long varint: the canonical size
 @example((b"\x12\x04\x10\x01\x10\x02", True))  # shape [1, 2] unpacked: the canonical size too
 @example((b"\x12\x04\x12\x02\x01\x02", False))  # and packed
+@example((b"\x12\x02\x58\x01", False))  # buffer = true: canonical (a buffer of 3 is refused: the cases)
 def test_the_walk_accepts_exactly_the_canonical_messages_protobuf_reads_and_reads_them_alike(
     message: tuple[bytes, bool],
 ) -> None:
