@@ -11,7 +11,7 @@ A BatchNorm layer whose affine parameters are all frozen is frozen whole (as det
 ``FrozenBatchNorm2d``): it normalises with its running statistics in training too, and they stay the start's.
 A layer that cannot learn should not re-estimate what its inputs look like, and a training step then does no
 batch statistics below the lowest trainable layer: the example MobileNetV2's step with its last blocks
-trainable took 0.24x an all-trainable step this way against 0.37x with those statistics in training mode
+trainable took 0.24x an all-trainable step this way, against 0.40-0.49x with those statistics in training mode
 (docs/RESULTS.md).
 """
 
