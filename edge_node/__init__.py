@@ -24,6 +24,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from edge_node.errors import EdgeNodeError
+from edge_node.version import __version__
 
 if TYPE_CHECKING:
     from edge_node.algorithm.tasks import Task
@@ -33,8 +34,6 @@ if TYPE_CHECKING:
     from edge_node.node.config import NodeConfig
     from edge_node.node.daemon import Node
     from edge_node.sim.config import SimConfig
-
-__version__ = "0.1.0"
 
 _LAZY = {
     "Dataset": "edge_node.data",

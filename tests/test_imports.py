@@ -49,6 +49,7 @@ LAYERS = [
         "plugins",
         "threads",
         "task_names",
+        "version",
     },
     {"algorithm"},
     {"models", "pooling", "data"},
@@ -99,6 +100,35 @@ def test_no_module_imports_from_a_higher_layer():
         own = _layer_of(top)
         violations += [f"{rel} imports edge_node.{t}" for t in _imported_tops(path) if _layer_of(t) > own]
     assert not violations, violations
+
+
+def _root_names(path: Path, submodules: set[str]) -> list[str]:
+    """Names ``path`` takes from the package root (``from edge_node import X``, X no submodule)."""
+    taken = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module == "edge_node" and node.level == 0:
+            taken += [alias.name for alias in node.names if alias.name not in submodules]
+    return taken
+
+
+def test_no_module_takes_names_from_the_package_root():
+    """The root re-exports from every layer: a name taken from it is an arrow the layer test cannot see."""
+    package = Path(__file__).resolve().parents[1] / "edge_node"
+    submodules = {p.stem for p in package.glob("*.py")} | {p.name for p in package.iterdir() if p.is_dir()}
+    violations = [
+        f"{path.relative_to(package)} takes edge_node.{name} from the package root"
+        for path in sorted(package.rglob("*.py"))
+        if path.relative_to(package) != Path("__init__.py")
+        for name in _root_names(path, submodules)
+    ]
+    assert not violations, violations
+
+
+def test_the_root_import_check_sees_a_root_name(tmp_path):
+    """``from edge_node import __version__`` is caught; ``from edge_node import protocol`` (a submodule) is not."""
+    source = tmp_path / "m.py"
+    source.write_text("from edge_node import __version__, protocol\n")
+    assert _root_names(source, {"protocol", "version"}) == ["__version__"]
 
 
 def test_fleet_supervisor_imports_no_torch():

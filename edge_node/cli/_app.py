@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 import click
 
-from edge_node import __version__
+from edge_node.version import __version__
 from edge_node.errors import (
     DiscoveryError,
     EdgeNodeError,

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from edge_node import __version__
+from edge_node.version import __version__
 from edge_node.algorithm import read_weights, tier_name
 from edge_node.algorithm.dispfl import ClientRound, DisPFLParams, RoundHooks, client_round, published, start
 from edge_node.algorithm.norm_stats import batch_normalised, has_running_stats
