@@ -1,6 +1,8 @@
-"""The contract values peers exchange, one rule each: protocol version, node id, fleet id, round, density, fp.
+"""The contract values peers exchange, one rule each: protocol version, node id, fleet id, architecture id,
+round, density, tier, fp; and :class:`NodeIdentity`, the one type that holds what a node advertises.
 
-Config, discovery (TXT), TLS, stream headers and Hello all check these values with the functions here.
+Config, discovery (TXT), TLS, stream headers and Hello all check these values with the functions here: each
+builds a :class:`NodeIdentity` where the values enter and calls its :meth:`~NodeIdentity.check` once.
 
 The protocol version is shared by the wire format (stream header, Hello) and discovery (TXT ``v``).
 
@@ -24,6 +26,9 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, replace
+
+from edge_node.errors import ConfigError
 
 PROTOCOL_VERSION = "1.3"
 
@@ -99,35 +104,95 @@ def check_fleet_id(fleet_id: object, name: str = "fleet") -> str:
     return fleet_id
 
 
-def check_round(round: object) -> int:
+def check_round(round: object, name: str = "round") -> int:
     """A round a node may publish or claim: an int in [0, MAX_ROUND]; ValueError otherwise."""
     if isinstance(round, bool) or not isinstance(round, int) or not 0 <= round <= MAX_ROUND:
-        raise ValueError(f"round={_shown(round)} must be an integer in [0, {MAX_ROUND}]")
+        raise ValueError(f"{name}={_shown(round)} must be an integer in [0, {MAX_ROUND}]")
     return round
 
 
-def check_density(density: object) -> float:
-    """A published density: a finite number in (0, 1]; ValueError otherwise."""
+def check_density(density: object, name: str = "density") -> float:
+    """A density a node trains at or publishes: a finite number in (0, 1]; ValueError otherwise.
+
+    Every model keeps at least one weight (ERK keeps ``max(1, floor(d_l * n_l))`` of each tensor), so 0 is
+    no density: a node without a model has None, which the Hello carries as 0.0 (``NodeIdentity``).
+    """
     if isinstance(density, bool) or not isinstance(density, (int, float)):
-        raise ValueError(f"density={_shown(density)} must be a number in (0, 1]")
+        raise ValueError(f"{name}={_shown(density)} must be a number in (0, 1]")
     value = float(density)
     if not (math.isfinite(value) and 0.0 < value <= 1.0):
-        raise ValueError(f"density={_shown(density)} must be a number in (0, 1]")
+        raise ValueError(f"{name}={_shown(density)} must be a number in (0, 1]")
     return value
 
 
+# A model's architecture id (``wire.spec.ModelSpec.arch_id``): NAME/CLASSES/HASH8, e.g. ``cnn/10/1a2b3c4d``. TXT,
+# Hello and stream headers carry it, and peers compare it as one string.
+ARCH_ID_PATTERN = r"[A-Za-z0-9_.-]{1,64}/[0-9]{1,9}/[0-9a-f]{8}"
+_ARCH_ID_RE = re.compile(ARCH_ID_PATTERN)
+
+
+def check_arch_id(arch_id: object, name: str = "arch_id") -> str:
+    """``arch_id`` when it is NAME/CLASSES/HASH8 (``ARCH_ID_PATTERN``); ValueError quoting it otherwise."""
+    if not isinstance(arch_id, str) or _ARCH_ID_RE.fullmatch(arch_id) is None:
+        raise ValueError(f"{name}={_shown(arch_id)} is not an architecture id of the form NAME/CLASSES/HASH8")
+    return arch_id
+
+
+# Capacity tiers (DisPFL setting ii): tier ``TIER_NAMES[i]`` trains at ``TIER_DENSITIES[i]``. A tier is advertised
+# (Hello, TXT) and configured (``--capacity t3``) by its name or by its density as written here ("0.6").
+TIER_DENSITIES: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
+TIER_NAMES: tuple[str, ...] = ("t1", "t2", "t3", "t4", "t5")
+_TIER_DENSITY_TEXT: tuple[str, ...] = tuple(f"{d:.1f}" for d in TIER_DENSITIES)
+
+
+def tier_of_density(density: float) -> int:
+    """The index of the largest tier density not above ``density`` (0 for anything below 0.2)."""
+    eligible = [i for i, d in enumerate(TIER_DENSITIES) if d <= density + 1e-9]
+    return eligible[-1] if eligible else 0
+
+
+def tier_name(density: float) -> str:
+    """The tier's name as advertised (TXT ``tier``, Hello): its density with one decimal, e.g. ``"0.6"``."""
+    return f"{TIER_DENSITIES[tier_of_density(density)]:.1f}"
+
+
+def parse_tier(name: str) -> int:
+    """The tier index named by ``name``: ``"t1"`` .. ``"t5"`` or its density ``"0.2"`` .. ``"1.0"``.
+
+    Raises:
+        ConfigError: any other text (the known names are listed).
+    """
+    if isinstance(name, str):
+        if name in TIER_NAMES:
+            return TIER_NAMES.index(name)
+        if name in _TIER_DENSITY_TEXT:
+            return _TIER_DENSITY_TEXT.index(name)
+    shown = name if not isinstance(name, str) or len(name) <= 40 else name[:40] + "..."
+    raise ConfigError(
+        f"tier {shown!r} is not one of {', '.join(TIER_NAMES)} (or the densities {', '.join(_TIER_DENSITY_TEXT)})"
+    )
+
+
+def check_tier(tier: object) -> str:
+    """``tier`` when it names a tier (:func:`parse_tier`); ValueError (ConfigError) quoting it otherwise."""
+    parse_tier(tier)  # type: ignore[arg-type]  # any object: parse_tier refuses what is not a tier's name
+    assert isinstance(tier, str)
+    return tier
+
+
 def parse_round_text(text: str) -> int:
-    """A round sent as text: 1-16 ASCII digits, in range; ValueError otherwise."""
+    """A round sent as text: 1-16 ASCII digits; ValueError otherwise (its range: ``check_round``)."""
     if not isinstance(text, str) or _ROUND_TEXT_RE.fullmatch(text) is None:
         raise ValueError(f"round={_shown(text)} is not 1-16 ASCII digits")
-    return check_round(int(text))
+    return int(text)
 
 
 def parse_density_text(text: str) -> float:
-    """A density sent as text: ASCII digits, point and exponent only (as ``repr(float)`` writes it)."""
+    """A density sent as text: ASCII digits, point and exponent only (as ``repr(float)`` writes it); its range:
+    ``check_density``."""
     if not isinstance(text, str) or _DENSITY_TEXT_RE.fullmatch(text) is None:
         raise ValueError(f"density={_shown(text)} is not an ASCII decimal number")
-    return check_density(float(text))
+    return float(text)
 
 
 def is_valid_fingerprint(fingerprint: object) -> bool:
@@ -141,6 +206,55 @@ def check_fingerprint(fingerprint: object) -> str:
         raise ValueError(f"fingerprint={_shown(fingerprint)} is not sha256:<64 lower-case hex digits>")
     assert isinstance(fingerprint, str)
     return fingerprint
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """What a node advertises about itself (TXT record, Hello, a stream's header) and knows of a peer.
+
+    None is a value not known yet: a static peer not heard from knows at most its configured node id; a node
+    that has published no model has no ``round`` or ``density`` (its Hello carries 0 and 0.0); a tier not
+    measured is None (Hello ``""``, TXT ``unknown``). Each wire's encoding of None is mapped where it enters,
+    then :meth:`check` applies the one rule of each value that is known.
+    """
+
+    protocol_version: str | None = None  # MAJOR.MINOR: peers of another MAJOR ignore each other
+    node_id: str | None = None
+    fleet_id: str | None = None
+    arch_id: str | None = None  # NAME/CLASSES/HASH8
+    round: int | None = None  # the latest round published
+    density: float | None = None  # the fraction of weights its model keeps, in (0, 1]
+    tier: str | None = None  # capacity tier: t1..t5 or its density 0.2..1.0
+
+    def check(self) -> NodeIdentity:
+        """This identity with ``density`` as a float, when every known value keeps its rule.
+
+        Raises:
+            ValueError: naming the first field that breaks its rule, and its value.
+        """
+        if self.protocol_version is not None:
+            parse_protocol_version(self.protocol_version)
+        if self.node_id is not None:
+            check_node_id(self.node_id)
+        if self.fleet_id is not None:
+            check_fleet_id(self.fleet_id, "fleet_id")
+        if self.arch_id is not None:
+            check_arch_id(self.arch_id)
+        if self.round is not None:
+            check_round(self.round)
+        if self.tier is not None:
+            check_tier(self.tier)
+        return self if self.density is None else replace(self, density=check_density(self.density))
+
+    def compatible(self, version: str = PROTOCOL_VERSION) -> bool:
+        """Whether this node and one speaking ``version`` can talk: the same MAJOR protocol version.
+
+        True while this identity's version is not known (a static peer not heard from yet: nothing against
+        it). ValueError when either version is not MAJOR.MINOR.
+        """
+        if self.protocol_version is None:
+            return True
+        return protocol_major(self.protocol_version) == protocol_major(version)
 
 
 def _shown(value: object) -> str:

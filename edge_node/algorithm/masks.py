@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from edge_node import protocol
 from edge_node.errors import ConfigError
 
 Shape = Sequence[int]
@@ -24,10 +25,11 @@ MASK_METHODS = ("erk", "uniform", "magnitude")
 
 
 def check_density(density: float) -> float:
-    """Return ``density`` as float or raise ConfigError quoting it (valid: 0 < d <= 1)."""
-    if not isinstance(density, (int, float)) or not math.isfinite(density) or not 0.0 < density <= 1.0:
-        raise ConfigError(f"density={density!r} must be in (0, 1]")
-    return float(density)
+    """Return ``density`` as float or raise ConfigError quoting it (``protocol.check_density``: 0 < d <= 1)."""
+    try:
+        return protocol.check_density(density)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _raw_score(shape: Shape) -> float:

@@ -10,7 +10,6 @@ from typing import Any, NoReturn
 
 import click
 
-from edge_node.version import __version__
 from edge_node.errors import (
     DiscoveryError,
     EdgeNodeError,
@@ -20,6 +19,7 @@ from edge_node.errors import (
     TrainingDiverged,
 )
 from edge_node.exit_codes import ExitCode
+from edge_node.version import __version__
 
 # Subcommand name -> module that defines it (a click command of the same name registered on ``app``).
 SUBCOMMANDS = {

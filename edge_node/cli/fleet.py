@@ -30,7 +30,7 @@ def _mdns_endpoints(interfaces: tuple[str, ...], fleet: str | None, browse_s: fl
     """The hosts advertised over mDNS (of ``fleet`` when given), each with the metrics ``port``."""
     from edge_node.net.discovery import MdnsDiscovery
 
-    discovery = MdnsDiscovery(None, None, fleet=fleet, tier="probe", interfaces=list(interfaces) or None)
+    discovery = MdnsDiscovery(None, None, fleet=fleet, interfaces=list(interfaces) or None)
     try:
         discovery.start()
     except DiscoveryError as exc:

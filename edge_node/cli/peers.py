@@ -31,22 +31,30 @@ if TYPE_CHECKING:
 DEFAULT_TTL_S = 120  # = edge_node.net.discovery.DEFAULT_TTL_S, imported lazily: `edge-node --help` stays fast
 DEFAULT_MAX_PEERS = 64  # = edge_node.net.discovery.DEFAULT_MAX_PEERS (same reason)
 DEFAULT_BROWSE_S = 3.0  # without --timeout/--watch: long enough for the startup queries and answers
-ANNOUNCE_TIER = "probe"  # what an operator's announcement carries: it serves no model
 _COLUMNS = ("ID", "ADDRESS", "FLEET", "TIER", "DENSITY", "ROUND", "VERSION")
+
+
+def _cell(value: object) -> str:
+    """A value in a table cell; ``-`` when it is not known (None)."""
+    return "-" if value is None else format(value, "g") if isinstance(value, float) else str(value)
+
+
+def _row(peer: PeerInfo) -> tuple[str, ...]:
+    who = peer.identity
+    values = (peer.name, peer.endpoint, who.fleet_id, who.tier, who.density, who.round, who.protocol_version)
+    return tuple(_cell(v) for v in values)
 
 
 def format_table(peers: list[PeerInfo]) -> str:
     """The peers as aligned columns, one row each, under a header."""
-    rows = [_COLUMNS] + [
-        (p.node_id, p.endpoint, p.fleet, p.tier, f"{p.density:g}", str(p.round), p.protocol_version) for p in peers
-    ]
+    rows = [_COLUMNS] + [_row(p) for p in peers]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
 def format_static(peers: list[PeerInfo]) -> str:
     """One ``ID@HOST:PORT`` line per peer (``ID@[v6]:PORT``): a peers file for static discovery."""
-    return "\n".join(f"{p.node_id}@{p.endpoint}" for p in peers)
+    return "\n".join(f"{p.name}@{p.endpoint}" for p in peers)
 
 
 def _render(peers: list[PeerInfo], as_json: bool, as_static: bool = False) -> str:
@@ -157,7 +165,6 @@ def peers(
         announce_id,
         port,
         fleet=fleet,
-        tier=ANNOUNCE_TIER,
         interfaces=list(interfaces) or None,
         ipv6=ipv6,
         ttl_s=ttl_s,

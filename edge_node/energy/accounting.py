@@ -34,6 +34,7 @@ from typing import Any
 
 from edge_node.energy.base import Clock, Meter, MeterReading
 from edge_node.errors import MeterUnavailable, StorageError
+from edge_node.protocol import check_round
 from edge_node.storage import append_line, describe_failure
 
 PHASES = ("train", "aggregate", "communicate", "idle")
@@ -170,7 +171,7 @@ class EnergyAccountant:
         """Finish the round: build its record, append it to the log, start the next round.
 
         Args:
-            round_index: the round number (a non-negative int).
+            round_index: the round number (``protocol.check_round``: an int in [0, MAX_ROUND]).
             **extra: more JSON-serialisable fields for the record (e.g. ``modelled=...``); they
                 may not reuse the record's own keys.
 
@@ -179,8 +180,7 @@ class EnergyAccountant:
             source, detail, measured, label ("measured" or "estimated"), samples,
             sample_errors, time_unix, then ``extra``.
         """
-        if isinstance(round_index, bool) or not isinstance(round_index, int) or round_index < 0:
-            raise ValueError(f"round_index={round_index!r} must be a non-negative integer")
+        check_round(round_index, "round_index")
         clash = RECORD_KEYS & extra.keys()
         if clash:
             raise ValueError(f"extra fields {sorted(clash)} would overwrite the record's own keys")

@@ -38,7 +38,6 @@ import grpc
 import grpc.experimental  # ChannelOptions: not imported by grpc itself
 from google.protobuf.message import DecodeError
 
-from edge_node.algorithm.heterogeneous import parse_tier
 from edge_node.errors import (
     ConfigError,
     HeaderMismatch,
@@ -50,10 +49,9 @@ from edge_node.errors import (
 )
 from edge_node.net.channels import CHANNELS
 from edge_node.net.tls import CertificateMismatch, TlsConfig, verify_fingerprint, warn_insecure
-from edge_node.protocol import MAX_ROUND, is_valid_fleet_id, is_valid_node_id
+from edge_node.protocol import NodeIdentity, check_round, is_valid_node_id
 from edge_node.threads import KeptThreads
 from edge_node.wire import (
-    PROTOCOL_MAJOR,
     PROTOCOL_VERSION,
     DecodedModel,
     ModelDecoder,
@@ -69,7 +67,6 @@ from edge_node.wire.messages import (
     HelloRequest,
     unknown_field_numbers,
 )
-from edge_node.wire.spec import parse_protocol_version
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -111,7 +108,6 @@ _POLL_S = 0.1  # pull_models checks its cancel event this often
 _MAX_REASON_CHARS = 300  # of a peer's status details quoted in a reason
 
 _TLS_DETAILS = re.compile(r"ssl|tls|handshake|certificate|x509|hostname verification", re.IGNORECASE)
-_ARCH_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}/[0-9]{1,9}/[0-9a-f]{8}")
 _jitter = random.Random()  # backoff jitter only; never the algorithm's randomness
 # The threads of every pull_models call: kept, since a pool made per call cost a loopback ResNet18 pull (about
 # 16 ms) 0.3-0.5 ms more. Idle for a minute, one ends: a node keeps as many as it pulls at once.
@@ -147,17 +143,20 @@ class PeerAddress:
 
 @dataclass(frozen=True)
 class PeerHello:
-    """A peer's answer to Hello, validated (see ``hello``)."""
+    """A peer's answer to Hello, validated (see ``hello``): who it is, and how it sends values.
 
-    protocol_version: str
-    node_id: str
-    fleet_id: str
-    arch_id: str
-    round: int
-    density: float
-    tier: str
-    has_model: bool
+    ``identity.round`` and ``identity.density`` are None while the peer has published no model (the reply's
+    ``has_model`` is false; it carries round 0 and density 0.0), ``identity.tier`` while it has not measured
+    its tier (``""``).
+    """
+
+    identity: NodeIdentity
     value_type: ValueType
+
+    @property
+    def has_model(self) -> bool:
+        """Whether the peer has published a model (a round to pull)."""
+        return self.identity.round is not None
 
 
 @dataclass(frozen=True)
@@ -248,9 +247,8 @@ def _check_retries(retries: object) -> int:
 
 
 def _check_round(round: object) -> int | None:
-    if round is not None and (isinstance(round, bool) or not isinstance(round, int) or not 0 <= round <= MAX_ROUND):
-        raise ValueError(f"round={round!r} must be None (the latest) or an integer in [0, {MAX_ROUND}]")
-    return round
+    """None (the latest) or a round (``protocol.check_round``)."""
+    return None if round is None else check_round(round)
 
 
 def _clean(text: str) -> str:
@@ -709,44 +707,39 @@ def _parse_hello(raw: bytes, peer: PeerAddress) -> PeerHello:
         bad(f"reply has unknown field number(s) {unknown[:8]} (not in protocol {PROTOCOL_VERSION})")
     if reply.ByteSize() != len(raw):
         bad("reply has repeated or non-canonically encoded fields")
+    identity = _hello_identity(reply, bad)
     try:
-        major, _minor = parse_protocol_version(reply.protocol_version)
+        compatible = identity.compatible()
     except ValueError as exc:
         bad(str(exc))
-    if major != PROTOCOL_MAJOR:
+    if not compatible:
         bad(f"protocol version {reply.protocol_version!r} is not compatible with {PROTOCOL_VERSION}")
-    if not is_valid_node_id(reply.node_id):
-        bad(f"node id {_clean(reply.node_id[:80])!r} is not a node id")
+    try:
+        identity = identity.check()
+    except ValueError as exc:
+        bad(_clean(str(exc)))
     if is_valid_node_id(peer.node_id) and reply.node_id != peer.node_id:
         bad(f"answers as node {reply.node_id!r}, was asked as {peer.node_id!r}", "identity")
-    fleet = reply.fleet_id
-    if not is_valid_fleet_id(fleet):
-        bad(f"fleet id {_clean(fleet[:80])!r} is not a fleet id")
-    if not _ARCH_ID.fullmatch(reply.arch_id):
-        bad(f"architecture id {_clean(reply.arch_id[:80])!r} is not of the form NAME/CLASSES/HASH8")
-    if reply.round > MAX_ROUND:
-        bad(f"round {reply.round} is beyond {MAX_ROUND}")
-    if not math.isfinite(reply.density) or not 0.0 <= reply.density <= 1.0:
-        bad(f"density {reply.density!r} is not in [0, 1]")
-    if reply.capacity_tier:
-        try:
-            parse_tier(reply.capacity_tier)
-        except ConfigError as exc:
-            bad(str(exc))
     try:
         value_type = ValueType(reply.value_type)
     except ValueError:
         bad(f"unknown value type {reply.value_type}")
-    return PeerHello(
+    return PeerHello(identity, value_type)
+
+
+def _hello_identity(reply: HelloReply, bad: Callable[[str], NoReturn]) -> NodeIdentity:
+    """The reply's values as an identity, not checked yet: a node without a model sends round 0 and density 0.0
+    (None here, and no other values), one that has not measured its tier ``""`` (None)."""
+    if not reply.has_model and (reply.round, reply.density) != (0, 0.0):
+        bad(f"round={reply.round} and density={reply.density!r} with no model (has_model false: 0 and 0.0)")
+    return NodeIdentity(
         protocol_version=reply.protocol_version,
         node_id=reply.node_id,
-        fleet_id=fleet,
+        fleet_id=reply.fleet_id,
         arch_id=reply.arch_id,
-        round=reply.round,
-        density=reply.density,
-        tier=reply.capacity_tier,
-        has_model=reply.has_model,
-        value_type=value_type,
+        round=reply.round if reply.has_model else None,
+        density=reply.density if reply.has_model else None,
+        tier=reply.capacity_tier or None,
     )
 
 

@@ -1,9 +1,12 @@
 """The peer gRPC server: answers ``Peer.Hello`` and streams published snapshots.
 
-``PeerServer`` holds what the node publishes (thread-safe; each snapshot is encoded and serialized
-once and the same bytes go to every caller), the last ``keep_snapshots`` of them so that a lock-step
-peer can pull exactly round ``r``; ``create_server`` builds a gRPC server around it and returns it
-unstarted with its port, so the caller decides when to ``start()`` and ``stop()``.
+``PeerServer`` is the servicer, thin over two parts with one job each: a ``SnapshotStore``
+(``net/snapshots.py``: what the node publishes, each snapshot encoded and serialized once, the last
+``keep_snapshots`` of them so that a lock-step peer can pull exactly round ``r``) and an ``AdmissionGuard``
+(``net/admission.py``: the calls, streams and connections each host and caller may hold, and the refusals by
+kind). A call is admitted, its request decoded and checked, then answered from the store.
+``create_server`` builds a gRPC server around it and returns it unstarted with its port, so the caller
+decides when to ``start()`` and ``stop()``.
 
 The server runs on grpc's asyncio API in its own event-loop thread (``create_server`` hides this
 behind the ordinary ``grpc.Server`` methods): a call that waits for its request or for a slow reader
@@ -41,35 +44,21 @@ before their last message are counted (``unfinished_streams``).
 from __future__ import annotations
 
 import asyncio
-import collections
-import functools
 import logging
-import math
 import resource
 import threading
-import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import grpc
-import torch
 
-from edge_node.algorithm.heterogeneous import parse_tier
 from edge_node.errors import ConfigError, ListenError
+from edge_node.net.admission import REFUSAL_KINDS, AdmissionGuard, Refusal, ServerLimits
 from edge_node.net.conn_guard import ConnectionGuard
+from edge_node.net.snapshots import ModelSnapshot, NoLongerKept, NotPublished, SnapshotStore
 from edge_node.net.tls import TlsConfig, warn_insecure
-from edge_node.protocol import MAX_ROUND, check_fleet_id, check_node_id
-from edge_node.wire import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    PROTOCOL_MAJOR,
-    PROTOCOL_VERSION,
-    ModelSpec,
-    ValueType,
-    encode_model,
-    parse_protocol_version,
-)
-from edge_node.wire.codec import header_for_version, without_buffers
+from edge_node.protocol import PROTOCOL_VERSION, NodeIdentity, check_round
+from edge_node.wire import DEFAULT_MAX_MESSAGE_BYTES, ModelSpec, ValueType, parse_protocol_version
 from edge_node.wire.messages import (
     PEER_SERVICE_NAME,
     GetModelRequest,
@@ -78,9 +67,16 @@ from edge_node.wire.messages import (
     ProtoModelChunk,
     value_type_to_proto,
 )
-from edge_node.wire.spec import BUFFERS_SINCE, DIGEST_XXH3_SINCE, MIN_MAX_MESSAGE_BYTES
 
-LEGACY_DIGEST_VERSION = "1.1"  # callers before 1.2 get a header of this version, with its SHA-256
+__all__ = [
+    "REFUSAL_KINDS",
+    "ModelSnapshot",
+    "PeerServer",
+    "ServerLimits",
+    "check_fd_limit",
+    "create_server",
+    "server_options",
+]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -90,73 +86,7 @@ KEEPALIVE_TIMEOUT_MS = 20_000  # and drops it when the ping is unanswered for 20
 # timer skew is no strike.
 MIN_CLIENT_PING_INTERVAL_MS = 4_000
 
-
-@dataclass(frozen=True)
-class ModelSnapshot:
-    """What a node publishes after a round: trained weights, the training mask and who it is."""
-
-    weights: Mapping[str, torch.Tensor]
-    masks: Mapping[str, torch.Tensor]
-    round: int
-    density: float
-    node_id: str
-    fleet_id: str
-    arch_id: str
-    tier: str = ""
-    # BatchNorm running statistics (protocol 1.3, ``norm_stats average``: the server's spec lists them), sent to
-    # the callers that ask for them; {} for any other node, or one that has not trained yet.
-    buffers: Mapping[str, torch.Tensor] = field(default_factory=dict)
-
-
 FD_RESERVE = 256  # descriptors besides the server's connections: files, mDNS, pulls, torch, the status socket
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    """Size, time and share limits of the server: what one host, and all together, may hold."""
-
-    max_request_bytes: int = 64 << 10  # requests are a few ids; anything larger is refused
-    max_concurrent_rpcs: int = 64  # open calls, all hosts together; beyond: RESOURCE_EXHAUSTED at once
-    # Open calls of one host address (any method, counted from its headers, before its request): a
-    # host cannot hold more than this share of max_concurrent_rpcs, whatever it sends or withholds.
-    max_calls_per_host: int = 8
-    # GetModel streams one caller may have open at once. A caller is its certificate's name with TLS,
-    # else its host address (a claimed node id costs nothing to vary, so it cannot widen the cap).
-    max_streams_per_caller: int = 2
-    request_timeout_s: float = 2.0  # a call's request message must arrive within this (seconds)
-    max_connections: int = 512  # TCP connections at once, all hosts (grpc core closes more at accept)
-    # TCP connections one host address may hold: beyond it the newest are shut down within
-    # connection_guard_period_s (``conn_guard``), so one host cannot fill max_connections.
-    max_connections_per_host: int = 32
-    connection_guard_period_s: float = 0.2
-    max_streams_per_connection: int = 8  # HTTP/2 streams one connection may open at once
-    handshake_timeout_s: float = 5.0  # a new connection's TLS/HTTP/2 setup must finish within this
-    connection_idle_s: float = 30.0  # a connection without a call for this long is closed
-    # Every connection ends in bounded time, whatever its calls do (grpc core enforces both): at
-    # max_connection_age_s (+-10 % jitter) the server sends GOAWAY (new calls go to a new connection),
-    # and connection_age_grace_s later it closes the connection, ending every stream still on it.
-    # This is the time bound on a model stream whose reader stops reading (flow control holds the
-    # write; nothing in Python can end such a call). A pull must finish within age + grace.
-    max_connection_age_s: float = 60.0
-    connection_age_grace_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        integers = (
-            "max_request_bytes", "max_concurrent_rpcs", "max_calls_per_host", "max_streams_per_caller",
-            "max_connections", "max_streams_per_connection", "max_connections_per_host",
-        )  # fmt: skip
-        for name in integers:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive integer")
-        seconds = (
-            "request_timeout_s", "handshake_timeout_s", "connection_idle_s", "max_connection_age_s",
-            "connection_age_grace_s", "connection_guard_period_s",
-        )  # fmt: skip
-        for name in seconds:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
-                raise ValueError(f"{name}={value!r} must be a number of seconds in (0, 86400]")
 
 
 def check_fd_limit(limits: ServerLimits) -> int:
@@ -183,88 +113,24 @@ def check_fd_limit(limits: ServerLimits) -> int:
     return int(soft)
 
 
-@dataclass(frozen=True)
-class _Published:
-    round: int
-    density: float
-    tier: str
-    messages: tuple[bytes, ...]  # serialized ModelChunk messages, header first
-    versioned: bool = False  # encode_model's stream: callers before 1.2 get their header (else: verbatim)
-    buffered: bool = False  # the stream ends with running statistics (1.3): only for callers that ask
-
-    @property
-    def wire_bytes(self) -> int:
-        return sum(len(m) for m in self.messages)
-
-    @functools.cached_property
-    def plain(self) -> tuple[bytes, ...]:
-        """The stream without its buffers (for a caller that did not ask for them, or of 1.2), made on the
-        first such call: a fleet under ``norm_stats average`` asks for them."""
-        if not self.buffered:
-            return self.messages
-        stripped = without_buffers([ProtoModelChunk.FromString(m) for m in self.messages])
-        return tuple(m.SerializeToString() for m in stripped)
-
-    @functools.cached_property
-    def legacy_header(self) -> bytes:
-        """The header for callers before 1.2 (a SHA-256 digest): made on the first such call, since
-        hashing a ResNet18 stream takes about 11 ms and most fleets never need it."""
-        parsed = [ProtoModelChunk.FromString(m) for m in self.plain]
-        return header_for_version(parsed, LEGACY_DIGEST_VERSION).SerializeToString()
-
-    def for_minor(self, minor: int, buffers: bool = False) -> tuple[bytes, ...]:
-        """The stream in the caller's version (``PROTOCOL_MAJOR``, ``minor``); with its buffers when the caller
-        asked for them (``buffers``, 1.3 on) and the stream has any."""
-        if not self.versioned:
-            return self.messages
-        if buffers and (PROTOCOL_MAJOR, minor) >= BUFFERS_SINCE:
-            return self.messages
-        if (PROTOCOL_MAJOR, minor) >= DIGEST_XXH3_SINCE:
-            return self.plain
-        return (self.legacy_header, *self.plain[1:])
-
-
-REFUSAL_KINDS = (
-    "bad-request", "protocol", "fleet", "arch", "identity", "not-ready", "gone", "busy",
-    "host-busy", "server-busy", "slow-request", "host-connections",
-)  # fmt: skip
-_LOG_EVERY_S = 10.0  # a refusal kind is logged once per host per this long
-_QUIET_KINDS = ("not-ready", "busy")  # expected in lock-step fleets: logged at INFO, the rest at WARNING
-
-
-class _Refusal(Exception):
-    """A call to end with ``code`` and ``reason`` (raised by the checks, sent by the call's coroutine)."""
-
-    def __init__(self, code: grpc.StatusCode, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
-
-
-def _check_tier(tier: str) -> str:
-    """Empty (not measured) or a known tier name/density (``heterogeneous.parse_tier``); ValueError otherwise."""
-    if tier != "":
-        parse_tier(tier)  # raises ConfigError (a ValueError) for anything else
-    return tier
-
-
-def _tls_names(context: grpc.ServicerContext) -> list[str] | None:
-    """The DNS names of the caller's certificate when the call came over TLS, else None."""
-    auth = context.auth_context() or {}
-    if b"ssl" not in auth.get("transport_security_type", []):
-        return None
-    return [n.decode("utf-8", "replace") for n in auth.get("x509_subject_alternative_name", [])]
-
-
-def _caller_host(context: grpc.ServicerContext) -> str:
-    """``ipv4:10.0.0.2:51234`` -> ``ipv4:10.0.0.2`` (the port changes with every connection)."""
-    peer = context.peer() or "unknown"
-    host, sep, _port = peer.rpartition(":")
-    return host if sep else peer
+def hello_reply(identity: NodeIdentity, value_type: ValueType) -> HelloReply:
+    """This node's identity as a Hello reply: no model yet is round 0, density 0.0 and ``has_model`` false; no
+    tier is ``""`` (what ``client.hello`` maps back to None)."""
+    return HelloReply(
+        protocol_version=identity.protocol_version,
+        node_id=identity.node_id,
+        fleet_id=identity.fleet_id,
+        arch_id=identity.arch_id,
+        round=0 if identity.round is None else identity.round,
+        density=0.0 if identity.round is None or identity.density is None else identity.density,
+        capacity_tier=identity.tier or "",
+        has_model=identity.round is not None,
+        value_type=value_type_to_proto(value_type),
+    )
 
 
 class PeerServer:
-    """The servicer state: identity and the last published snapshots, served as pre-serialized messages."""
+    """The ``edge_node.v1.Peer`` servicer: admits a call (``guard``), checks its request, answers from ``store``."""
 
     def __init__(
         self,
@@ -277,204 +143,104 @@ class PeerServer:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         keep_snapshots: int = 2,
     ) -> None:
-        check_node_id(node_id)
-        check_fleet_id(fleet_id, "fleet_id")
-        if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
-            raise TypeError(f"max_message_bytes={max_message_bytes!r} must be an integer")
-        if max_message_bytes < MIN_MAX_MESSAGE_BYTES:
-            raise ValueError(f"max_message_bytes={max_message_bytes} must be at least {MIN_MAX_MESSAGE_BYTES}")
-        if isinstance(keep_snapshots, bool) or not isinstance(keep_snapshots, int) or keep_snapshots < 1:
-            raise ValueError(f"keep_snapshots={keep_snapshots!r} must be a positive integer")
-        self.spec = spec
-        self.node_id = node_id
-        self.fleet_id = fleet_id
-        self.value_type = ValueType.parse(value_type)
-        self.max_message_bytes = max_message_bytes
-        self.keep_snapshots = keep_snapshots
-        self._tier = _check_tier(tier)
+        self.store = SnapshotStore(
+            spec, node_id=node_id, fleet_id=fleet_id, tier=tier, value_type=value_type,
+            max_message_bytes=max_message_bytes, keep_snapshots=keep_snapshots,
+        )  # fmt: skip
+        self.guard = AdmissionGuard()  # its limits: rpc_handler's (create_server passes its own)
         self._lock = threading.Lock()
-        self._snapshots: collections.deque[_Published] = collections.deque()  # oldest first, rounds increasing
-        self._streams: collections.Counter[str] = collections.Counter()  # open GetModel streams per caller
-        self._calls: collections.Counter[str] = collections.Counter()  # open calls per host address
-        self._open_calls = 0  # open calls, all hosts
-        self._logged: dict[tuple[str, str], float] = {}  # (refusal kind, host) -> when last logged
-        self._refusals: collections.Counter[str] = collections.Counter()
         self._served_bytes = 0  # model stream bytes handed to gRPC, all callers
         self._served_streams = 0  # GetModel streams answered (complete or not)
         self._unfinished = 0  # of them, ended before their last message was handed to grpc
-        self._limits = ServerLimits()  # set by rpc_handler (create_server passes its limits)
+
+    # -- what the node publishes (the store) -------------------------------------------------------
+    @property
+    def spec(self) -> ModelSpec:
+        return self.store.spec
+
+    @property
+    def node_id(self) -> str:
+        return self.store.node_id
+
+    @property
+    def fleet_id(self) -> str:
+        return self.store.fleet_id
+
+    @property
+    def value_type(self) -> ValueType:
+        return self.store.value_type
 
     @property
     def published_round(self) -> int | None:
         """Round of the latest snapshot, None before the first publish."""
-        with self._lock:
-            return self._snapshots[-1].round if self._snapshots else None
+        return self.store.published_round
 
     @property
     def published_rounds(self) -> tuple[int, ...]:
         """Rounds of the snapshots kept (served on request), oldest first."""
-        with self._lock:
-            return tuple(p.round for p in self._snapshots)
+        return self.store.published_rounds
+
+    def publish(self, snapshot: ModelSnapshot) -> int:
+        """Encode ``snapshot`` once and serve it from now on (``SnapshotStore.publish``); its bytes on the wire."""
+        return self.store.publish(snapshot)
+
+    def publish_messages(self, messages: Sequence[ProtoModelChunk | bytes], *, round: int, density: float) -> None:
+        """Serve ``messages`` verbatim as the model stream of ``round``, unchecked (``SnapshotStore``)."""
+        self.store.publish_messages(messages, round=round, density=density)
+
+    # -- what the calls did (the guard and the streams sent) ---------------------------------------
+    def refusals(self) -> dict[str, int]:
+        """Calls refused so far, by kind (``REFUSAL_KINDS``); a copy, safe to read from any thread."""
+        return self.guard.refusals()
+
+    def open_calls(self) -> dict[str, int]:
+        """Open calls per host address (a copy): what each host holds of the server right now."""
+        return self.guard.open_calls()
+
+    def connections_cut(self, host: str, n: int) -> None:
+        """Count (``host-connections``) and log connections of ``host`` shut down beyond its cap."""
+        self.guard.connections_cut(host, n)
 
     def served(self) -> tuple[int, int]:
         """(streams answered, model bytes handed to gRPC) so far: the node's bytes out."""
         with self._lock:
             return self._served_streams, self._served_bytes
 
-    def refusals(self) -> dict[str, int]:
-        """Calls refused so far, by kind (``REFUSAL_KINDS``); a copy, safe to read from any thread."""
+    def unfinished_streams(self) -> int:
+        """GetModel streams that ended before their last message was handed to grpc (any cause)."""
         with self._lock:
-            return dict(self._refusals)
+            return self._unfinished
 
-    def publish(self, snapshot: ModelSnapshot) -> int:
-        """Encode ``snapshot`` once and serve it from now on; returns its bytes on the wire.
-
-        The snapshot's tensors are read here and never again: the caller may train on after return.
-        Its ``density`` must be the fraction of weights its masks keep (within ERK's rounding,
-        ``spec.density_tolerance``), as receivers check. Publishing a round at or below a kept one
-        drops the kept snapshots from that round on (a node that resumed from an older checkpoint).
-        """
-        if (snapshot.node_id, snapshot.fleet_id, snapshot.arch_id) != (self.node_id, self.fleet_id, self.spec.arch_id):
-            raise ValueError(
-                f"snapshot of node {snapshot.node_id!r}, fleet {snapshot.fleet_id!r}, arch {snapshot.arch_id!r}"
-                f" does not match this server's {self.node_id!r}, {self.fleet_id!r}, {self.spec.arch_id!r}"
-            )
-        tier = _check_tier(snapshot.tier) or self._tier
-        messages = encode_model(
-            self.spec,
-            snapshot.weights,
-            snapshot.masks,
-            node_id=self.node_id,
-            fleet_id=self.fleet_id,
-            round=snapshot.round,
-            density=snapshot.density,
-            value_type=self.value_type,
-            max_message_bytes=self.max_message_bytes,
-            buffers=snapshot.buffers if self.spec.buffers else None,
-        )
-        raw = tuple(m.SerializeToString() for m in messages)
-        buffered = bool(self.spec.buffers and snapshot.buffers)
-        published = _Published(snapshot.round, snapshot.density, tier, raw, versioned=True, buffered=buffered)
-        self._keep(published)
-        _LOGGER.info(
-            "published round %s (density %.3f): %d messages, %d bytes",
-            snapshot.round, snapshot.density, len(published.messages), published.wire_bytes,
-        )  # fmt: skip
-        return published.wire_bytes
-
-    def publish_messages(self, messages: Sequence[ProtoModelChunk | bytes], *, round: int, density: float) -> None:
-        """Serve ``messages`` verbatim as the model stream of ``round``, unchecked.
-
-        For relaying an already-encoded stream and for fault injection (tests, a loopback node that
-        sends garbage): receivers must refuse whatever is wrong with it.
-        """
-        raw = tuple(m if isinstance(m, bytes) else m.SerializeToString() for m in messages)
-        self._keep(_Published(round, density, self._tier, raw))
-
-    def _keep(self, published: _Published) -> None:
-        with self._lock:
-            while self._snapshots and self._snapshots[-1].round >= published.round:
-                self._snapshots.pop()
-            self._snapshots.append(published)
-            while len(self._snapshots) > self.keep_snapshots:
-                self._snapshots.popleft()
-            self._tier = published.tier
-
-    def _refuse(self, context: grpc.ServicerContext, kind: str, code: grpc.StatusCode, reason: str) -> NoReturn:
-        """Count and log a refusal, then raise it for the call's coroutine to send."""
-        self._note(kind, _caller_host(context), context.peer(), reason)
-        raise _Refusal(code, reason)
-
-    def _note(self, kind: str, host: str, who: str, reason: str, n: int = 1) -> None:
-        """Count ``n`` refusals of ``kind`` and log one line per (kind, host) per ``_LOG_EVERY_S``."""
-        now = time.monotonic()
-        with self._lock:  # one line per (kind, host) per _LOG_EVERY_S: a flood of calls is not a flood of logs
-            self._refusals[kind] += n
-            last = self._logged.get((kind, host))
-            quiet = last is not None and now - last < _LOG_EVERY_S
-            if not quiet:
-                if len(self._logged) >= 1024:
-                    self._logged.clear()
-                self._logged[(kind, host)] = now
-        if not quiet:
-            log = _LOGGER.info if kind in _QUIET_KINDS else _LOGGER.warning
-            log("refused %s call from %s: %s (more from this host within %g s: counted only)", kind, who,
-                reason, _LOG_EVERY_S)  # fmt: skip
-
-    def connections_cut(self, host: str, n: int) -> None:
-        """Count (``host-connections``) and log connections of ``host`` shut down beyond its cap."""
-        reason = f"{n} connection(s) beyond the host's cap of {self._limits.max_connections_per_host} shut down"
-        self._note("host-connections", host, host, reason, n)
-
-    def _admit(self, context: grpc.ServicerContext) -> str:
-        """Count a new call against its host and the server (before its request); refuse beyond the caps."""
-        host = _caller_host(context)
-        limits = self._limits
-        with self._lock:
-            host_full = self._calls[host] >= limits.max_calls_per_host
-            server_full = self._open_calls >= limits.max_concurrent_rpcs
-            if not (host_full or server_full):
-                self._calls[host] += 1
-                self._open_calls += 1
-        if host_full:
-            reason = f"host {host!r} already has {limits.max_calls_per_host} calls open (the limit)"
-            self._refuse(context, "host-busy", grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
-        if server_full:
-            reason = f"the server has {limits.max_concurrent_rpcs} calls open (the limit)"
-            self._refuse(context, "server-busy", grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
-        return host
-
-    def _leave(self, host: str) -> None:
-        with self._lock:
-            self._open_calls -= 1
-            self._calls[host] -= 1
-            if self._calls[host] <= 0:
-                del self._calls[host]
-
-    def open_calls(self) -> dict[str, int]:
-        """Open calls per host address (a copy): what each host holds of the server right now."""
-        with self._lock:
-            return dict(self._calls)
-
-    async def _request(self, context: grpc.aio.ServicerContext, method: str) -> Any:
-        """The call's one request message, if it arrives within ``request_timeout_s``; refusal otherwise."""
-        timeout_s = self._limits.request_timeout_s
-        try:
-            request = await asyncio.wait_for(context.read(), timeout_s)
-        except asyncio.TimeoutError:
-            reason = f"{method}: no request message within {timeout_s:g} s"
-            self._refuse(context, "slow-request", grpc.StatusCode.DEADLINE_EXCEEDED, reason)
-        if request is grpc.aio.EOF:
-            self._refuse(context, "bad-request", grpc.StatusCode.INVALID_ARGUMENT, f"{method}: no request message")
-        return request
-
+    # -- the calls ---------------------------------------------------------------------------------
     async def _hello_call(self, _requests: object, context: grpc.aio.ServicerContext) -> HelloReply:
         try:
-            host = self._admit(context)
-        except _Refusal as refusal:
+            host = self.guard.admit(context)
+        except Refusal as refusal:
             await _abort(context, refusal)
         try:
-            return self._hello(await self._request(context, "Hello"), context)
-        except _Refusal as refusal:
+            request: HelloRequest = await self.guard.request(context, "Hello")
+            self.guard.caller(context, request.node_id, required=False)
+            return hello_reply(self.store.identity, self.value_type)
+        except Refusal as refusal:
             await _abort(context, refusal)
         finally:
-            self._leave(host)
+            self.guard.leave(host)
 
     async def _get_model_call(self, _requests: object, context: grpc.aio.ServicerContext) -> None:
         try:
-            host = self._admit(context)
-        except _Refusal as refusal:
+            host = self.guard.admit(context)
+        except Refusal as refusal:
             await _abort(context, refusal)
         try:
-            caller, messages = self._open_stream(await self._request(context, "GetModel"), context)
+            caller, messages = self._open_stream(await self.guard.request(context, "GetModel"), context)
             try:
                 await self._send(messages, context)
             finally:
                 self._close_stream(caller)
-        except _Refusal as refusal:
+        except Refusal as refusal:
             await _abort(context, refusal)
         finally:
-            self._leave(host)
+            self.guard.leave(host)
 
     async def _send(self, messages: tuple[bytes, ...], context: grpc.aio.ServicerContext) -> None:
         sent = 0
@@ -491,125 +257,53 @@ class PeerServer:
                 with self._lock:
                     self._unfinished += 1
 
-    def unfinished_streams(self) -> int:
-        """GetModel streams that ended before their last message was handed to grpc (any cause)."""
-        with self._lock:
-            return self._unfinished
-
-    def _check_caller(self, context: grpc.ServicerContext, claimed: str, *, required: bool) -> str:
-        """The caller's name: with TLS the one its certificate and request agree on, else its host address.
-
-        In plaintext the claimed node id is not part of it: one host varying its claim would otherwise
-        get ``max_streams_per_caller`` streams per claimed id.
-        """
-        names = _tls_names(context)
-        if names is None:
-            return _caller_host(context)
-        if claimed in names or (not required and claimed == ""):
-            return names[0] if names else claimed
-        self._refuse(
-            context,
-            "identity",
-            grpc.StatusCode.PERMISSION_DENIED,
-            f"caller's node id {claimed[:64]!r} is not the name of its certificate {names[:4]}",
-        )
-
-    def _hello(self, request: HelloRequest, context: grpc.ServicerContext) -> HelloReply:
-        self._check_caller(context, request.node_id, required=False)
-        with self._lock:
-            latest = self._snapshots[-1] if self._snapshots else None
-            tier = self._tier
-        return HelloReply(
-            protocol_version=PROTOCOL_VERSION,
-            node_id=self.node_id,
-            fleet_id=self.fleet_id,
-            arch_id=self.spec.arch_id,
-            round=0 if latest is None else latest.round,
-            density=0.0 if latest is None or not math.isfinite(latest.density) else latest.density,
-            capacity_tier=tier,
-            has_model=latest is not None,
-            value_type=value_type_to_proto(self.value_type),
-        )
-
-    def _select(self, request: GetModelRequest, context: grpc.ServicerContext) -> _Published:
-        """The snapshot asked for (the latest when no round is given), or the refusal to send."""
-        wanted = request.round if request.HasField("round") else None
-        if wanted is not None and wanted > MAX_ROUND:
-            reason = f"round {wanted} is beyond {MAX_ROUND}"
-            self._refuse(context, "bad-request", grpc.StatusCode.INVALID_ARGUMENT, reason)
-        with self._lock:
-            kept = list(self._snapshots)
-        if not kept:
-            what = "no model" if wanted is None else f"round {wanted} not"
-            self._refuse(context, "not-ready", grpc.StatusCode.NOT_FOUND, f"{what} published yet (latest none)")
-        if wanted is None:
-            return kept[-1]
-        if wanted > kept[-1].round:
-            self._refuse(
-                context,
-                "not-ready",
-                grpc.StatusCode.NOT_FOUND,
-                f"round {wanted} not published yet (latest {kept[-1].round})",
-            )
-        for published in kept:
-            if published.round == wanted:
-                return published
-        self._refuse(
-            context,
-            "gone",
-            grpc.StatusCode.OUT_OF_RANGE,
-            f"round {wanted} is no longer kept (kept rounds: {', '.join(str(p.round) for p in kept)})",
-        )
-
     def _open_stream(self, request: GetModelRequest, context: grpc.ServicerContext) -> tuple[str, tuple[bytes, ...]]:
         """Check a GetModel request and take one of its caller's stream slots (its stream in its version)."""
+        refuse = self.guard.refuse
         try:
-            major, minor = parse_protocol_version(request.protocol_version)
+            _major, minor = parse_protocol_version(request.protocol_version)
+            compatible = NodeIdentity(protocol_version=request.protocol_version).compatible()
         except ValueError as exc:
-            self._refuse(context, "protocol", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if major != PROTOCOL_MAJOR:
-            self._refuse(
+            refuse(context, "protocol", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if not compatible:
+            refuse(
                 context,
                 "protocol",
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"protocol version {request.protocol_version!r} is not compatible with this node's {PROTOCOL_VERSION}",
             )
         if request.fleet_id != self.fleet_id:
-            self._refuse(
+            refuse(
                 context,
                 "fleet",
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"caller's fleet {request.fleet_id[:256]!r} is not this node's fleet {self.fleet_id!r}",
             )
         if request.arch_id != self.spec.arch_id:
-            self._refuse(
+            refuse(
                 context,
                 "arch",
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"caller's architecture {request.arch_id[:256]!r} is not this node's {self.spec.arch_id!r}",
             )
-        caller = self._check_caller(context, request.node_id, required=True)
-        published = self._select(request, context)
-        with self._lock:
-            busy = self._streams[caller] >= self._limits.max_streams_per_caller
-            if not busy:
-                self._streams[caller] += 1
-        if busy:
-            self._refuse(
-                context,
-                "busy",
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"caller {caller!r} already has {self._limits.max_streams_per_caller} model streams open (the limit)",
-            )
+        caller = self.guard.caller(context, request.node_id, required=True)
+        wanted = request.round if request.HasField("round") else None
+        try:
+            published = self.store.select(None if wanted is None else check_round(wanted))
+        except ValueError as exc:
+            refuse(context, "bad-request", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except NotPublished as exc:
+            refuse(context, "not-ready", grpc.StatusCode.NOT_FOUND, str(exc))
+        except NoLongerKept as exc:
+            refuse(context, "gone", grpc.StatusCode.OUT_OF_RANGE, str(exc))
+        self.guard.open_stream(context, caller)
         _LOGGER.debug("serving round %s to %s (%s)", published.round, request.node_id, context.peer())
         return caller, published.for_minor(minor, request.buffers)
 
     def _close_stream(self, caller: str) -> None:
         with self._lock:
             self._served_streams += 1
-            self._streams[caller] -= 1
-            if self._streams[caller] <= 0:
-                del self._streams[caller]
+        self.guard.close_stream(caller)
 
     def rpc_handler(self, limits: ServerLimits | None = None) -> grpc.GenericRpcHandler:
         """The ``edge_node.v1.Peer`` service for a ``grpc.aio`` server; GetModel sends the cached messages.
@@ -617,7 +311,7 @@ class PeerServer:
         Both methods are request-streaming on this side (see the module docstring); ``limits`` apply
         to the calls of this handler.
         """
-        self._limits = limits or ServerLimits()
+        self.guard.limits = limits or ServerLimits()
         identity: Callable[[bytes], bytes] = bytes
         return grpc.method_handlers_generic_handler(
             PEER_SERVICE_NAME,
@@ -710,7 +404,7 @@ class _Server(grpc.Server):
         return not self._stopped.wait(timeout)
 
 
-async def _abort(context: grpc.aio.ServicerContext, refusal: _Refusal) -> NoReturn:
+async def _abort(context: grpc.aio.ServicerContext, refusal: Refusal) -> NoReturn:
     """End the call with the refusal's code: ``context.abort`` always raises (grpc ships no types to say so)."""
     await context.abort(refusal.code, refusal.reason)
     raise AssertionError("grpc.aio.ServicerContext.abort returned")  # unreachable

@@ -58,7 +58,7 @@ def wait_for_round(
             since = silent_since.setdefault(peer.node_id, time.monotonic())
             return time.monotonic() - since >= gone_after_s
         silent_since.pop(peer.node_id, None)
-        return reply.has_model and reply.round >= t
+        return reply.identity.round is not None and reply.identity.round >= t
 
     while True:
         waiting = {p.node_id: p for p in peers() if p.node_id not in done}

@@ -18,7 +18,6 @@ from typing import Any
 
 from edge_node.algorithm.dispfl import DisPFLParams
 from edge_node.algorithm.dp import DPConfig, check_budget
-from edge_node.algorithm.heterogeneous import TIER_DENSITIES
 from edge_node.algorithm.norm_stats import DEFAULT_NORM_STATS, NORM_STATS
 from edge_node.data import check_dataset_name, parse_partition
 from edge_node.energy.detect import BACKENDS
@@ -26,7 +25,7 @@ from edge_node.errors import ConfigError, DataError, ModelError
 from edge_node.models import check_model_name
 from edge_node.net.discovery.static import parse_peers
 from edge_node.net.server import ServerLimits
-from edge_node.protocol import NODE_ID_PATTERN, check_fleet_id, is_valid_node_id
+from edge_node.protocol import NODE_ID_PATTERN, TIER_DENSITIES, check_density, check_fleet_id, is_valid_node_id
 from edge_node.task_names import check_task_name
 
 DEFAULT_CONFIG_FILE = Path("/etc/edge-node/config.toml")
@@ -291,15 +290,12 @@ class NodeConfig:
         if text == "auto":
             return None
         try:
-            value = float(text)
+            return check_density(float(text))
         except ValueError:
-            value = float("nan")
-        if not 0 < value <= 1:
             tiers = ", ".join(f"{d:g}" for d in TIER_DENSITIES)
             raise ConfigError(
                 f"capacity={self.capacity!r} must be auto (measure; picks a tier: {tiers}) or a density in (0, 1]"
-            )
-        return value
+            ) from None
 
     @property
     def tls_enabled(self) -> bool:

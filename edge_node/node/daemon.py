@@ -51,7 +51,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from edge_node.version import __version__
 from edge_node.algorithm import read_weights, tier_name
 from edge_node.algorithm.dispfl import ClientRound, DisPFLParams, RoundHooks, client_round, published, start
 from edge_node.algorithm.norm_stats import batch_normalised, has_running_stats
@@ -88,6 +87,7 @@ from edge_node.node.status import StatusServer, round_label, rounds_done_text, w
 from edge_node.seeding import Stream, numpy_generator
 from edge_node.storage import append_line, truncate_jsonl
 from edge_node.task_names import format_metric
+from edge_node.version import __version__
 from edge_node.wire import DecodedModel, ValueType, compile_decoder
 
 _LOGGER = logging.getLogger(__name__)

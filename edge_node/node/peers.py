@@ -155,7 +155,7 @@ class PeerFinder:
         self.stop = stop
 
     def live(self) -> dict[str, PeerInfo]:
-        """Peers every discovery lists now (not this node), by node id; static placeholders get a Hello.
+        """Peers every discovery lists now (not this node), by node id; static peers without an id get a Hello.
 
         The Hellos go out in parallel (at most ``HELLO_WORKERS`` at once, each bounded by
         ``HELLO_TIMEOUT_S``) and a stop ends the wait at once (:class:`Stopped`).
@@ -165,7 +165,7 @@ class PeerFinder:
             for discovery in self.discoveries
             if isinstance(discovery, StaticDiscovery)
             for peer in discovery.peers()
-            if peer.node_id == peer.endpoint
+            if peer.identity.node_id is None
         ]
         identified: dict[tuple[int, str], PeerInfo] = {}
         if placeholders:
@@ -182,13 +182,14 @@ class PeerFinder:
         peers: dict[str, PeerInfo] = {}
         for discovery in self.discoveries:
             for peer in discovery.peers():
-                if isinstance(discovery, StaticDiscovery) and peer.node_id == peer.endpoint:
+                if peer.identity.node_id is None:
                     found = identified.get((id(discovery), peer.endpoint))
                     if found is None:
                         continue  # not identified yet
                     peer = found
-                if peer.node_id != self.caller.node_id and peer.addresses:
-                    peers.setdefault(peer.node_id, peer)
+                node_id = peer.identity.node_id
+                if node_id is not None and node_id != self.caller.node_id and peer.addresses:
+                    peers.setdefault(node_id, peer)
         self.tracker.forget_except(set(peers))
         return peers
 
@@ -196,15 +197,11 @@ class PeerFinder:
         """Learn a static peer's identity from its Hello (None when it does not answer)."""
         host, port = placeholder.addresses[0], placeholder.port
         try:
-            reply = self.caller.hello(PeerAddress(node_id=placeholder.node_id, host=host, port=port))
+            reply = self.caller.hello(PeerAddress(node_id=placeholder.name, host=host, port=port))
         except PeerUnreachable as exc:
             _LOGGER.debug("static peer %s: %s", placeholder.endpoint, exc)
             return None
-        peer = PeerInfo(
-            node_id=reply.node_id, addresses=[host], port=port, fleet=reply.fleet_id, arch=reply.arch_id,
-            tier=reply.tier or "unknown", density=reply.density if 0 < reply.density <= 1 else 1.0,
-            round=reply.round, protocol_version=reply.protocol_version, fingerprint=None, last_seen=time.monotonic(),
-        )  # fmt: skip
+        peer = PeerInfo(reply.identity, [host], port, fingerprint=None, last_seen=time.monotonic())
         return peer if discovery.record_hello(host, port, peer) else None
 
     def awaited(self) -> list[PeerAddress]:
@@ -243,4 +240,5 @@ class PeerFinder:
 def _address(peer: PeerInfo, *, tls: bool) -> PeerAddress:
     """Where to pull ``peer``; with TLS its certificate must be the one it advertised (mDNS ``fp``), if any."""
     fingerprint = peer.fingerprint if tls else None
-    return PeerAddress(node_id=peer.node_id, host=peer.addresses[0], port=peer.port, expected_fingerprint=fingerprint)
+    assert peer.identity.node_id is not None  # live() lists identified peers only
+    return PeerAddress(peer.identity.node_id, host=peer.addresses[0], port=peer.port, expected_fingerprint=fingerprint)

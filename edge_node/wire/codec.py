@@ -26,7 +26,7 @@ import torch
 from google.protobuf.message import DecodeError
 
 from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
-from edge_node.protocol import MAX_ROUND, NODE_ID_PATTERN, check_fleet_id, check_node_id, check_round, is_valid_node_id
+from edge_node.protocol import NodeIdentity, check_fleet_id, check_node_id, check_round
 from edge_node.wire import _parse
 from edge_node.wire._build import Built, TensorBuild
 from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_buffers, plan_stream, varint_size
@@ -40,7 +40,6 @@ from edge_node.wire.messages import (
 from edge_node.wire.spec import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MIN_MAX_MESSAGE_BYTES,
-    PROTOCOL_MAJOR,
     PROTOCOL_VERSION,
     DecodedModel,
     ModelSpec,
@@ -49,22 +48,20 @@ from edge_node.wire.spec import (
     ValueType,
     WireLimits,
     numpy_value_dtype,
-    parse_protocol_version,
     payload_hasher,
 )
 
 
 def _check_header_args(node_id: str, fleet_id: str, round: int, density: float, max_message_bytes: int) -> float:
-    check_node_id(node_id)
-    check_fleet_id(fleet_id, "fleet_id")
-    check_round(round)
-    if not isinstance(density, (int, float)) or not math.isfinite(density) or not 0.0 <= density <= 1.0:
-        raise ValueError(f"density={density!r} must be in [0, 1]")
+    """The header's values by their one rule (``NodeIdentity.check``); returns the density as a float."""
+    identity = NodeIdentity(node_id=node_id, fleet_id=fleet_id, round=round, density=density).check()
+    if identity.node_id is None or identity.fleet_id is None or identity.round is None or identity.density is None:
+        raise ValueError(f"a stream header needs a node id, fleet id, round and density, got {identity}")
     if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
         raise TypeError(f"max_message_bytes={max_message_bytes!r} must be an integer")
     if max_message_bytes < MIN_MAX_MESSAGE_BYTES:
         raise ValueError(f"max_message_bytes={max_message_bytes} must be at least {MIN_MAX_MESSAGE_BYTES}")
-    return float(density) + 0.0  # -0.0 -> 0.0, so the header's size does not depend on the sign
+    return identity.density
 
 
 def _header_proto(
@@ -502,14 +499,18 @@ class ModelDecoder:
         self.total_bytes += size
 
     def _check_header(self, proto: ProtoStreamHeader) -> StreamHeader:
+        identity = NodeIdentity(
+            protocol_version=proto.protocol_version, node_id=proto.node_id, fleet_id=proto.fleet_id,
+            arch_id=proto.arch_id, round=proto.round, density=proto.density,
+        )  # fmt: skip
         try:
-            major, _minor = parse_protocol_version(proto.protocol_version)
+            compatible = identity.compatible()
         except ValueError as exc:
             raise HeaderMismatch(f"header: {exc}") from exc
-        if major != PROTOCOL_MAJOR:
+        if not compatible:
             raise HeaderMismatch(
-                f"header: protocol version {proto.protocol_version[:32]!r} has major {major},"
-                f" this node speaks {PROTOCOL_VERSION}"
+                f"header: protocol version {proto.protocol_version[:32]!r} has another major than this node's"
+                f" {PROTOCOL_VERSION}"
             )
         if proto.fleet_id != self.expected_fleet:
             raise HeaderMismatch(
@@ -519,18 +520,16 @@ class ModelDecoder:
             raise HeaderMismatch(
                 f"header: architecture {proto.arch_id[:256]!r} is not this model's {self.spec.arch_id!r}"
             )
-        if not is_valid_node_id(proto.node_id):
-            raise HeaderMismatch(f"header: node id {proto.node_id[:80]!r} does not match {NODE_ID_PATTERN}")
+        try:
+            identity = identity.check()
+        except ValueError as exc:
+            raise HeaderMismatch(f"header: {exc}") from exc
         if self.expected_node_id is not None and proto.node_id != self.expected_node_id:
             raise PeerIdentityMismatch(
                 f"header: stream is from node {proto.node_id!r}, but it was pulled from {self.expected_node_id!r}"
             )
-        if proto.round > MAX_ROUND:
-            raise HeaderMismatch(f"header: round {proto.round} is beyond {MAX_ROUND}")
         if self.expected_round is not None and proto.round != self.expected_round:
             raise HeaderMismatch(f"header: stream is of round {proto.round}, round {self.expected_round} was asked for")
-        if not math.isfinite(proto.density) or not 0.0 <= proto.density <= 1.0:
-            raise HeaderMismatch(f"header: density {proto.density!r} is not in [0, 1]")
         digest = payload_hasher(proto.protocol_version)
         if len(proto.payload_digest) != digest.digest_size:
             raise HeaderMismatch(
@@ -552,12 +551,7 @@ class ModelDecoder:
             )
         self._digest = digest
         return StreamHeader(
-            protocol_version=proto.protocol_version,
-            node_id=proto.node_id,
-            fleet_id=proto.fleet_id,
-            arch_id=proto.arch_id,
-            round=proto.round,
-            density=proto.density,
+            identity=identity,
             payload_digest=proto.payload_digest,
             message_count=proto.message_count,
             chunk_count=proto.chunk_count,
@@ -728,9 +722,11 @@ class ModelDecoder:
             )
         total = self.spec.total_numel
         kept = active / total if total else 0.0
-        if total and abs(header.density - kept) > self.spec.density_tolerance:
+        density = header.identity.density
+        assert density is not None  # checked with the header
+        if total and abs(density - kept) > self.spec.density_tolerance:
             raise HeaderMismatch(
-                f"header: density {header.density!r}, but the masks keep {kept:.6f} of the weights"
+                f"header: density {density!r}, but the masks keep {kept:.6f} of the weights"
                 f" (tolerance {self.spec.density_tolerance:.2g})"
             )
         assert self.value_type is not None

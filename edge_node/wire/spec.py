@@ -15,7 +15,12 @@ import numpy as np
 import torch
 import xxhash
 
-from edge_node.protocol import PROTOCOL_VERSION, parse_protocol_version, protocol_major  # noqa: F401  (re-exported)
+from edge_node.protocol import (  # noqa: F401  (parse_protocol_version: re-exported)
+    PROTOCOL_VERSION,
+    NodeIdentity,
+    parse_protocol_version,
+    protocol_major,
+)
 
 PROTOCOL_MAJOR = protocol_major(PROTOCOL_VERSION)  # a receiver refuses another MAJOR
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20  # a sender's largest serialized message; gRPC's receive default is 4 MiB
@@ -159,22 +164,27 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class StreamHeader:
-    """The first message of a model stream, as the receiver saw it (after validation)."""
+    """The first message of a model stream, as the receiver saw it (after validation).
 
-    protocol_version: str
-    node_id: str
-    fleet_id: str
-    arch_id: str
-    round: int
-    density: float
+    ``identity``: the sender as its header says, every value known (a stream is of a round, at a density).
+    """
+
+    identity: NodeIdentity
     payload_digest: bytes  # payload_hasher(protocol_version) over (bitmap, values) of every chunk in order
     message_count: int = 0  # tensor-bearing messages after the header
     chunk_count: int = 0  # SparseTensor chunks in them
 
     @property
+    def round(self) -> int:
+        """The round the stream is of (a header always carries one)."""
+        assert self.identity.round is not None
+        return self.identity.round
+
+    @property
     def payload_digest_text(self) -> str:
         """``"xxh3_128:<hex>"`` (``"sha256:<hex>"`` before 1.2) form of the payload digest, for logs."""
-        return f"{payload_hasher(self.protocol_version).name.lower()}:{self.payload_digest.hex()}"
+        assert self.identity.protocol_version is not None
+        return f"{payload_hasher(self.identity.protocol_version).name.lower()}:{self.payload_digest.hex()}"
 
 
 DEFAULT_RECEIVE_MESSAGE_BYTES = 4 << 20  # one serialized message a receiver takes (gRPC's default limit)

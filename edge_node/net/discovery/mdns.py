@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -68,20 +69,8 @@ from edge_node.net.discovery.peer_book import (
     Sweep,
 )
 from edge_node.net.discovery.peer_table import Discovery
-from edge_node.net.discovery.txt import (
-    TxtFields,
-    check_arch,
-    check_density,
-    check_fingerprint,
-    check_fleet,
-    check_node_id,
-    check_port,
-    check_protocol_version,
-    check_round,
-    check_tier,
-    encode_txt,
-)
-from edge_node.protocol import PROTOCOL_VERSION
+from edge_node.net.discovery.txt import TxtFields, check_fingerprint, check_identity, check_port, encode_txt
+from edge_node.protocol import PROTOCOL_VERSION, NodeIdentity
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -233,7 +222,7 @@ class MdnsDiscovery(Discovery):
         *,
         fleet: str | None = None,
         arch: str | None = None,
-        tier: str = "unknown",
+        tier: str | None = None,
         density: float = 1.0,
         round: int = 0,
         fingerprint: str | None = None,
@@ -254,13 +243,10 @@ class MdnsDiscovery(Discovery):
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         probation_s: float = DEFAULT_PROBATION_S,
     ) -> None:
-        check_protocol_version(protocol_version)
-        if fleet is not None:
-            check_fleet(fleet)
-        if arch is not None and arch != "":
-            check_arch(arch)
+        identity = check_identity(
+            NodeIdentity(protocol_version, node_id, fleet, arch or None, round=round, density=density, tier=tier)
+        )
         if node_id is not None:
-            check_node_id(node_id)
             if fleet is None:
                 raise ConfigError(f"node_id={node_id!r} is advertised, so it needs a fleet")
             check_port(port)
@@ -298,18 +284,8 @@ class MdnsDiscovery(Discovery):
         self._ipv6_scope = _interface_of(self.addresses)
         self._fields: TxtFields | None = None
         if node_id is not None:
-            assert fleet is not None
-            self._fields = TxtFields(
-                protocol_version=protocol_version,
-                node_id=node_id,
-                fleet=fleet,
-                arch=arch or "",
-                tier=check_tier(tier),
-                density=check_density(density),
-                round=check_round(round),
-                fingerprint=check_fingerprint(fingerprint),
-            )
-            encode_txt(self._fields)  # every value and the 255-byte limit, checked once here
+            self._fields = TxtFields(identity, check_fingerprint(fingerprint))
+            encode_txt(self._fields)  # the 255-byte limit, checked once here
         self._own_name = f"{node_id}.{SERVICE_TYPE}" if node_id else None
         self._book = self._new_book()
         self._zc: Zeroconf | None = None
@@ -426,15 +402,17 @@ class MdnsDiscovery(Discovery):
             raise ConfigError("update() needs a node_id: a browse-only discovery advertises nothing")
         with self._lock:
             fields = self._fields
+            own = fields.identity
             new = TxtFields(
-                protocol_version=fields.protocol_version,
-                node_id=fields.node_id,
-                fleet=fields.fleet,
-                arch=fields.arch,
-                tier=fields.tier if tier is None else check_tier(tier),
-                density=fields.density if density is None else check_density(density),
-                round=fields.round if round is None else check_round(round),
-                fingerprint=fields.fingerprint if fingerprint is None else check_fingerprint(fingerprint),
+                check_identity(
+                    replace(
+                        own,
+                        round=own.round if round is None else round,
+                        density=own.density if density is None else density,
+                        tier=own.tier if tier is None else tier,
+                    )
+                ),
+                fields.fingerprint if fingerprint is None else check_fingerprint(fingerprint),
             )
             encode_txt(new)
             if new == fields:
@@ -527,7 +505,7 @@ class MdnsDiscovery(Discovery):
         for key, peer in sweep.upserts:
             event = self._table.upsert(key, peer)
             if event is not None:
-                _LOGGER.info("peer %s %s at %s (round %s)", peer.node_id, event.value, peer.endpoint, peer.round)
+                _LOGGER.info("peer %s %s at %s (round %s)", peer.name, event.value, peer.endpoint, peer.identity.round)
         for out in sweep.queries:
             self._send(out)
 
@@ -575,9 +553,8 @@ class MdnsDiscovery(Discovery):
         # peers must still be applied. stop() cancels it before sending our goodbye.
         self._announcing = asyncio.run_coroutine_threadsafe(self._async_announce(zc, info), zc.loop)
         self._info = info
-        _LOGGER.debug(
-            "re-announcing %s: round %s density %s tier %s", fields.node_id, fields.round, fields.density, fields.tier
-        )
+        own = fields.identity
+        _LOGGER.debug("re-announcing %s: round %s density %s tier %s", own.node_id, own.round, own.density, own.tier)
 
     @staticmethod
     async def _async_announce(zc: Zeroconf, info: ServiceInfo) -> None:

@@ -698,25 +698,15 @@ class PeerBook:
             fields = parse_txt(decode_txt_record(entry.txt))
         except DiscoveryError as exc:
             return None, ("bad_txt", f"malformed TXT: {exc}")
-        if fields.node_id.lower() != entry.node_id.lower():
-            return None, ("bad_txt", f"TXT id={fields.node_id!r} does not match the instance name")
+        identity = fields.identity
+        assert identity.node_id is not None  # a TXT record always names its node
+        if identity.node_id.lower() != entry.node_id.lower():
+            return None, ("bad_txt", f"TXT id={identity.node_id!r} does not match the instance name")
         if self.policy.check_port(entry.port) is not None:
             return None, ("bad_port", f"port {entry.port} is not in 1..65535")
         addresses = usable_order(entry.addresses, self._scope)
         age_s = max(0.0, (now_ms - entry.srv_created_ms) / 1000.0)
-        peer = PeerInfo(
-            node_id=fields.node_id,
-            addresses=addresses,
-            port=entry.port,
-            fleet=fields.fleet,
-            arch=fields.arch,
-            tier=fields.tier,
-            density=fields.density,
-            round=fields.round,
-            protocol_version=fields.protocol_version,
-            fingerprint=fields.fingerprint,
-            last_seen=now_s - age_s,
-        )
+        peer = PeerInfo(identity, addresses, entry.port, fields.fingerprint, last_seen=now_s - age_s)
         rejection = self._filter(peer) if self._filter is not None else None
         return (None, rejection) if rejection is not None else (peer, None)
 

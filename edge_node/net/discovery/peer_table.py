@@ -18,30 +18,30 @@ from types import TracebackType
 from typing import TypeVar
 
 from edge_node.net.discovery.bounds import RefusalCounter
-from edge_node.protocol import PROTOCOL_VERSION, protocol_major
+from edge_node.protocol import PROTOCOL_VERSION, NodeIdentity
 
 _LOGGER = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class PeerInfo:
-    """What discovery knows about one peer.
+    """What discovery knows about one peer: who it says it is, and where it is.
 
+    ``identity``: what its TXT record or its Hello said, checked where it entered. A static peer not heard from
+    yet knows at most its configured node id (the rest is None until its Hello is recorded).
     ``last_seen`` is on ``time.monotonic()``'s clock (s): when the peer's records were last confirmed.
-    Static peers carry placeholders (``tier`` "unknown", ``density`` 0.0) until their Hello is recorded.
     """
 
-    node_id: str
+    identity: NodeIdentity
     addresses: list[str]
     port: int
-    fleet: str
-    arch: str
-    tier: str
-    density: float
-    round: int
-    protocol_version: str
     fingerprint: str | None
     last_seen: float
+
+    @property
+    def name(self) -> str:
+        """The peer's node id, or ``host:port`` while it has none (a static peer not identified yet)."""
+        return self.identity.node_id or self.endpoint
 
     @property
     def endpoint(self) -> str:
@@ -54,12 +54,22 @@ class PeerInfo:
         return dataclasses.replace(self, last_seen=0.0) == dataclasses.replace(other, last_seen=0.0)
 
     def to_json(self) -> dict[str, object]:
-        """A JSON-ready dict (``edge-node peers --json``); ``last_seen`` becomes ``age_s``."""
-        out: dict[str, object] = dataclasses.asdict(self)
-        out.pop("last_seen")
-        out["endpoint"] = self.endpoint
-        out["age_s"] = round(max(0.0, time.monotonic() - self.last_seen), 3)
-        return out
+        """A JSON-ready dict (``edge-node peers --json``); ``last_seen`` becomes ``age_s``, unknown values null."""
+        identity = self.identity
+        return {
+            "node_id": identity.node_id,
+            "addresses": list(self.addresses),
+            "port": self.port,
+            "fleet": identity.fleet_id,
+            "arch": identity.arch_id,
+            "tier": identity.tier,
+            "density": identity.density,
+            "round": identity.round,
+            "protocol_version": identity.protocol_version,
+            "fingerprint": self.fingerprint,
+            "endpoint": self.endpoint,
+            "age_s": round(max(0.0, time.monotonic() - self.last_seen), 3),
+        }
 
 
 class PeerEvent(enum.Enum):
@@ -131,7 +141,7 @@ class PeerTable:
     def snapshot(self) -> list[PeerInfo]:
         """The peers, sorted by node id."""
         with self._changed:
-            return sorted(self._peers.values(), key=lambda p: (p.node_id, p.endpoint))
+            return sorted(self._peers.values(), key=lambda p: (p.name, p.endpoint))
 
     def wait_for(self, predicate: Callable[[list[PeerInfo]], bool], timeout_s: float) -> list[PeerInfo]:
         """Block until ``predicate(snapshot)`` holds or ``timeout_s`` passes; returns the last snapshot."""
@@ -151,7 +161,7 @@ class PeerTable:
             try:
                 listener(event, peer)
             except Exception:  # a listener's bug must not stop discovery
-                _LOGGER.exception("peer listener %r failed on %s %s", listener, event.value, peer.node_id)
+                _LOGGER.exception("peer listener %r failed on %s %s", listener, event.value, peer.name)
 
 
 class Discovery(abc.ABC):
@@ -171,7 +181,6 @@ class Discovery(abc.ABC):
         self.fleet = fleet
         self.arch = arch
         self.protocol_version = protocol_version
-        self._major = protocol_major(protocol_version)
         self._table = PeerTable()
         self._refusals = RefusalCounter()
 
@@ -244,18 +253,22 @@ class Discovery(abc.ABC):
         return None if reason is None else reason[1]
 
     def rejection_reason(self, peer: PeerInfo) -> tuple[str, str] | None:
-        """``(refusal key, text)`` when ``peer`` is not ours, or None; keys: other_fleet/_version/_arch."""
-        if self.fleet is not None and peer.fleet != self.fleet:
-            return "other_fleet", f"fleet {peer.fleet!r} is not {self.fleet!r}"
+        """``(refusal key, text)`` when ``peer`` is not ours, or None; keys: other_fleet/_version/_arch.
+
+        For a peer that has told its identity (TXT, Hello): no architecture (a node without a model) is not ours.
+        """
+        identity = peer.identity
+        if self.fleet is not None and identity.fleet_id != self.fleet:
+            return "other_fleet", f"fleet {identity.fleet_id!r} is not {self.fleet!r}"
         try:
-            major = protocol_major(peer.protocol_version)
+            compatible = identity.compatible(self.protocol_version)
         except ValueError:
-            return "other_version", f"protocol version {peer.protocol_version!r} is malformed"
-        if major != self._major:
+            return "other_version", f"protocol version {identity.protocol_version!r} is malformed"
+        if not compatible:
             return (
                 "other_version",
-                f"protocol version {peer.protocol_version!r} has another major than {self.protocol_version!r}",
+                f"protocol version {identity.protocol_version!r} has another major than {self.protocol_version!r}",
             )
-        if self.arch and peer.arch != self.arch:
-            return "other_arch", f"architecture {peer.arch!r} is not {self.arch!r}"
+        if self.arch and identity.arch_id != self.arch:
+            return "other_arch", f"architecture {identity.arch_id!r} is not {self.arch!r}"
         return None

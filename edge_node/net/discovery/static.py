@@ -7,12 +7,13 @@ plaintext only, ``HOST:PORT``:
   must carry, so **TLS needs ``ID@``** (with a bare ``HOST:PORT`` there is no name to verify the
   handshake against; ``require_node_ids=True`` refuses bare entries). A Hello that says another id
   drops the peer (``id_mismatch``).
-* a bare ``HOST:PORT`` is listed under its endpoint (``host:port`` as ``node_id``) until the node
+* a bare ``HOST:PORT`` is listed under its endpoint (``PeerInfo.name``: ``host:port``) until the node
   records its Hello with :meth:`StaticDiscovery.record_hello`.
 
-Either way placeholders (tier "unknown", density 0.0) are replaced by the Hello, and the same filter
-as mDNS applies (another fleet, protocol major version or architecture drops the peer; so does our
-own node id, for a fleet-wide file). Node ids follow :func:`edge_node.protocol.is_valid_node_id`.
+Either way a peer not heard from knows only its configured id (every other value of its identity is None
+until its Hello is recorded), and the same filter as mDNS applies to the Hello (another fleet, protocol
+major version or architecture drops the peer; so does our own node id, for a fleet-wide file). Node ids
+follow :func:`edge_node.protocol.is_valid_node_id`.
 """
 
 from __future__ import annotations
@@ -23,23 +24,14 @@ import re
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
 from edge_node.errors import ConfigError, DiscoveryError
 from edge_node.net.discovery.peer_table import Discovery, PeerInfo
-from edge_node.net.discovery.txt import (
-    check_arch,
-    check_density,
-    check_fingerprint,
-    check_fleet,
-    check_node_id,
-    check_port,
-    check_protocol_version,
-    check_round,
-    check_tier,
-)
-from edge_node.protocol import PROTOCOL_VERSION, is_valid_node_id
+from edge_node.net.discovery.txt import check_fingerprint, check_identity, check_port
+from edge_node.protocol import PROTOCOL_VERSION, NodeIdentity
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -75,10 +67,10 @@ def parse_peer(spec: str) -> StaticPeer:
     node_id: str | None = None
     if "@" in text:
         node_id, _, text = text.partition("@")
-        if not is_valid_node_id(node_id):
-            raise ConfigError(
-                f"peer {spec!r} has an invalid node id {node_id!r} (1-63 of A-Z a-z 0-9 _ -, starting alphanumeric)"
-            )
+        try:
+            NodeIdentity(node_id=node_id).check()
+        except ValueError as exc:
+            raise ConfigError(f"peer {spec!r} has an invalid node id: {exc}") from None
     if text.startswith("["):
         host, sep, port_text = text[1:].partition("]:")
         if not sep:
@@ -151,7 +143,7 @@ class StaticDiscovery(Discovery):
         peers: ``"ID@HOST:PORT,..."`` (or bare ``HOST:PORT`` for plaintext) or a list of such strings.
         peers_file: a file of peers (see :func:`read_peers_file`), merged with ``peers``.
         node_id, port, fleet, arch, tier, density, round, fingerprint: this node's identity and
-            state, kept for its Hello (nothing is broadcast); ``fleet``/``arch`` filter recorded Hellos.
+            state (``identity``; nothing is broadcast); ``fleet``/``arch`` filter recorded Hellos.
         require_node_ids: refuse bare ``HOST:PORT`` entries (set it under TLS: the id is the
             certificate name that is verified).
     """
@@ -165,20 +157,16 @@ class StaticDiscovery(Discovery):
         port: int | None = None,
         fleet: str | None = None,
         arch: str | None = None,
-        tier: str = "unknown",
+        tier: str | None = None,
         density: float = 1.0,
         round: int = 0,
         fingerprint: str | None = None,
         protocol_version: str = PROTOCOL_VERSION,
         require_node_ids: bool = False,
     ) -> None:
-        check_protocol_version(protocol_version)
-        if node_id is not None:
-            check_node_id(node_id)
-        if fleet is not None:
-            check_fleet(fleet)
-        if arch:
-            check_arch(arch)
+        identity = check_identity(
+            NodeIdentity(protocol_version, node_id, fleet, arch or None, round=round, density=density, tier=tier)
+        )
         if port is not None:
             check_port(port)
         super().__init__(fleet=fleet, arch=arch or None, protocol_version=protocol_version)
@@ -197,16 +185,14 @@ class StaticDiscovery(Discovery):
         self._configured = {(p.host, p.port): p for p in configured}
         self.node_id = node_id
         self.port = port
-        self.tier = check_tier(tier)
-        self.density = check_density(density)
-        self.round = check_round(round)
+        self.identity = identity
         self.fingerprint = check_fingerprint(fingerprint)
         self._started = False
         self._pulls_lock = threading.Lock()
         self._last_ok: dict[str, float] = {}  # node id -> monotonic time of its last successful pull
 
     def start(self) -> None:
-        """List every configured peer (placeholders until their Hello is recorded)."""
+        """List every configured peer (known by its configured id, if any, until its Hello is recorded)."""
         if self._started:
             return
         self._started = True
@@ -215,19 +201,7 @@ class StaticDiscovery(Discovery):
             key = peer.endpoint
             self._table.upsert(
                 key,
-                PeerInfo(
-                    node_id=peer.node_id or key,
-                    addresses=[peer.host],
-                    port=peer.port,
-                    fleet=self.fleet or "",
-                    arch=self.arch or "",
-                    tier="unknown",
-                    density=0.0,
-                    round=0,
-                    protocol_version=self.protocol_version,
-                    fingerprint=None,
-                    last_seen=now,
-                ),
+                PeerInfo(NodeIdentity(node_id=peer.node_id), [peer.host], peer.port, fingerprint=None, last_seen=now),
             )
 
     def stop(self) -> None:
@@ -241,19 +215,22 @@ class StaticDiscovery(Discovery):
         density: float | None = None,
         tier: str | None = None,
     ) -> None:
-        """Keep this node's state for its Hello; static discovery has nothing to broadcast."""
-        if round is not None:
-            self.round = check_round(round)
-        if density is not None:
-            self.density = check_density(density)
-        if tier is not None:
-            self.tier = check_tier(tier)
+        """Keep this node's state (``identity``); static discovery has nothing to broadcast."""
+        identity = self.identity
+        self.identity = check_identity(
+            replace(
+                identity,
+                round=identity.round if round is None else round,
+                density=identity.density if density is None else density,
+                tier=identity.tier if tier is None else tier,
+            )
+        )
 
     def record_pull(self, node_id: str, ok: bool) -> None:
         """Remember successful pulls (:meth:`is_proven`); a static list is never evicted from."""
         if not isinstance(node_id, str) or not isinstance(ok, bool):
             raise TypeError(f"record_pull(node_id={node_id!r}, ok={ok!r}) needs a str and a bool")
-        if not any(p.node_id == node_id for p in self._table.snapshot()):
+        if not any(p.identity.node_id == node_id for p in self._table.snapshot()):
             return
         with self._pulls_lock:
             if ok:
@@ -265,7 +242,7 @@ class StaticDiscovery(Discovery):
             return node_id in self._last_ok
 
     def record_hello(self, host: str, port: int, peer: PeerInfo) -> bool:
-        """Replace the placeholder of ``host:port`` with what its Hello said; False if it is dropped.
+        """Replace what is known of ``host:port`` with what its Hello said (``peer``); False if it is dropped.
 
         The peer is dropped (removed from the table, the refusal counted) when it is this node
         itself, when it was configured as ``ID@`` and its Hello carries another id, or when it fails
@@ -278,10 +255,11 @@ class StaticDiscovery(Discovery):
         if not self._started:
             return False
         refusal: tuple[str, str] | None = None
-        if self.node_id is not None and peer.node_id == self.node_id:
+        heard = peer.identity.node_id
+        if self.node_id is not None and heard == self.node_id:
             refusal = ("self", "it is this node")
-        elif configured.node_id is not None and peer.node_id != configured.node_id:
-            refusal = ("id_mismatch", f"its Hello says node id {peer.node_id!r}, configured {configured.node_id!r}")
+        elif configured.node_id is not None and heard != configured.node_id:
+            refusal = ("id_mismatch", f"its Hello says node id {heard!r}, configured {configured.node_id!r}")
         refusal = refusal or self.rejection_reason(peer)
         if refusal is not None:
             if self._table.remove(key) is not None:

@@ -2,94 +2,63 @@
 
 Keys: ``v`` protocol version, ``id`` node id, ``fleet``, ``arch``, ``tier``, ``density``, ``round``,
 ``fp`` (TLS certificate fingerprint, empty without TLS). Each ``key=value`` string is at most 255 bytes.
-Our own values are checked once at the entry point (``ConfigError``); values from the network are
-checked by :func:`parse_txt`, which raises ``DiscoveryError`` for anything malformed so the caller can
-ignore that advertiser.
+Both directions check the values with ``NodeIdentity.check`` (``edge_node.protocol``): our own once at the
+entry point (``ConfigError``), those from the network in :func:`parse_txt`, which raises ``DiscoveryError``
+for anything malformed so the caller can ignore that advertiser. A value not known yet (None) is written
+``arch=`` or ``tier=unknown``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from edge_node import protocol
 from edge_node.errors import ConfigError, DiscoveryError
-from edge_node.protocol import parse_protocol_version
+from edge_node.protocol import NodeIdentity
 
 TXT_KEYS = ("v", "id", "fleet", "arch", "tier", "density", "round", "fp")
 REQUIRED_TXT_KEYS = ("v", "id", "fleet", "arch", "tier", "density", "round")
 MAX_TXT_STRING_BYTES = 255  # one DNS character-string: a length byte then at most 255 bytes
 MAX_TXT_STRINGS = 128  # ours has 8; newer peers may add keys, but not hundreds
 
-# The wire's architecture id ("cnn/10/1a2b3c4d", ModelSpec.arch_id), so peers compare one string; may be
-# empty: "no model" (e.g. an operator probe).
-_ARCH_RE = re.compile(r"[A-Za-z0-9_.:/+-]{0,200}")
-_TIER_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+# How TXT writes the values not known yet (None in ``NodeIdentity``): no architecture (a node without a model,
+# e.g. an operator's probe) is ``arch=``, no tier ``tier=unknown``. ``probe`` is what ``edge-node peers
+# --announce`` advertised as its tier before 1.3's nodes: read as None too.
+NO_ARCH_TEXT = ""
+NO_TIER_TEXT = "unknown"
+_NO_TIER_TEXTS = (NO_TIER_TEXT, "probe")
 
 _T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
 class TxtFields:
-    """The validated contents of one advertisement's TXT record."""
+    """The validated contents of one advertisement's TXT record: who advertises, and its certificate's fingerprint."""
 
-    protocol_version: str
-    node_id: str
-    fleet: str
-    arch: str
-    tier: str
-    density: float
-    round: int
+    identity: NodeIdentity
     fingerprint: str | None
 
 
-def _check(pattern: re.Pattern[str], name: str, value: object) -> str:
-    if not isinstance(value, str) or pattern.fullmatch(value) is None:
-        raise ConfigError(f"{name}={value!r} is not valid (allowed: {pattern.pattern})")
-    return value
-
-
-def _contract(rule: Callable[[object], _T], value: object) -> _T:
-    """``rule(value)`` (a ``protocol`` check), its ValueError raised as ConfigError."""
+def _contract(rule: Callable[[], _T]) -> _T:
+    """``rule()`` (a ``protocol`` check of this node's own values), its ValueError raised as ConfigError."""
     try:
-        return rule(value)
+        return rule()
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
 
-def check_node_id(node_id: object) -> str:
-    """A node id usable as DNS-SD instance name and host label (``protocol.check_node_id``)."""
-    return _contract(protocol.check_node_id, node_id)
-
-
-def check_fleet(fleet: object) -> str:
-    """A fleet id (``protocol.check_fleet_id``)."""
-    return _contract(protocol.check_fleet_id, fleet)
-
-
-def check_arch(arch: object) -> str:
-    return _check(_ARCH_RE, "arch", arch)
-
-
-def check_tier(tier: object) -> str:
-    return _check(_TIER_RE, "tier", tier)
+def check_identity(identity: NodeIdentity) -> NodeIdentity:
+    """This node's own identity (or the filter values it gives discovery), checked: ``NodeIdentity.check``."""
+    return _contract(identity.check)
 
 
 def check_fingerprint(fingerprint: object) -> str | None:
     """None when empty (no TLS), else exactly what ``net/tls.py`` produces (``protocol.check_fingerprint``)."""
     if fingerprint is None or fingerprint == "":
         return None
-    return _contract(protocol.check_fingerprint, fingerprint)
-
-
-def check_density(density: object) -> float:
-    return _contract(protocol.check_density, density)
-
-
-def check_round(round_: object) -> int:
-    return _contract(protocol.check_round, round_)
+    return _contract(lambda: protocol.check_fingerprint(fingerprint))
 
 
 def check_port(port: object) -> int:
@@ -99,29 +68,24 @@ def check_port(port: object) -> int:
     return port
 
 
-def check_protocol_version(version: object) -> str:
-    if not isinstance(version, str):
-        raise ConfigError(f"protocol_version={version!r} must be a string MAJOR.MINOR")
-    try:
-        parse_protocol_version(version)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return version
-
-
 def encode_txt(fields: TxtFields) -> dict[str, str]:
     """The TXT properties for ``fields`` (``fp`` is always present, empty without TLS).
 
-    Raises ConfigError when a value is invalid or a ``key=value`` string exceeds 255 bytes.
+    Raises ConfigError when a value is invalid or missing (an advertisement has a protocol version, node id,
+    fleet id, round and density), or a ``key=value`` string exceeds 255 bytes.
     """
+    identity = check_identity(fields.identity)
+    values = (identity.protocol_version, identity.node_id, identity.fleet_id, identity.round, identity.density)
+    if any(value is None for value in values):
+        raise ConfigError(f"a TXT record needs a protocol version, node id, fleet id, round and density: {identity}")
     properties = {
-        "v": check_protocol_version(fields.protocol_version),
-        "id": check_node_id(fields.node_id),
-        "fleet": check_fleet(fields.fleet),
-        "arch": check_arch(fields.arch),
-        "tier": check_tier(fields.tier),
-        "density": repr(check_density(fields.density)),  # shortest string that round-trips
-        "round": str(check_round(fields.round)),
+        "v": str(identity.protocol_version),
+        "id": str(identity.node_id),
+        "fleet": str(identity.fleet_id),
+        "arch": NO_ARCH_TEXT if identity.arch_id is None else identity.arch_id,
+        "tier": NO_TIER_TEXT if identity.tier is None else identity.tier,
+        "density": repr(identity.density),  # shortest string that round-trips
+        "round": str(identity.round),
         "fp": check_fingerprint(fields.fingerprint) or "",
     }
     for key, value in properties.items():
@@ -188,16 +152,16 @@ def parse_txt(raw: Mapping[bytes, bytes | None]) -> TxtFields:
     if missing:
         raise DiscoveryError(f"TXT lacks key(s) {', '.join(missing)}")
     try:
-        return TxtFields(
-            protocol_version=check_protocol_version(props["v"]),
-            node_id=check_node_id(props["id"]),
-            fleet=check_fleet(props["fleet"]),
-            arch=check_arch(props["arch"]),
-            tier=check_tier(props["tier"]),
-            density=protocol.parse_density_text(props["density"]),
+        identity = NodeIdentity(
+            protocol_version=props["v"],
+            node_id=props["id"],
+            fleet_id=props["fleet"],
+            arch_id=None if props["arch"] == NO_ARCH_TEXT else props["arch"],
             round=protocol.parse_round_text(props["round"]),
-            fingerprint=check_fingerprint(props.get("fp")),
-        )
+            density=protocol.parse_density_text(props["density"]),
+            tier=None if props["tier"] in _NO_TIER_TEXTS else props["tier"],
+        ).check()
+        return TxtFields(identity, fingerprint=check_fingerprint(props.get("fp")))
     except ValueError as exc:  # ConfigError is one
         raise DiscoveryError(f"TXT value rejected: {_shorten(str(exc))}") from None
 
