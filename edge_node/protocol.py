@@ -169,7 +169,7 @@ def parse_tier(name: str) -> int:
             return _TIER_DENSITY_TEXT.index(name)
     shown = name if not isinstance(name, str) or len(name) <= 40 else name[:40] + "..."
     raise ConfigError(
-        f"tier {shown!r} is not one of {', '.join(TIER_NAMES)} (or the densities {', '.join(_TIER_DENSITY_TEXT)})"
+        f"tier={shown!r} is not one of {', '.join(TIER_NAMES)} (or the densities {', '.join(_TIER_DENSITY_TEXT)})"
     )
 
 

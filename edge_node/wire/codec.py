@@ -26,7 +26,7 @@ import torch
 from google.protobuf.message import DecodeError
 
 from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
-from edge_node.protocol import NodeIdentity, check_fleet_id, check_node_id, check_round
+from edge_node.protocol import NodeIdentity, check_fleet_id, check_node_id, check_round, protocol_major
 from edge_node.wire import _parse
 from edge_node.wire._build import Built, TensorBuild
 from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_buffers, plan_stream, varint_size
@@ -509,8 +509,8 @@ class ModelDecoder:
             raise HeaderMismatch(f"header: {exc}") from exc
         if not compatible:
             raise HeaderMismatch(
-                f"header: protocol version {proto.protocol_version[:32]!r} has another major than this node's"
-                f" {PROTOCOL_VERSION}"
+                f"header: protocol version {proto.protocol_version[:32]!r} has major"
+                f" {protocol_major(proto.protocol_version)}, this node speaks {PROTOCOL_VERSION}"
             )
         if proto.fleet_id != self.expected_fleet:
             raise HeaderMismatch(

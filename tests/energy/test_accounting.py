@@ -11,6 +11,7 @@ import pytest
 
 from edge_node.energy import EnergyAccountant, EstimateMeter, RaplMeter
 from edge_node.errors import MeterUnavailable
+from edge_node.protocol import MAX_ROUND
 
 from .conftest import ScriptedCounterMeter
 
@@ -99,6 +100,8 @@ def test_bad_calls_are_refused_with_the_value(scripted_meter, fake_clock) -> Non
         acct.stop_phase("train")
     with pytest.raises(ValueError, match="round_index=-1"):
         acct.close_round(-1)
+    with pytest.raises(ValueError, match=f"round_index={MAX_ROUND + 1} must be"):  # the round rule: at most MAX_ROUND
+        acct.close_round(MAX_ROUND + 1)
     with pytest.raises(ValueError, match="total_j"):
         acct.close_round(0, total_j=1.0)
     acct.close()

@@ -27,6 +27,7 @@ from edge_node.net.discovery.bounds import (
 )
 from edge_node.net.discovery.peer_book import CHALLENGE_S, SERVICE_TYPE, BookLimits, PeerBook, Sweep
 from edge_node.net.discovery.txt import decode_txt_record
+from edge_node.protocol import NodeIdentity
 
 _PTR, _SRV, _TXT, _A = 12, 33, 16, 1
 _IN, _UNIQUE = 1, 0x8000
@@ -80,9 +81,10 @@ def goodbye(clock: Clock, node_id: str) -> list[DNSRecord]:
 
 
 def fleet_filter(peer: PeerInfo) -> tuple[str, str] | None:
-    if peer.node_id == "boom":
+    if peer.name == "boom":
         raise RuntimeError("a bug that only this record triggers")
-    return None if peer.fleet == "lab" else ("other_fleet", f"fleet {peer.fleet!r}")
+    fleet = peer.identity.fleet_id
+    return None if fleet == "lab" else ("other_fleet", f"fleet {fleet!r}")
 
 
 def make_book(clock: Clock, **limits: float) -> PeerBook:
@@ -122,8 +124,8 @@ def test_a_complete_announcement_is_listed_and_expires_after_its_ttl() -> None:
     assert book.observe(announce(clock, "pi-1", ttl=10), clock.ms)
     result = sweep(book, clock)
     [(key, peer)] = result.upserts
-    assert key == f"pi-1.{SERVICE_TYPE}" and peer.node_id == "pi-1" and peer.endpoint == "10.0.0.5:7000"
-    assert peer.round == 3 and peer.density == 0.5 and not result.queries
+    assert key == f"pi-1.{SERVICE_TYPE}" and peer.name == "pi-1" and peer.endpoint == "10.0.0.5:7000"
+    assert peer.identity.round == 3 and peer.identity.density == 0.5 and not result.queries
     assert clock.t + 5.0 <= result.next_due_s <= clock.t + 6.0  # the refresh: from half the TTL, jittered
     clock.t += 6.01
     assert asked(sweep(book, clock)) == {"pi-1"}
@@ -137,7 +139,7 @@ def test_a_goodbye_removes_after_an_unanswered_challenge_and_own_name_is_never_t
     clock = Clock()
     book = make_book(clock)
     book.observe(announce(clock, "pi-1") + announce(clock, "me"), clock.ms)
-    assert [p.node_id for _, p in sweep(book, clock).upserts] == ["pi-1"]
+    assert [p.name for _, p in sweep(book, clock).upserts] == ["pi-1"]
     book.observe(goodbye(clock, "pi-1"), clock.ms)
     result = sweep(book, clock)
     assert not result.removals and asked(result) == {"pi-1"}  # anyone may send a goodbye: ask the peer
@@ -217,7 +219,7 @@ def test_records_arriving_after_the_ptr_complete_a_pending_name() -> None:
     assert book.sizes()["pending"] == 1 and not sweep(book, clock).upserts
     book.observe(full[1:], clock.ms)
     assert book.sizes()["pending"] == 0
-    assert [p.node_id for _, p in sweep(book, clock).upserts] == ["pi-1"]
+    assert [p.name for _, p in sweep(book, clock).upserts] == ["pi-1"]
 
 
 def test_a_cache_flush_address_replaces_the_old_one() -> None:
@@ -339,7 +341,7 @@ def test_a_complete_announcement_is_not_held_up_by_ptr_only_names() -> None:
     for i in range(10):
         book.observe(announce(clock, f"ghost-{i}", ptr_only=True), clock.ms)
     book.observe(announce(clock, "real"), clock.ms)  # SRV and TXT in its own packet: no resolving needed
-    assert [p.node_id for _, p in sweep(book, clock).upserts] == ["real"]
+    assert [p.name for _, p in sweep(book, clock).upserts] == ["real"]
 
 
 # -- bad records ---------------------------------------------------------------------------------------
@@ -370,7 +372,7 @@ def test_one_record_that_raises_does_not_stop_the_sweep_and_others_still_expire(
     book.observe(announce(clock, "boom") + announce(clock, "fine"), clock.ms)
     clock.t += 1.5
     result = sweep(book, clock)
-    assert [p.node_id for _, p in result.upserts] == ["fine"]
+    assert [p.name for _, p in result.upserts] == ["fine"]
     assert [r.node_id for r in result.removals] == ["dying"]
     assert book.refusals.snapshot() == {"error": 1}
     book.observe(announce(clock, "boom"), clock.ms)  # dropped for its cooldown, not retried every sweep
@@ -538,19 +540,19 @@ def test_parse_peers_refuses_conflicting_ids() -> None:
 
 
 def _hello(node_id: str) -> PeerInfo:
-    return PeerInfo(node_id, ["10.0.0.2"], 7000, "lab", "", "t1", 0.5, 1, "1.0", None, 0.0)
+    return PeerInfo(NodeIdentity("1.0", node_id, "lab", None, 1, 0.5, "t1"), ["10.0.0.2"], 7000, None, 0.0)
 
 
 def test_static_peer_with_an_id_is_known_by_it_from_the_start_and_checked_against_its_hello() -> None:
     with StaticDiscovery("pi-2@10.0.0.2:7000, 10.0.0.3:7000", node_id="me", fleet="lab") as disc:
-        assert [(p.node_id, p.endpoint) for p in disc.peers()] == [
+        assert [(p.name, p.endpoint) for p in disc.peers()] == [
             ("10.0.0.3:7000", "10.0.0.3:7000"),
             ("pi-2", "10.0.0.2:7000"),
         ]
         disc.record_pull("pi-2", True)
         assert disc.is_proven("pi-2")
         assert disc.record_hello("10.0.0.2", 7000, _hello("impostor")) is False
-        assert [p.node_id for p in disc.peers()] == ["10.0.0.3:7000"]
+        assert [p.name for p in disc.peers()] == ["10.0.0.3:7000"]
         assert disc.refusals() == {"id_mismatch": 1}
         assert disc.record_hello("10.0.0.3", 7000, _hello("me")) is False
         assert disc.refusals() == {"id_mismatch": 1, "self": 1}

@@ -36,18 +36,26 @@ from edge_node.net.discovery import (
 from edge_node.net.discovery.mdns import parse_default_routes
 from edge_node.net.discovery.peer_book import usable_order as _usable_order
 from edge_node.net.tls import certificate_fingerprint, create_ca, issue_certificate
-from edge_node.protocol import PROTOCOL_VERSION, protocol_major
+from edge_node.protocol import PROTOCOL_VERSION, NodeIdentity, protocol_major
 
+ARCH = "cnn/10/3f2a0b1c"  # NAME/CLASSES/HASH8, as ModelSpec.arch_id writes it
 FIELDS = TxtFields(
-    protocol_version=PROTOCOL_VERSION,
-    node_id="pi-07",
-    fleet="lab",
-    arch="cnn:10:3f2a",
-    tier="t3",
-    density=0.6,
-    round=42,
+    NodeIdentity(
+        protocol_version=PROTOCOL_VERSION,
+        node_id="pi-07",
+        fleet_id="lab",
+        arch_id=ARCH,
+        tier="t3",
+        density=0.6,
+        round=42,
+    ),
     fingerprint="sha256:" + "ab" * 32,
 )
+
+
+def _fields(**identity: object) -> TxtFields:
+    """``FIELDS`` with some values of its identity replaced."""
+    return dataclasses.replace(FIELDS, identity=dataclasses.replace(FIELDS.identity, **identity))  # type: ignore[arg-type]
 
 
 def _raw(props: dict[str, str | None]) -> dict[bytes, bytes | None]:
@@ -56,21 +64,14 @@ def _raw(props: dict[str, str | None]) -> dict[bytes, bytes | None]:
 
 
 def _peer(node_id: str = "p1", **over: object) -> PeerInfo:
-    base = dict(
-        node_id=node_id,
-        addresses=["10.0.0.2"],
-        port=7000,
-        fleet="lab",
-        arch="cnn:10:3f2a",
-        tier="t3",
-        density=0.6,
-        round=1,
-        protocol_version="1.0",
-        fingerprint=None,
-        last_seen=time.monotonic(),
+    """A peer as discovery lists it; ``over`` replaces values of its identity or of where it is."""
+    identity: dict[str, object] = dict(
+        node_id=node_id, fleet_id="lab", arch_id=ARCH, tier="t3", density=0.6, round=1, protocol_version="1.0"
     )
-    base.update(over)
-    return PeerInfo(**base)  # type: ignore[arg-type]
+    place: dict[str, object] = dict(addresses=["10.0.0.2"], port=7000, fingerprint=None, last_seen=time.monotonic())
+    for key, value in over.items():
+        (identity if key in identity else place)[key] = value
+    return PeerInfo(NodeIdentity(**identity), **place)  # type: ignore[arg-type]
 
 
 # -- TXT -------------------------------------------------------------------------------------------
@@ -86,11 +87,11 @@ def test_txt_carries_the_wire_architecture_id() -> None:
     from edge_node.wire import ModelSpec
 
     arch = ModelSpec("cnn", 10, {"fc.weight": (10, 64), "fc.bias": (10,)}).arch_id
-    props = encode_txt(dataclasses.replace(FIELDS, arch=arch))
-    assert props["arch"] == arch and parse_txt(_raw(props)).arch == arch
+    props = encode_txt(_fields(arch_id=arch))
+    assert props["arch"] == arch and parse_txt(_raw(props)).identity.arch_id == arch
     disc = MdnsDiscovery("n1", 7000, fleet="lab", arch=arch, interfaces=["127.0.0.1"])  # opens no socket
-    assert disc.rejection(_peer(arch=arch)) is None
-    assert "architecture" in (disc.rejection(_peer(arch=arch.replace("cnn/", "vgg11/"))) or "")
+    assert disc.rejection(_peer(arch_id=arch)) is None
+    assert "architecture" in (disc.rejection(_peer(arch_id=arch.replace("cnn/", "vgg11/"))) or "")
 
 
 def test_txt_without_tls_has_empty_fp_and_parses_to_none() -> None:
@@ -117,7 +118,9 @@ def test_txt_keys_are_case_insensitive_and_unknown_keys_ignored() -> None:
         ({"round": None}, "round"),
         ({"fleet": "f" * 240}, "fleet"),
         ({"arch": "a" * 240}, "arch"),
+        ({"arch": "cnn:10:3f2a"}, "arch_id='cnn:10:3f2a'"),  # TXT's old, wider rule took it: the wire's rule wins
         ({"tier": ""}, "tier"),
+        ({"tier": "fast"}, "tier='fast'"),  # TXT's old rule took any 1-32 of [A-Za-z0-9_.-]: the Hello's rule wins
         ({"v": "one"}, "MAJOR.MINOR"),
         ({"id": "no spaces"}, "node_id"),
         ({"round": "\u0661\u0662"}, "round"),  # Arabic-Indic "12": int() reads it, the contract does not
@@ -164,7 +167,9 @@ def test_any_txt_either_parses_or_raises_discovery_error(raw: dict[bytes, bytes 
         fields = parse_txt(raw)
     except DiscoveryError:
         return
-    assert 0 < fields.density <= 1 and math.isfinite(fields.density) and fields.round >= 0
+    identity = fields.identity
+    assert identity.density is not None and identity.round is not None
+    assert 0 < identity.density <= 1 and math.isfinite(identity.density) and identity.round >= 0
 
 
 @pytest.mark.parametrize(
@@ -172,7 +177,7 @@ def test_any_txt_either_parses_or_raises_discovery_error(raw: dict[bytes, bytes 
     [
         {"node_id": "a.b"},
         {"node_id": ""},
-        {"fleet": "x" * 64},
+        {"fleet_id": "x" * 64},
         {"density": 0.0},
         {"density": float("nan")},
         {"density": True},
@@ -180,23 +185,31 @@ def test_any_txt_either_parses_or_raises_discovery_error(raw: dict[bytes, bytes 
         {"round": 1.5},
         {"tier": "two words"},
         {"protocol_version": "1"},
+        {"arch_id": "cnn:10:3f2a"},
     ],
 )
 def test_own_bad_values_are_config_errors_quoting_the_value(override: dict[str, object]) -> None:
-    fields = dataclasses.replace(FIELDS, **override)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="=|version"):
-        encode_txt(fields)
+        encode_txt(_fields(**override))
+
+
+def test_values_not_known_yet_travel_in_txt_as_today() -> None:
+    """No architecture is ``arch=``, no tier ``tier=unknown`` (``probe``: an older ``--announce``): None inside."""
+    props = encode_txt(_fields(arch_id=None, tier=None))
+    assert (props["arch"], props["tier"]) == ("", "unknown")
+    assert parse_txt(_raw(props)).identity == dataclasses.replace(FIELDS.identity, arch_id=None, tier=None)
+    assert parse_txt(_raw({**props, "tier": "probe"})).identity.tier is None
 
 
 # -- peer table ------------------------------------------------------------------------------------
 def test_peer_table_tells_listeners_about_real_changes_only() -> None:
     table = PeerTable()
     events: list[tuple[PeerEvent, str, int]] = []
-    table.add_listener(lambda event, peer: events.append((event, peer.node_id, peer.round)))
+    table.add_listener(lambda event, peer: events.append((event, peer.name, peer.identity.round)))
     first = _peer(round=1)
     assert table.upsert("k", first) is PeerEvent.ADDED
     assert table.upsert("k", dataclasses.replace(first, last_seen=first.last_seen + 5)) is None  # a refresh
-    assert table.upsert("k", dataclasses.replace(first, round=2)) is PeerEvent.UPDATED
+    assert table.upsert("k", _peer(round=2)) is PeerEvent.UPDATED
     assert table.remove("k") is not None and table.remove("k") is None
     assert events == [(PeerEvent.ADDED, "p1", 1), (PeerEvent.UPDATED, "p1", 2), (PeerEvent.REMOVED, "p1", 2)]
 
@@ -209,9 +222,9 @@ def test_a_failing_listener_does_not_break_the_table() -> None:
         raise RuntimeError("listener bug")
 
     table.add_listener(broken)
-    table.add_listener(lambda event, peer: seen.append(peer.node_id))
+    table.add_listener(lambda event, peer: seen.append(peer.name))
     table.upsert("k", _peer())
-    assert seen == ["p1"] and [p.node_id for p in table.snapshot()] == ["p1"]
+    assert seen == ["p1"] and [p.name for p in table.snapshot()] == ["p1"]
 
 
 def test_wait_for_is_bounded_and_wakes_on_change() -> None:
@@ -283,19 +296,20 @@ def test_static_discovery_lists_configured_peers_and_learns_from_hello(tmp_path:
     path = tmp_path / "peers"
     path.write_text("10.0.0.3:7000\n10.0.0.9:7000\n")
     events: list[tuple[PeerEvent, str]] = []
-    with StaticDiscovery("10.0.0.2:7000", peers_file=path, node_id="me", fleet="lab", arch="cnn:10:3f2a") as disc:
-        disc.add_listener(lambda event, peer: events.append((event, peer.node_id)))
+    with StaticDiscovery("10.0.0.2:7000", peers_file=path, node_id="me", fleet="lab", arch=ARCH) as disc:
+        disc.add_listener(lambda event, peer: events.append((event, peer.name)))
         assert [p.endpoint for p in disc.peers()] == ["10.0.0.2:7000", "10.0.0.3:7000", "10.0.0.9:7000"]
+        assert {p.identity for p in disc.peers()} == {NodeIdentity()}  # not heard from: nothing known yet
         assert disc.record_hello("10.0.0.2", 7000, _peer("pi-2")) is True
-        assert disc.record_hello("10.0.0.3", 7000, _peer("pi-3", fleet="other")) is False
+        assert disc.record_hello("10.0.0.3", 7000, _peer("pi-3", fleet_id="other")) is False
         assert disc.record_hello("10.0.0.9", 7000, _peer("me")) is False  # a fleet-wide file lists us too
-        assert [p.node_id for p in disc.peers()] == ["pi-2"]
+        assert [p.name for p in disc.peers()] == ["pi-2"]
         assert disc.record_hello("10.0.0.2", 7000, _peer("pi-2", protocol_version="2.0")) is False
         assert disc.peers() == []
         with pytest.raises(ConfigError, match="not one of the configured"):
             disc.record_hello("10.9.9.9", 1, _peer())
         disc.update(round=5, density=0.4)
-        assert disc.round == 5 and disc.density == 0.4
+        assert disc.identity.round == 5 and disc.identity.density == 0.4
     assert events == [
         (PeerEvent.UPDATED, "pi-2"),
         (PeerEvent.REMOVED, "10.0.0.3:7000"),
@@ -306,9 +320,9 @@ def test_static_discovery_lists_configured_peers_and_learns_from_hello(tmp_path:
 
 
 def test_static_filter_on_architecture_and_empty_config() -> None:
-    disc = StaticDiscovery(["10.0.0.2:7000"], fleet="lab", arch="cnn:10:3f2a")
+    disc = StaticDiscovery(["10.0.0.2:7000"], fleet="lab", arch=ARCH)
     disc.start()
-    assert disc.record_hello("10.0.0.2", 7000, _peer("pi-2", arch="vgg11:10:0000")) is False
+    assert disc.record_hello("10.0.0.2", 7000, _peer("pi-2", arch_id="vgg11/10/00000000")) is False
     disc.stop()
     with pytest.raises(ConfigError, match="at least one peer"):
         StaticDiscovery("")

@@ -156,7 +156,7 @@ def test_bad_stream_is_refused_and_receiver_untouched(case: str) -> None:
         assert re.fullmatch(reason + ".*", str(result.failures["bad"])), result.failures
         again = pull_models(peers[1:], SPEC, FLEET, **FAST)  # and both servers keep serving
         assert list(again.received) == ["good"]
-        assert hello(peers[0], insecure=True).node_id == "bad"
+        assert hello(peers[0], insecure=True).identity.node_id == "bad"
     # The client never gets the receiver's model: it hands back new tensors, and only for streams that
     # validated completely. What it hands back for the good peer is exactly that peer's snapshot, so
     # the bad stream decoded alongside left nothing behind in it.
@@ -206,13 +206,13 @@ def test_pull_models_in_parallel_with_value_types_and_an_unreachable_peer() -> N
             expected = torch.where(snap.masks[name], snap.weights[name].to(server.value_type.torch_dtype).float(), 0.0)
             assert torch.equal(model.weights[name], expected)
             assert torch.equal(model.masks[name], snap.masks[name])
-    assert (info.node_id, info.fleet_id, info.arch_id, info.protocol_version) == (
+    assert (info.identity.node_id, info.identity.fleet_id, info.identity.arch_id, info.identity.protocol_version) == (
         "n2",
         FLEET,
         SPEC.arch_id,
         PROTOCOL_VERSION,
     )
-    assert (info.round, info.density, info.tier, info.has_model, info.value_type) == (
+    assert (info.identity.round, info.identity.density, info.identity.tier, info.has_model, info.value_type) == (
         2,
         snaps[2].density,
         "t2",
@@ -271,7 +271,9 @@ def test_server_answers_each_caller_in_its_version(caller: str, served: str, dig
             request = GetModelRequest(protocol_version=version, node_id="me", fleet_id=FLEET, arch_id=SPEC.arch_id)
             streams.append(list(call(request, timeout=5)))
     model = decode_model(streams[0], SPEC, FLEET, expected_node_id="srv")
-    assert model.header.protocol_version == served and model.header.payload_digest_text.startswith(digest + ":")
+    assert model.header.identity.protocol_version == served and model.header.payload_digest_text.startswith(
+        digest + ":"
+    )
     assert streams[0][1:] == streams[1][1:]
     assert model.header.round == 3 and model.nnz == sum(int(m.sum()) for m in snapshot("srv", 4).masks.values())
 

@@ -430,7 +430,7 @@ def _hello_reply(**fields) -> bytes:
 HELLO_LIES = {
     "NaN density": (_hello_reply(density=float("nan")), "header", "density nan"),
     "100 kB tier": (_hello_reply(capacity_tier="x" * 100_000), "limit", "larger than max"),
-    "unknown tier": (_hello_reply(capacity_tier="fast"), "header", "tier 'fast'"),
+    "unknown tier": (_hello_reply(capacity_tier="fast"), "header", "tier='fast'"),
     "value type 99": (_hello_reply(value_type=99), "header", "unknown value type 99"),
     "another node": (_hello_reply(node_id="other"), "identity", "answers as node 'other'"),
     "version with newline": (_hello_reply(protocol_version="1.1\n"), "header", "MAJOR.MINOR"),
@@ -454,8 +454,13 @@ def test_a_valid_hello_reply_passes() -> None:
     with HostileServer(hello=lambda request, context: _hello_reply()) as server:
         info = hello(PeerAddress("peer", "127.0.0.1", server.port), **PLAIN)
         listed = hello(PeerAddress("127.0.0.1:1", "127.0.0.1", server.port), **PLAIN)  # a static host:port entry
-    assert (info.node_id, info.tier, info.value_type, info.round) == ("peer", "t3", ValueType.FLOAT32, 3)
-    assert listed.node_id == "peer"  # learned, not checked: the entry had no node id yet
+    assert (info.identity.node_id, info.identity.tier, info.value_type, info.identity.round) == (
+        "peer",
+        "t3",
+        ValueType.FLOAT32,
+        3,
+    )
+    assert listed.identity.node_id == "peer"  # learned, not checked: the entry had no node id yet
 
 
 def test_a_round_wait_that_runs_out_mid_call_still_says_what_the_peer_last_answered() -> None:

@@ -44,7 +44,7 @@ def test_a_connection_that_goes_silent_mid_stream_is_given_up_and_the_pull_compl
         took = time.monotonic() - start
     assert not result.failures, result.failures
     model = result.received["good"]
-    assert (model.header.node_id, model.header.round) == ("good", 3)  # whole and checked (the stream digest)
+    assert (model.header.identity.node_id, model.header.round) == ("good", 3)  # whole and checked (the stream digest)
     assert proxy.connections == 2  # the silent one, then one that delivered
     assert result.retries == {"unreachable": 1}  # the cut connection shows in the round's record
     # Before the pings had a timeout the pull sat on the silent connection until its 40 s deadline.

@@ -199,7 +199,7 @@ def test_a_peer_reached_by_ip_address_is_verified_by_its_node_id(fleet: Path) ->
     # Static peers are configured by address (ID@HOST:PORT): the TLS name checked is the node id, never the host.
     with tls_server(node_tls(fleet, "node-a")) as port:
         model = pull_model(PeerAddress("node-a", "127.0.0.1", port), SPEC, FLEET, tls=node_tls(fleet, "node-b"))
-        assert model.header.node_id == "node-a"
+        assert model.header.identity.node_id == "node-a"
         with pytest.raises(PeerUnreachable) as caught:  # a host:port entry has no node id to verify
             pull_model(PeerAddress(f"127.0.0.1:{port}", "127.0.0.1", port), SPEC, FLEET, tls=node_tls(fleet, "node-b"))
         assert caught.value.kind == "identity" and "Hello it first" in str(caught.value)
@@ -223,7 +223,7 @@ def test_advertised_fingerprint_is_checked_against_the_presented_certificate(fle
         for _ in range(2):
             result = pull_models([good], SPEC, FLEET, tls=client, deadline_s=5)
             assert list(result.received) == ["node-a"], result.failures
-        assert hello(good, tls=client).node_id == "node-a"
+        assert hello(good, tls=client).identity.node_id == "node-a"
         assert len(handshakes) == 1  # checked once, then remembered
         for advertised, words in ((wrong, "presents certificate " + right), ("sha256:zz", "not sha256:<64 hex")):
             peer = PeerAddress("node-a", "127.0.0.1", port, expected_fingerprint=advertised)

@@ -64,8 +64,9 @@ def test_round_trip_restores_masked_weights_and_masks() -> None:
         assert torch.equal(model.masks[name], masks[name])
         assert torch.equal(model.weights[name], torch.where(masks[name], weights[name], 0.0))
         assert model.weights[name].dtype == torch.float32
-    assert (model.header.node_id, model.header.fleet_id, model.header.round) == ("node-a", "fleet-1", 7)
-    assert model.header.arch_id == SPEC.arch_id and model.header.density == kept_fraction(masks)
+    identity = model.header.identity
+    assert (identity.node_id, identity.fleet_id, identity.round) == ("node-a", "fleet-1", 7)
+    assert identity.arch_id == SPEC.arch_id and identity.density == kept_fraction(masks)
 
 
 def test_bitmap_is_little_endian_row_major_and_values_in_order() -> None:
@@ -290,7 +291,7 @@ def test_decode_refuses_other_fleet_architecture_and_protocol() -> None:
         decode_model(bumped, SPEC, "fleet-1")
     newer_minor = copies(messages)
     newer_minor[0].header.protocol_version = "1.7"
-    assert decode_model(newer_minor, SPEC, "fleet-1").header.protocol_version == "1.7"
+    assert decode_model(newer_minor, SPEC, "fleet-1").header.identity.protocol_version == "1.7"
     for bad in ("1.1\n", "\u0661.1", "1.\uff11", " 1.1", "1.1.1", "1", "999999.1"):  # \d and $ would pass some
         odd = copies(messages)
         odd[0].header.protocol_version = bad

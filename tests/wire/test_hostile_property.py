@@ -176,7 +176,7 @@ def test_hostile_streams_never_reach_the_aggregate_unbounded(stream: list[bytes]
         assert decoded.masks[name].dtype == torch.bool and tuple(decoded.masks[name].shape) == shape
         assert bool(torch.isfinite(decoded.weights[name]).all())
         assert not bool(decoded.weights[name][~decoded.masks[name]].any())
-    assert abs(decoded.header.density - kept_fraction(decoded.masks)) <= SPEC.density_tolerance
+    assert abs(decoded.header.identity.density - kept_fraction(decoded.masks)) <= SPEC.density_tolerance
     peers = [("h1", *HONEST[0]), ("h2", *HONEST[1]), ("peer", decoded.weights, decoded.masks)]
     screen = screen_peer_models(own_w, own_m, peers)
     event("decoded, " + ("accepted" if "peer" in screen.accepted else "refused by the screen"))
@@ -189,7 +189,7 @@ def test_hostile_streams_never_reach_the_aggregate_unbounded(stream: list[bytes]
         assert bool(torch.isfinite(tensor).all())
         assert _largest(tensor) <= _bound(own_w, own_m, name) * (1 + 1e-6)
     assert all(torch.equal(before[n], own_w[n]) for n in own_w)
-    assert math.isfinite(decoded.header.density)
+    assert math.isfinite(decoded.header.identity.density)
 
 
 def test_a_header_edit_to_an_unparseable_version_then_a_rehash_still_makes_a_stream() -> None:

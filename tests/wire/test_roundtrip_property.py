@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -40,6 +41,10 @@ def test_round_trip_is_bit_exact_and_size_is_exact(model) -> None:
     spec = ModelSpec.from_tensors("prop", 3, weights)
     total = sum(m.numel() for m in masks.values())
     density = sum(int(m.sum()) for m in masks.values()) / total if total else 0.5
+    if density == 0.0:  # a model keeps at least one weight: density 0 is refused (the one rule, (0, 1])
+        with pytest.raises(ValueError, match=r"density=0\.0 must be a number in \(0, 1\]"):
+            encode_model(spec, weights, masks, node_id="n1", fleet_id="f", round=5, density=density)
+        return
     messages = encode_model(
         spec, weights, masks, node_id="n1", fleet_id="f", round=5, density=density,
         value_type=value_type, max_message_bytes=budget,

@@ -69,8 +69,10 @@ def parse_peer(spec: str) -> StaticPeer:
         node_id, _, text = text.partition("@")
         try:
             NodeIdentity(node_id=node_id).check()
-        except ValueError as exc:
-            raise ConfigError(f"peer {spec!r} has an invalid node id: {exc}") from None
+        except ValueError:
+            raise ConfigError(
+                f"peer {spec!r} has an invalid node id {node_id!r} (1-63 of A-Z a-z 0-9 _ -, starting alphanumeric)"
+            ) from None
     if text.startswith("["):
         host, sep, port_text = text[1:].partition("]:")
         if not sep:
