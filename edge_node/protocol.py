@@ -127,7 +127,8 @@ def check_density(density: object, name: str = "density") -> float:
 
 # A model's architecture id (``wire.spec.ModelSpec.arch_id``): NAME/CLASSES/HASH8, e.g. ``cnn/10/1a2b3c4d``. TXT,
 # Hello and stream headers carry it, and peers compare it as one string.
-ARCH_ID_PATTERN = r"[A-Za-z0-9_.-]{1,64}/[0-9]{1,9}/[0-9a-f]{8}"
+ARCH_NAME_PATTERN = r"[A-Za-z0-9_.-]{1,64}"  # NAME: the model's name (``ModelSpec.arch_name``)
+ARCH_ID_PATTERN = ARCH_NAME_PATTERN + r"/[0-9]{1,9}/[0-9a-f]{8}"
 _ARCH_ID_RE = re.compile(ARCH_ID_PATTERN)
 
 

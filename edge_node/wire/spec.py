@@ -16,8 +16,10 @@ import torch
 import xxhash
 
 from edge_node.protocol import (  # noqa: F401  (parse_protocol_version: re-exported)
+    ARCH_NAME_PATTERN,
     PROTOCOL_VERSION,
     NodeIdentity,
+    check_arch_id,
     parse_protocol_version,
     protocol_major,
 )
@@ -26,7 +28,7 @@ PROTOCOL_MAJOR = protocol_major(PROTOCOL_VERSION)  # a receiver refuses another 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20  # a sender's largest serialized message; gRPC's receive default is 4 MiB
 MIN_MAX_MESSAGE_BYTES = 4096  # below this a header plus one chunk of a tensor's metadata may not fit
 
-_ARCH_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_ARCH_NAME = re.compile(ARCH_NAME_PATTERN)
 
 
 class ValueType(enum.IntEnum):
@@ -84,7 +86,7 @@ class ModelSpec:
     arch_id: str = field(init=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.arch_name, str) or not _ARCH_NAME.match(self.arch_name):
+        if not isinstance(self.arch_name, str) or not _ARCH_NAME.fullmatch(self.arch_name):
             raise ValueError(f"arch_name={self.arch_name!r} must be 1-64 characters of [A-Za-z0-9_.-]")
         if not isinstance(self.num_classes, int) or self.num_classes < 1:
             raise ValueError(f"num_classes={self.num_classes!r} must be a positive integer")
@@ -114,7 +116,7 @@ class ModelSpec:
         if self.variant:
             text += f"|{self.variant}"
         digest = hashlib.sha256(text.encode()).hexdigest()[:8]
-        object.__setattr__(self, "arch_id", f"{self.arch_name}/{self.num_classes}/{digest}")
+        object.__setattr__(self, "arch_id", check_arch_id(f"{self.arch_name}/{self.num_classes}/{digest}"))
 
     def __eq__(self, other: object) -> bool:
         return (

@@ -67,7 +67,7 @@ def run_node(ns, cfg, cmd_fd):
     def table():
         return [{k: p.to_json()[k] for k in ("node_id", "addresses", "port", "fleet", "arch", "tier", "density",
                                               "round", "protocol_version", "endpoint")} for p in d.peers()]
-    d.add_listener(lambda ev, p: emit({"node": node_id, "event": ev.value + ":" + p.node_id, "peers": table()}))
+    d.add_listener(lambda ev, p: emit({"node": node_id, "event": ev.value + ":" + p.name, "peers": table()}))
     emit({"node": node_id, "event": "started", "peers": table()})
     for line in os.fdopen(cmd_fd):
         cmd = json.loads(line)
@@ -363,8 +363,8 @@ def test_cli_announce_and_json_listing(lo_ns: str) -> None:
             peer = by_id[nid]
             assert peer["port"] == port and peer["endpoint"] == f"127.0.0.1:{port}"
             assert peer["fleet"] == FLEET and peer["protocol_version"] == PROTOCOL_VERSION
-            assert peer["tier"] == "probe" and peer["density"] == 1.0 and peer["round"] == 0
-            assert peer["fingerprint"] is None and peer["arch"] == ""
+            assert peer["tier"] is None and peer["density"] == 1.0 and peer["round"] == 0  # no tier: unknown (None)
+            assert peer["fingerprint"] is None and peer["arch"] is None  # a probe has no model, so no architecture
         # --static: ID@HOST:PORT lines, the syntax of --peers and peers files
         static = run_in_netns(lo_ns, [*base, "--fleet", FLEET, "--static", "--timeout", "3"], timeout_s=60)
         assert static.returncode == 0, static.stderr
@@ -489,7 +489,7 @@ from zeroconf import ServiceInfo
 from zeroconf.asyncio import AsyncZeroconf
 T = "_edge-node._tcp.local."
 def txt(**over):
-    base = {"v": "1.0", "id": None, "fleet": "fleet-a", "arch": "cnn:10:abc", "tier": "t1", "density": "0.5",
+    base = {"v": "1.0", "id": None, "fleet": "fleet-a", "arch": "cnn/10/0000abcd", "tier": "t1", "density": "0.5",
             "round": "3", "fp": ""}
     base.update(over)
     return {k: (None if v == "<bare>" else v) for k, v in base.items() if v is not None}
@@ -525,14 +525,16 @@ _MALFORMED = {
     "bad-version": {"v": "one"},
     "id-mismatch": {"id": "someone-else"},
     "other-major": {"v": "2.0"},
-    "other-arch": {"arch": "resnet18:10:def"},
+    "other-arch": {"arch": "resnet18/10/0000def0"},
+    "old-arch-form": {"arch": "cnn:10:abc"},  # TXT's old, wider rule took it: the wire's NAME/CLASSES/HASH8 wins
+    "unknown-tier": {"tier": "fast"},  # TXT's old rule took any name: the Hello's tier names win
 }
 
 
 @pytest.mark.netns
 def test_malformed_txt_is_ignored_and_browsing_goes_on(hosts: NodeHost, lo_ns: str) -> None:
     log_from = len(hosts.proc.stderr_lines)
-    observer = hosts.spawn(lo_ns, "observer", "127.0.0.1", arch="cnn:10:abc", debug=True)
+    observer = hosts.spawn(lo_ns, "observer", "127.0.0.1", arch="cnn/10/0000abcd", debug=True)
     _wait_started([observer])
     with NetnsProcess(lo_ns, [PYTHON, "-c", _FOREIGN, json.dumps(_MALFORMED)]) as foreign:
         assert foreign.wait_for(lambda lines: "good registered" in lines, START_S), foreign.stderr_text

@@ -392,8 +392,8 @@ LIES = {
     ),
     "header round is not the one asked": (lambda ms: setattr(ms[0].header, "round", 4), "header", "round 4, round 3"),
     "header density is not the masks'": (lambda ms: setattr(ms[0].header, "density", 0.9), "header", "density 0.9"),
-    "round beyond any plausible": (lambda ms: setattr(ms[0].header, "round", 10**18), "header", "beyond"),
-    "node id with a newline": (lambda ms: setattr(ms[0].header, "node_id", "liar\n"), "header", "does not match"),
+    "round beyond any plausible": (lambda ms: setattr(ms[0].header, "round", 10**18), "header", "round=10000000000"),
+    "node id with a newline": (lambda ms: setattr(ms[0].header, "node_id", "liar\n"), "header", "node_id='liar\\n'"),
     "tensors out of order": (_swap_tensors, "decode", "out of order, expected tensor 'conv1.weight'"),
     "two value types": (_half_precision, "decode", "FLOAT16 in a stream of FLOAT32"),
     "lying counts": (lambda ms: setattr(ms[0].header, "message_count", 10**6), "header", "only"),
@@ -428,7 +428,7 @@ def _hello_reply(**fields) -> bytes:
 
 
 HELLO_LIES = {
-    "NaN density": (_hello_reply(density=float("nan")), "header", "density nan"),
+    "NaN density": (_hello_reply(density=float("nan")), "header", "density=nan"),
     "100 kB tier": (_hello_reply(capacity_tier="x" * 100_000), "limit", "larger than max"),
     "unknown tier": (_hello_reply(capacity_tier="fast"), "header", "tier='fast'"),
     "value type 99": (_hello_reply(value_type=99), "header", "unknown value type 99"),
@@ -437,7 +437,7 @@ HELLO_LIES = {
     "non-ASCII digits": (_hello_reply(protocol_version="\u0661.\u0661"), "header", "MAJOR.MINOR"),
     "other major": (_hello_reply(protocol_version="2.0"), "header", "not compatible"),
     "padding field": (_hello_reply() + b"\x7a\x03abc", "header", "unknown field number(s) [15]"),
-    "huge round": (_hello_reply(round=2**63), "header", "beyond"),
+    "huge round": (_hello_reply(round=2**63), "header", f"round={2**63} must be"),
     "bad arch id": (_hello_reply(arch_id="x" * 300), "header", "architecture id"),
 }
 
