@@ -41,11 +41,13 @@ _CLASS_IN = 1
 _CLASS_UNIQUE = 0x8000
 
 
-# -- crafted records and packets -----------------------------------------------------------------
-
 def _name(peer: Any) -> str:
     """A listed peer's node id (``PeerInfo.name``; ``node_id`` in the older code the bench also measures)."""
     return str(getattr(peer, "name", None) or peer.node_id)
+
+
+# -- crafted records and packets -----------------------------------------------------------------
+
 
 def txt_bytes(props: dict[str, str]) -> bytes:
     out = b""

@@ -24,8 +24,8 @@ MAX_TXT_STRING_BYTES = 255  # one DNS character-string: a length byte then at mo
 MAX_TXT_STRINGS = 128  # ours has 8; newer peers may add keys, but not hundreds
 
 # How TXT writes the values not known yet (None in ``NodeIdentity``): no architecture (a node without a model,
-# e.g. an operator's probe) is ``arch=``, no tier ``tier=unknown``. ``probe`` is what ``edge-node peers
-# --announce`` advertised as its tier before 1.3's nodes: read as None too.
+# e.g. an operator's probe) is ``arch=``, no tier ``tier=unknown``. ``probe``, the tier older ``edge-node peers
+# --announce`` advertised, is read as None too.
 NO_ARCH_TEXT = ""
 NO_TIER_TEXT = "unknown"
 _NO_TIER_TEXTS = (NO_TIER_TEXT, "probe")
