@@ -673,7 +673,7 @@ class Node:
         """What ``edge-node status`` shows (live from the socket, or from status.json)."""
         totals = self._totals
         discoveries = getattr(self, "discoveries", [])
-        known = sorted({p.node_id for d in discoveries for p in d.peers() if p.node_id != self.node_id})
+        known = sorted({p.name for d in discoveries for p in d.peers() if p.name != self.node_id})
         age = time.monotonic() - self._heartbeat
         max_age = max(self.config.pull_timeout_s, self.config.round_budget_s) * 2
         return {
