@@ -45,6 +45,20 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
+def key(default: Any, help: str, *, choices: tuple[str, ...] = (), metavar: str | None = None) -> Any:
+    """A config key of a dataclass: its default, and what its flag shows (edge_node/cli/_config_options.py).
+
+    ``help`` may hold ``{default}``, which the flag's help shows as the default; ``choices`` makes the flag
+    take only those values (the dataclass checks the value anyway, from a file too).
+    """
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar})
+
+
+def key_help(cls: type, name: str) -> str:
+    """The help text of config key ``name`` of dataclass ``cls``."""
+    return str(next(f for f in dataclasses.fields(cls) if f.name == name).metadata["help"])
+
+
 def field_names(cls: type) -> list[str]:
     """The init fields of dataclass ``cls``, in declaration order."""
     return [f.name for f in dataclasses.fields(cls) if f.init]

@@ -50,6 +50,8 @@ LAYERS = [
         "threads",
         "task_names",
         "version",
+        "defaults",
+        "torch_threads",
     },
     {"algorithm"},
     {"models", "pooling", "data"},

@@ -57,6 +57,7 @@ from edge_node.algorithm.training import (
     read_weights,
     train_masked,
 )
+from edge_node.defaults import DEFAULTS
 from edge_node.errors import ConfigError, TrainingDiverged
 from edge_node.seeding import Stream, torch_generator
 
@@ -74,20 +75,18 @@ _DERIVED = frozenset({"dp", "secret_noise", "task", "frozen"})  # DisPFLParams f
 class DisPFLParams:
     """The hyper-parameters of local training and the mask schedule (docs/ALGORITHM.md "One round")."""
 
-    epochs: int = 5
-    batch_size: int = 128
-    lr: float = 0.1  # initial learning rate
-    lr_decay: float = 0.998  # per round
-    weight_decay: float = 5e-4
-    clip_norm: float = 10.0  # max global L2 norm of a step's gradient
-    planned_rounds: int = 500  # T of the cosine prune schedule
-    prune_alpha: float = 0.5  # initial prune fraction
-    regrow: str = "random"  # "gradient" (the paper, RigL) or "random" (the reference code's scripts)
-    mask_init: str = "erk"
-    # Slices of a batch through the model at once; 0: the whole batch. 16 keeps a cnn daemon of batch 128
-    # under 400 MB (docs/RESULTS.md) for about 9 % more time per step; the simulation uses the same value so
-    # that a lock-step fleet and ``edge-node simulate`` take the same float steps with no extra flag.
-    micro_batch: int = 16
+    # Defaults: the one table the commands share (edge_node.defaults, which says why each is what it is).
+    epochs: int = DEFAULTS.epochs
+    batch_size: int = DEFAULTS.batch_size
+    lr: float = DEFAULTS.lr  # initial learning rate
+    lr_decay: float = DEFAULTS.lr_decay  # per round
+    weight_decay: float = DEFAULTS.weight_decay
+    clip_norm: float = DEFAULTS.clip_norm  # max global L2 norm of a step's gradient
+    planned_rounds: int = DEFAULTS.planned_rounds  # T of the cosine prune schedule
+    prune_alpha: float = DEFAULTS.prune_alpha  # initial prune fraction
+    regrow: str = DEFAULTS.regrow  # "gradient" (the paper, RigL) or "random" (the reference code's scripts)
+    mask_init: str = DEFAULTS.mask_init
+    micro_batch: int = DEFAULTS.micro_batch  # slices of a batch through the model at once; 0: the whole batch
     # DP-SGD's clip and noise multiplier (None: plain SGD). Never a setting of its own: a run derives it from
     # its privacy budget (edge_node.algorithm.dp), so DisPFLParams.of leaves it out.
     dp: DPConfig | None = None

@@ -23,10 +23,12 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from edge_node.defaults import DEFAULTS
+
 TensorDict = Mapping[str, torch.Tensor]
 # "local": FedBN, running statistics stay on the client; "average": sent with the weights and averaged
 NORM_STATS = ("local", "average")
-DEFAULT_NORM_STATS = "local"
+DEFAULT_NORM_STATS = DEFAULTS.norm_stats  # the shared table (edge_node.defaults)
 _STAT_NAMES = frozenset({"running_mean", "running_var", "num_batches_tracked"})
 
 

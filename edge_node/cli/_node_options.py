@@ -6,14 +6,13 @@ overrides the config file, which overrides the defaults.
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
+
+from edge_node.cli._config_options import config_options, given_flags
 
 # One flag name for one thing across commands: ``peers --interface`` and ``start --interface`` (the key stays
 # ``interfaces``, a list). The plural flag is kept as a deprecated alias for scripts written before.
@@ -22,49 +21,13 @@ DEPRECATED_ALIASES = {"interfaces": "--interfaces"}
 CONFIG_HELP = "TOML config file, keys as the flags with underscores [default: /etc/edge-node/config.toml if it exists]."
 
 
-def _click_type(tp: Any) -> tuple[Any, bool]:
-    """(click type, is a list) of a NodeConfig field annotation."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _click_type(inner[0])
-    if origin is tuple:
-        return str, True
-    return {int: int, float: float, str: str, bool: bool, Path: click.Path(path_type=Path)}[tp], False
-
-
 def node_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate ``command`` with ``--config`` and one option per NodeConfig key (all default None)."""
-    from edge_node.node.config import NodeConfig, key_help
+    from edge_node.node.config import NodeConfig
 
-    hints = typing.get_type_hints(NodeConfig)
-    for field in reversed(dataclasses.fields(NodeConfig)):
-        flags = FLAG_NAMES.get(field.name, ("--" + field.name.replace("_", "-"),))
-        flag = flags[0]
-        click_type, many = _click_type(hints[field.name])
-        default = field.default if field.default is not dataclasses.MISSING else None
-        text = key_help(field.name)
-        if default not in (None, "", ()) and "[default" not in text:
-            text += f" [default: {default}]"
-        if field.name in DEPRECATED_ALIASES:
-            text += f" Repeatable. ({DEPRECATED_ALIASES[field.name]}: deprecated alias.)"
-        if click_type is bool:
-            option = click.option(f"{flag}/--no-{flag[2:]}", field.name, default=None, help=text)
-        else:
-            option = click.option(*flags, field.name, type=click_type, default=None, multiple=many, help=text)
-        command = option(command)
-    return click.option("--config", "config_file", type=click.Path(path_type=Path), default=None, help=CONFIG_HELP)(
-        command
-    )
-
-
-def _given(flags: dict[str, Any]) -> dict[str, Any]:
-    """The flags that were given, lists flattened (``--peers a,b --peers c``)."""
-    given = {k: v for k, v in flags.items() if v is not None and v != ()}
-    for key, value in list(given.items()):
-        if isinstance(value, tuple):
-            given[key] = [item for part in value for item in part.replace(",", " ").split() if item]
-    return given
+    config = click.option("--config", "config_file", type=click.Path(path_type=Path), default=None, help=CONFIG_HELP)
+    aliases = {k: f" Repeatable. ({alias}: deprecated alias.)" for k, alias in DEPRECATED_ALIASES.items()}
+    return config_options(NodeConfig, config, flag_names=FLAG_NAMES, aliases_help=aliases)(command)
 
 
 def _config_file(config_file: Path | None) -> Path | None:
@@ -82,7 +45,7 @@ def load_node_config(config_file: Path | None, flags: dict[str, Any]) -> Any:
     path = _config_file(config_file)
     file_values = read_toml(path) if path is not None else {}
     source = f"{path} or the flags" if path is not None else "the flags"
-    return build(NodeConfig, merge(file_values, _given(flags)), source)
+    return build(NodeConfig, merge(file_values, given_flags(flags)), source)
 
 
 def state_dir_of(state_dir: Path | None, config_file: Path | None) -> Path:
@@ -131,7 +94,7 @@ def load_saved_node_config(config_file: Path | None, flags: dict[str, Any]) -> A
                   "model": _saved_model(saved.get("model"), identity.arch_id), "state_dir": str(state_dir)}  # fmt: skip
     file_values = read_toml(config_file) if config_file is not None else {}
     source = f"{saved_file}, {config_file} or the flags" if config_file else f"{saved_file} or the flags"
-    return build(NodeConfig, {**saved, **identified, **file_values, **_given(flags)}, source)
+    return build(NodeConfig, {**saved, **identified, **file_values, **given_flags(flags)}, source)
 
 
 __all__ = ["load_node_config", "load_saved_node_config", "node_options", "state_dir_of"]

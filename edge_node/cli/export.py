@@ -9,7 +9,8 @@ from typing import Any
 import click
 
 from edge_node.cli._app import app
-from edge_node.cli._node_options import _given, load_saved_node_config, node_options
+from edge_node.cli._config_options import given_flags
+from edge_node.cli._node_options import load_saved_node_config, node_options
 from edge_node.errors import ConfigError
 
 
@@ -49,9 +50,9 @@ def export(onnx_path: Path | None, run_dir: Path | None, client: int | None, con
     if run_dir is not None:
         if client is None:
             raise ConfigError("--run needs --client K: the client of the simulation whose model to export")
-        if config_file is not None or _given(flags):
+        if config_file is not None or given_flags(flags):
             given = ["--config"] if config_file is not None else []
-            given += ["--" + k.replace("_", "-") for k in _given(flags)]
+            given += ["--" + k.replace("_", "-") for k in given_flags(flags)]
             raise ConfigError(f"--run exports a simulation's client from its checkpoint; {given[0]} is a node's flag")
         trained = run_trained(run_dir, client, check_export=True)
     else:

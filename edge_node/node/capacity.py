@@ -70,6 +70,7 @@ from edge_node.data.batches import ClientData
 from edge_node.errors import ConfigError
 from edge_node.models import build_model
 from edge_node.node.limits import Limits, ceil_cpus, own_limits
+from edge_node.torch_threads import apply_threads
 from edge_node.wire import ModelSpec, ValueType, encoded_model_size
 
 if TYPE_CHECKING:
@@ -402,8 +403,7 @@ def runtime_device(config: NodeConfig) -> torch.device:
     Raises:
         ConfigError: ``device = "cuda"`` where torch sees no CUDA device.
     """
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    apply_threads(config.threads)
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' asked for but torch.cuda.is_available() is False")
     return torch.device(config.device)

@@ -12,13 +12,14 @@ import math
 import re
 import socket
 import zlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edge_node.algorithm.dispfl import DisPFLParams
+from edge_node.defaults import DEFAULTS
 from edge_node.algorithm.dp import DPConfig, check_budget
-from edge_node.algorithm.norm_stats import DEFAULT_NORM_STATS, NORM_STATS
+from edge_node.algorithm.norm_stats import NORM_STATS
 from edge_node.data import check_dataset_name, parse_partition
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
@@ -27,6 +28,8 @@ from edge_node.net.discovery.static import parse_peers
 from edge_node.net.server import ServerLimits
 from edge_node.protocol import NODE_ID_PATTERN, TIER_DENSITIES, check_density, check_fleet_id, is_valid_node_id
 from edge_node.task_names import check_task_name
+from edge_node.tomlconf import key
+from edge_node.torch_threads import THREADS_HELP
 
 DEFAULT_CONFIG_FILE = Path("/etc/edge-node/config.toml")
 DEFAULT_STATE_DIR = Path("/var/lib/edge-node")
@@ -35,7 +38,6 @@ DISCOVERY_MODES = ("mdns", "static", "both")
 DEVICES = ("cpu", "cuda")
 VALUE_TYPES = ("float32", "float16", "bfloat16")
 PRIVACY_CHOICES = ("none", "dp-sgd")
-_DISPFL = DisPFLParams()  # the one default of each hyper-parameter of the client round (the simulation's too)
 
 
 def client_index_of(node_id: str) -> int:
@@ -54,122 +56,112 @@ def node_id_from_hostname(hostname: str | None = None) -> str:
     return candidate
 
 
-def _key(default: Any, help: str) -> Any:
-    """A config key: its default and the help its flag shows (``edge-node start --help``)."""
-    return field(default=default, metadata={"help": help})
-
-
-def key_help(name: str) -> str:
-    """The help text of config key ``name``."""
-    return str(next(f for f in fields(NodeConfig) if f.name == name).metadata["help"])
-
-
 @dataclass(frozen=True)
 class NodeConfig:
     """Everything ``edge-node start`` needs; see the module docstring for where values come from."""
 
     # Identity: who this node is, in which fleet, and the fleet-wide seed (same initial weights everywhere).
-    node_id: str = _key("", "This node's id, mDNS name and TLS name [default: from the host name].")
-    fleet: str = _key("", "Fleet id (required): nodes of other fleets are ignored.")
-    seed: int = _key(0, "Fleet seed: every node starts from the same initial weights.")
-    client_index: int | None = _key(None, "Its random streams and data slice [default: from the node id].")
+    node_id: str = key("", "This node's id, mDNS name and TLS name [default: from the host name].")
+    fleet: str = key("", "Fleet id (required): nodes of other fleets are ignored.")
+    seed: int = key(DEFAULTS.seed, "Fleet seed: every node starts from the same initial weights.")
+    client_index: int | None = key(None, "Its random streams and data slice [default: from the node id].")
     # Model and local data.
-    model: str = _key(
-        "cnn",
+    model: str = key(
+        DEFAULTS.model,
         "Model: cnn, resnet18, vgg11, an installed plug-in's name or a factory package.module:function (the same "
         "on every node of a fleet).",
     )
-    task: str = _key(
-        "classification",
+    task: str = key(
+        DEFAULTS.task,
         "What is learnt: classification, regression, multilabel or a factory package.module:function (its loss, "
         "labels and headline metric; the same on every node of a fleet).",
     )
-    init_weights: Path | None = _key(
+    init_weights: Path | None = key(
         None,
         "Every node's start: a safetensors file or a weights-only state_dict (never a pickle); parameters it leaves "
         "out (a new head) come from the fleet seed. The same file on every node of a fleet.",
     )
-    trainable: tuple[str, ...] = _key(
+    trainable: tuple[str, ...] = key(
         (),
         "Train only the parameters matching these globs (layer4.*,linear.*); the rest stay frozen, are never sent "
         "[default: all train]. The same on every node of a fleet.",
     )
-    num_classes: int | None = _key(None, "Fleet-wide number of classes [default: from the data].")
-    classes: tuple[str, ...] = _key((), "Fleet-wide class names; an image folder's class folders map onto them.")
-    data: Path | None = _key(None, "Own data: image-folder tree (train/, test/), CIFAR batches, or a .tar.gz.")
-    dataset: str = _key(
-        "demo",
+    num_classes: int | None = key(None, "Fleet-wide number of classes [default: from the data].")
+    classes: tuple[str, ...] = key((), "Fleet-wide class names; an image folder's class folders map onto them.")
+    data: Path | None = key(None, "Own data: image-folder tree (train/, test/), CIFAR batches, or a .tar.gz.")
+    dataset: str = key(
+        DEFAULTS.dataset,
         "Without --data: cifar10, cifar100, tiny-imagenet, demo or a data factory package.module:function, sliced "
         "by --partition.",
     )
-    data_dir: Path | None = _key(None, "Where --dataset's files are.")
-    partition: str = _key("dir:0.3", "How --dataset is split among --num-clients: dir:ALPHA or path:K.")
-    num_clients: int = _key(1, "Clients --dataset is split among (1: all of it is this node's).")
+    data_dir: Path | None = key(None, "Where --dataset's files are.")
+    partition: str = key(DEFAULTS.partition, "How --dataset is split among --num-clients: dir:ALPHA or path:K.")
+    num_clients: int = key(1, "Clients --dataset is split among (1: all of it is this node's).")
     # State, network, discovery.
-    state_dir: Path = _key(DEFAULT_STATE_DIR, "Checkpoint, rounds.jsonl, energy.jsonl, status socket, model.onnx.")
-    listen: str = _key(f"0.0.0.0:{DEFAULT_PORT}", "HOST:PORT of the peer gRPC service (port 0: any free port).")
-    discovery: str = _key("mdns", "mdns, static (--peers) or both.")
-    interfaces: tuple[str, ...] = _key((), "mDNS interfaces, names or addresses [default: those with a default route].")
-    peers: tuple[str, ...] = _key((), "Static peers: HOST:PORT,... (ID@HOST:PORT with TLS or lockstep).")
-    server_max_connections: int = _key(512, "TCP connections the peer service holds at once; the fd limit must fit.")
-    server_max_calls_per_host: int = _key(8, "Calls one host may have open on the peer service (of 64 in all).")
-    server_max_connections_per_host: int = _key(32, "TCP connections one host may hold; the newest beyond are shut.")
-    server_max_connection_age_s: float = _key(60.0, "A connection is ended this long (+60 s grace) after it opened.")
-    server_request_timeout_s: float = _key(2.0, "A peer's call must send its request within this; else it is ended.")
+    state_dir: Path = key(DEFAULT_STATE_DIR, "Checkpoint, rounds.jsonl, energy.jsonl, status socket, model.onnx.")
+    listen: str = key(f"0.0.0.0:{DEFAULT_PORT}", "HOST:PORT of the peer gRPC service (port 0: any free port).")
+    discovery: str = key("mdns", "mdns, static (--peers) or both.")
+    interfaces: tuple[str, ...] = key((), "mDNS interfaces, names or addresses [default: those with a default route].")
+    peers: tuple[str, ...] = key((), "Static peers: HOST:PORT,... (ID@HOST:PORT with TLS or lockstep).")
+    server_max_connections: int = key(512, "TCP connections the peer service holds at once; the fd limit must fit.")
+    server_max_calls_per_host: int = key(8, "Calls one host may have open on the peer service (of 64 in all).")
+    server_max_connections_per_host: int = key(32, "TCP connections one host may hold; the newest beyond are shut.")
+    server_max_connection_age_s: float = key(60.0, "A connection is ended this long (+60 s grace) after it opened.")
+    server_request_timeout_s: float = key(2.0, "A peer's call must send its request within this; else it is ended.")
     # Rounds.
-    neighbours: int = _key(3, "Peers pulled per round.")
-    rounds: int = _key(0, "Stop after this many completed rounds (0: run until stopped).")
-    planned_rounds: int = _key(_DISPFL.planned_rounds, "T of the prune schedule.")
-    round_budget_s: float = _key(600.0, "Target seconds per round (capacity rule); longest wait for slower peers.")
-    pull_timeout_s: float = _key(60.0, "Longest wait for a round's pulls; the round goes on with what arrived.")
-    staleness: int = _key(5, "Drop snapshots more than this many rounds behind this node's round.")
-    lockstep: bool = _key(False, "The synchronous algorithm: wait for the fleet each round, seeded neighbours.")
+    neighbours: int = key(DEFAULTS.neighbours, "Peers pulled per round.")
+    rounds: int = key(0, "Stop after this many completed rounds (0: run until stopped).")
+    planned_rounds: int = key(DEFAULTS.planned_rounds, "T of the prune schedule.")
+    round_budget_s: float = key(DEFAULTS.round_budget_s, "Target seconds per round (capacity rule); longest wait for slower peers.")
+    pull_timeout_s: float = key(DEFAULTS.pull_timeout_s, "Longest wait for a round's pulls; the round goes on with what arrived.")
+    staleness: int = key(5, "Drop snapshots more than this many rounds behind this node's round.")
+    lockstep: bool = key(False, "The synchronous algorithm: wait for the fleet each round, seeded neighbours.")
     # Capacity (DisPFL setting ii).
-    capacity: str | float = _key("auto", "auto (measure; picks a tier 0.2 .. 1.0) or a fixed density in (0, 1].")
+    capacity: str | float = key(DEFAULTS.capacity, "auto (measure; picks a tier 0.2 .. 1.0) or a fixed density in (0, 1].")
     # Training.
-    epochs: int = _key(_DISPFL.epochs, "Local epochs per round.")
-    batch_size: int = _key(_DISPFL.batch_size, "Training batch size.")
-    micro_batch: int = _key(
-        _DISPFL.micro_batch,
+    epochs: int = key(DEFAULTS.epochs, "Local epochs per round.")
+    batch_size: int = key(DEFAULTS.batch_size, "Training batch size.")
+    micro_batch: int = key(
+        DEFAULTS.micro_batch,
         "Samples through the model at once; a larger batch's gradient is summed over slices (memory). 0: all "
         "(always, for a BatchNorm model: its statistics come from the whole batch).",
     )
-    lr: float = _key(_DISPFL.lr, "Initial learning rate (times --lr-decay per round).")
-    lr_decay: float = _key(_DISPFL.lr_decay, "Learning-rate decay per round.")
-    weight_decay: float = _key(_DISPFL.weight_decay, "Weight decay.")
-    clip_norm: float = _key(_DISPFL.clip_norm, "Gradient-norm clipping.")
-    prune_alpha: float = _key(_DISPFL.prune_alpha, "Initial prune fraction of the cosine schedule.")
-    regrow: str = _key(_DISPFL.regrow, "Regrowth: random (reference code) or gradient (paper).")
-    mask_init: str = _key(
-        _DISPFL.mask_init, "Initial mask: erk, uniform or magnitude (the start's largest |w| at ERK's counts)."
+    lr: float = key(DEFAULTS.lr, "Initial learning rate (times --lr-decay per round).")
+    lr_decay: float = key(DEFAULTS.lr_decay, "Learning-rate decay per round.")
+    weight_decay: float = key(DEFAULTS.weight_decay, "Weight decay.")
+    clip_norm: float = key(DEFAULTS.clip_norm, "Gradient-norm clipping.")
+    prune_alpha: float = key(DEFAULTS.prune_alpha, "Initial prune fraction of the cosine schedule.")
+    regrow: str = key(DEFAULTS.regrow, "Regrowth: random (reference code) or gradient (paper).")
+    mask_init: str = key(
+        DEFAULTS.mask_init, "Initial mask: erk, uniform or magnitude (the start's largest |w| at ERK's counts)."
     )
-    norm_stats: str = _key(
-        DEFAULT_NORM_STATS,
+    norm_stats: str = key(
+        DEFAULTS.norm_stats,
         "A BatchNorm model's running statistics: local (FedBN: kept by this node, checkpointed, used in its "
         "evaluation, never sent) or average (sent with the model to peers that average too, protocol 1.3, and "
         "averaged with theirs; refused for a model without them). A BatchNorm model trains whole batches "
         "(--micro-batch is 0 for it).",
     )
-    device: str = _key("cpu", "cpu or cuda.")
-    threads: int | None = _key(None, "Torch intra-op threads [default: torch's].")
+    device: str = key(DEFAULTS.device, "cpu or cuda.")
+    threads: int | None = key(DEFAULTS.threads, THREADS_HELP)
     # Security.
-    tls_ca: Path | None = _key(None, "Fleet CA certificate (PEM).")
-    tls_cert: Path | None = _key(None, "This node's certificate, issued for its node id.")
-    tls_key: Path | None = _key(None, "This node's private key (mode 0600).")
-    insecure: bool = _key(False, "Plaintext, unauthenticated peer traffic (logged as a warning).")
+    tls_ca: Path | None = key(None, "Fleet CA certificate (PEM).")
+    tls_cert: Path | None = key(None, "This node's certificate, issued for its node id.")
+    tls_key: Path | None = key(None, "This node's private key (mode 0600).")
+    insecure: bool = key(False, "Plaintext, unauthenticated peer traffic (logged as a warning).")
     # Measurement and outputs.
-    energy_backend: str = _key("auto", "Energy meter: auto, nvml, rapl, jetson, rpi5 or estimate.")
-    value_type: str = _key("float32", "How published values travel: float32, float16 or bfloat16.")
-    export_onnx: bool = _key(True, "Keep the latest personalized model as model.onnx.")
-    privacy: str = _key(
+    energy_backend: str = key("auto", "Energy meter: auto, nvml, rapl, jetson, rpi5 or estimate.")
+    value_type: str = key("float32", "How published values travel: float32, float16 or bfloat16.")
+    export_onnx: bool = key(True, "Keep the latest personalized model as model.onnx.")
+    privacy: str = key(
         "none",
         "dp-sgd: train with per-sample clipping and Gaussian noise so that what the node publishes is "
         "(epsilon, delta)-DP for its local samples; it stops publishing when the budget is spent.",
     )
-    epsilon: float | None = _key(None, "Privacy budget (dp-sgd), spent by planned_rounds rounds.")
-    delta: float = _key(1e-5, "Privacy delta (dp-sgd).")
-    dp_clip: float = _key(1.0, "DP-SGD per-sample gradient clip C.")
-    metrics_listen: str = _key(
+    epsilon: float | None = key(None, "Privacy budget (dp-sgd), spent by planned_rounds rounds.")
+    delta: float = key(1e-5, "Privacy delta (dp-sgd).")
+    dp_clip: float = key(1.0, "DP-SGD per-sample gradient clip C.")
+    metrics_listen: str = key(
         "", "HOST:PORT of the Prometheus metrics endpoint [default: off]; 127.0.0.1:9478 keeps it on the device."
     )
 
