@@ -97,7 +97,6 @@ def preset_note(command: str, dataset: str, given: Collection[str]) -> str:
     return f'# {DEMO_PRESET} (dataset "{DEMO_DATASET}", README "Demo settings"): {values}'
 
 
-
 def neighbours_of(others: int) -> int:
     """The default neighbours of a client with ``others`` peers to pick from: the table's, at most all of them."""
     return max(1, min(DEFAULTS.neighbours, others))

@@ -14,13 +14,12 @@ import socket
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from edge_node.algorithm.dispfl import DisPFLParams
-from edge_node.defaults import DEFAULTS
 from edge_node.algorithm.dp import DPConfig, check_budget
 from edge_node.algorithm.norm_stats import NORM_STATS
 from edge_node.data import check_dataset_name, parse_partition
+from edge_node.defaults import DEFAULTS
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
 from edge_node.models import check_model_name
@@ -112,12 +111,18 @@ class NodeConfig:
     neighbours: int = key(DEFAULTS.neighbours, "Peers pulled per round.")
     rounds: int = key(0, "Stop after this many completed rounds (0: run until stopped).")
     planned_rounds: int = key(DEFAULTS.planned_rounds, "T of the prune schedule.")
-    round_budget_s: float = key(DEFAULTS.round_budget_s, "Target seconds per round (capacity rule); longest wait for slower peers.")
-    pull_timeout_s: float = key(DEFAULTS.pull_timeout_s, "Longest wait for a round's pulls; the round goes on with what arrived.")
+    round_budget_s: float = key(
+        DEFAULTS.round_budget_s, "Target seconds per round (capacity rule); longest wait for slower peers."
+    )
+    pull_timeout_s: float = key(
+        DEFAULTS.pull_timeout_s, "Longest wait for a round's pulls; the round goes on with what arrived."
+    )
     staleness: int = key(5, "Drop snapshots more than this many rounds behind this node's round.")
     lockstep: bool = key(False, "The synchronous algorithm: wait for the fleet each round, seeded neighbours.")
     # Capacity (DisPFL setting ii).
-    capacity: str | float = key(DEFAULTS.capacity, "auto (measure; picks a tier 0.2 .. 1.0) or a fixed density in (0, 1].")
+    capacity: str | float = key(
+        DEFAULTS.capacity, "auto (measure; picks a tier 0.2 .. 1.0) or a fixed density in (0, 1]."
+    )
     # Training.
     epochs: int = key(DEFAULTS.epochs, "Local epochs per round.")
     batch_size: int = key(DEFAULTS.batch_size, "Training batch size.")

@@ -20,20 +20,24 @@ from edge_node.algorithm.sub_fedavg import ACC_THRESHOLD as SUBFEDAVG_ACC
 from edge_node.algorithm.sub_fedavg import DIST_THRESHOLD as SUBFEDAVG_DIST
 from edge_node.algorithm.sub_fedavg import PRUNE_RATE as SUBFEDAVG_PRUNE_RATE
 from edge_node.algorithm.topology import TOPOLOGIES, check_topology
-from edge_node.data import PartitionSpec, check_dataset_name, parse_partition_spec
+from edge_node.data import DATASET_NAMES, PartitionSpec, check_dataset_name, parse_partition_spec
+from edge_node.defaults import DEFAULTS, PRESETS, neighbours_of, preset
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
-from edge_node.models import check_model_name
+from edge_node.models import MODEL_NAMES, check_model_name
 from edge_node.sim.methods import METHOD_SETTINGS, REGISTRY, Method, get_method, users_of
 from edge_node.task_names import check_task_name
+from edge_node.tomlconf import key
+from edge_node.torch_threads import THREADS_HELP
 
 # The learning methods (edge_node.sim.methods' registry): DisPFL (+ DA-DPFL's sparse-to-sparser) and its baselines.
 METHODS = tuple(REGISTRY)
-_DISPFL = DisPFLParams()  # the one default of each hyper-parameter of the client round
 SETTINGS = ("i", "ii")
 DEVICES = ("cpu", "cuda")
 # Settings that may change when a run is resumed (the rest must match the checkpoint).
-RESUMABLE_CHANGES = frozenset({"rounds", "device", "output", "data_dir", "progress", "energy_backend", "cuda_graphs"})
+RESUMABLE_CHANGES = frozenset(
+    {"rounds", "device", "output", "data_dir", "progress", "energy_backend", "cuda_graphs", "threads"}
+)
 # Values of settings added after runs were saved, for a saved config that lacks them (what those runs did): the
 # baselines' and sparse-to-sparser's settings came with them (the DisPFL runs before used none of them: today's
 # defaults; so did Ditto's and Sub-FedAvg's), the receive-path screen later (runs before ran without). A saved
@@ -51,83 +55,210 @@ LEGACY_DEFAULTS: dict[str, Any] = {
 DERIVED_KEYS = frozenset({"partition_variant"})
 # The run directory when --output is not given (one pattern, for the help text and the code).
 OUTPUT_PATTERN = "runs/{dataset}-{model}-{method}-{partition}-seed{seed}"
+COMMAND = "simulate"  # its name in the demo preset's table (edge_node.defaults.PRESETS)
+
+
+def _demo(name: str) -> str:
+    """How a flag's help names the demo preset's value of ``name``."""
+    return f"demo quick-start preset: {PRESETS[COMMAND][name]}"
 
 
 @dataclass(frozen=True)
 class SimConfig:
-    """A simulation run. Defaults are sized for a first run (4 clients, 5 rounds of 1 epoch at batch 32 on the
-    built-in demo set: 19 s on 2 idle cores, and it learns, 35 % -> 56 %); the paper's
-    CIFAR settings are 100 clients, 10 neighbours, 5 epochs, batch 128, 500 rounds."""
+    """A simulation run. The settings it shares with ``edge-node start`` and ``loopback`` take the shared defaults
+    (edge_node.defaults); with no flag at all it is a first run, on the built-in demo set with the demo
+    quick-start preset (4 clients, 2 neighbours, 5 rounds of 1 epoch at batch 32: 19 s on 2 idle cores, and it
+    learns, 35 % -> 56 %). The paper's CIFAR settings are 100 clients, 10 neighbours, 5 epochs, batch 128, 500
+    rounds. Each key's help is its ``edge-node simulate`` flag's (edge_node/cli/_config_options.py)."""
 
-    method: str = "dispfl"
-    dataset: str = "demo"
+    method: str = key("dispfl", "Learning method [default: {default}].", choices=METHODS)
+    dataset: str = key(
+        DEFAULTS.dataset,
+        f"Data set: {', '.join(DATASET_NAMES)} ('demo' is built in and needs no download), or a data factory "
+        "package.module:function [default: {default}].",
+    )
     # What is learnt (edge_node.algorithm.tasks): classification, regression, multilabel or a factory; it reads a
     # data factory's labels, and names the loss and the records' headline metric (acc_*, see docs/API.md).
-    task: str = "classification"
-    data_dir: Path | None = None
-    model: str = "cnn"
+    task: str = key(
+        DEFAULTS.task,
+        "What is learnt: classification, regression, multilabel or a factory package.module:function (its loss, "
+        "how a data factory's labels are read, the records' headline metric) [default: {default}].",
+    )
+    data_dir: Path | None = key(
+        None, "Data set location: python batches, an image-folder or Tiny-ImageNet tree, or a .tar.gz of one."
+    )
+    model: str = key(
+        DEFAULTS.model,
+        f"Model: {', '.join(MODEL_NAMES)}, an installed plug-in's name or a factory package.module:function "
+        "[default: {default}].",
+    )
     # Every client's start (edge_node.pretrained): a safetensors file or a weights-only state_dict; None: the seed's.
-    init_weights: Path | None = None
+    init_weights: Path | None = key(
+        None,
+        "Every client's start: a safetensors file or a weights-only state_dict (never a pickle); parameters it "
+        "leaves out (a new head) come from --seed [default: none, all from --seed].",
+    )
     # fnmatch globs of the parameters that train (edge_node.algorithm.frozen); empty: all of them. DisPFL only.
-    trainable: tuple[str, ...] = ()
-    clients: int = 4  # paper: 100
-    neighbours: int = 2  # peers pulled per round, random topology only (paper: 10)
-    topology: str = "random"
-    max_in_degree: int | None = None  # cap on pulls a node serves per round (paper: 10); None = uncapped
-    rounds: int = 5  # paper: 500
-    # T of the cosine prune schedule; None = rounds. Unlike a daemon (DisPFLParams' 500: it runs until
-    # stopped), a simulation knows its last round, where the paper's schedule ends.
-    planned_rounds: int | None = None
-    # The client round's hyper-parameters: DisPFLParams' defaults (planned_rounds above: None = rounds).
-    # Not DisPFLParams' (a device's, and the paper's, 5 epochs of batch 128): a simulation's defaults are its
-    # first run, `edge-node simulate` with no flag, which must finish in about a minute on 2 cores and show
-    # learning. 1 epoch of 32 gives a first run's small slices enough SGD steps; the paper's commands pass
-    # --epochs 5 --batch-size 128.
-    epochs: int = 1
-    batch_size: int = 32
+    trainable: tuple[str, ...] = key(
+        (),
+        "Train only the parameters matching these globs (layer4.*,linear.*); the rest stay frozen and are never "
+        "sent (dispfl only) [default: all train].",
+        metavar="GLOB[,GLOB]",
+    )
+    clients: int = key(4, "Number of clients [default: {default}; paper: 100].")
+    # Peers pulled per round, random topology only (paper: 10). None: the shared default, at most the other
+    # clients (the demo preset's on the demo set).
+    neighbours: int | None = key(
+        None,
+        "Peers each client pulls per round, random topology [default: "
+        f"{DEFAULTS.neighbours}, at most clients - 1; {_demo('neighbours')}; paper: 10].",
+    )
+    topology: str = key("random", "Who pulls from whom [default: {default}].", choices=TOPOLOGIES)
+    max_in_degree: int | None = key(None, "Cap pulls a node serves per round (paper: 10) [default: none].")
+    rounds: int = key(5, "Rounds to run; resume: run up to this [default: {default}; paper: 500].")
+    # T of the cosine prune schedule; None = rounds. Unlike a daemon (the shared 500: it runs until stopped), a
+    # simulation knows its last round, where the paper's schedule ends.
+    planned_rounds: int | None = key(None, "T of the cosine prune schedule [default: --rounds].")
+    # The client round's hyper-parameters: the shared defaults (edge_node.defaults), a device's and the paper's
+    # (5 epochs of batch 128); on the demo set the quick-start preset's 1 epoch of 32, a first run that finishes
+    # in about a minute on 2 cores and shows learning. None: that default, filled in on construction.
+    epochs: int | None = key(None, f"Local epochs per round [default: {DEFAULTS.epochs}; {_demo('epochs')}].")
+    batch_size: int | None = key(None, f"Training batch size [default: {DEFAULTS.batch_size}; {_demo('batch_size')}].")
     # Slices of a batch through the model at once; 0: the whole batch. None: ``default_micro_batch`` (0 where the
-    # steps take whole batches: cuda_graphs; else a device's slices, DisPFLParams' default).
-    micro_batch: int | None = None
-    lr: float = _DISPFL.lr
-    lr_decay: float = _DISPFL.lr_decay  # per round
-    weight_decay: float = _DISPFL.weight_decay
-    clip_norm: float = _DISPFL.clip_norm
-    density: float = 0.5  # sparse methods; the dense ones train at 1.0 whatever is given
-    setting: str = "i"  # "ii": heterogeneous tiers 0.2..1.0, client i gets tier i mod 5
-    mask_init: str = _DISPFL.mask_init
-    regrow: str = _DISPFL.regrow
-    prune_alpha: float = _DISPFL.prune_alpha
-    partition: str = "dir:0.3"  # see edge_node.data.partition: dir|dir-reuse|dir-balanced:ALPHA, path|path-balanced:K
-    samples_per_client: int | None = None  # quota; None = training set size // clients (paper: 500)
-    fedavg_clients: int = 10  # clients a FedAvg server trains per round (paper: 10)
-    target_density: float = 0.2  # dispfl-s2s: prune further down to this density, never below (paper: 0.2)
-    s2s_stable_threshold: float = 0.02  # dispfl-s2s: a client votes "stable" when s_t <= this (paper: 0.02)
-    fedp3_layers: str = "opu2"  # fedp3: which hidden layers a client owns (lowerb, opu2, opu3, opr2)
-    fedp3_keep: float = 0.9  # fedp3: fraction of each non-owned weight tensor the server sends (paper: 0.9)
-    fedp3_aggregation: str = "mean"  # fedp3: Algorithm 3's mean or weighted (by layers owned) average
-    privacy: str = "none"  # "ldp": LDP-FedP3 (DP-SGD on every client at the budget below)
-    epsilon: float | None = None  # the whole run's budget per client's data set, at delta
-    delta: float = 1e-5
-    dp_clip: float = 1.0  # DP-SGD's per-sample gradient clip C
-    ditto_lambda: float = DITTO_LAMBDA  # ditto: the proximal pull of the personal model (FedSpa paper: 0.5)
-    ditto_personal_share: float = DITTO_PERSONAL_SHARE  # ditto: share of E epochs' steps on the personal model (3/5)
-    subfedavg_prune_rate: float = SUBFEDAVG_PRUNE_RATE  # sub-fedavg: fraction of active weights a prune removes
-    subfedavg_dist_threshold: float = SUBFEDAVG_DIST  # sub-fedavg: prune when the candidate masks differ by more
-    subfedavg_acc_threshold: float = SUBFEDAVG_ACC  # sub-fedavg: keep a prune when the pruned model's accuracy >= this
+    # steps take whole batches: cuda_graphs; else a device's slices, the shared default).
+    micro_batch: int | None = key(
+        None,
+        "Send a batch through the model in slices of this many samples, summing their gradients (a device's "
+        "memory; the same default as edge-node start); 0: the whole batch [default: "
+        f"{DEFAULTS.micro_batch}; 0 with --cuda-graphs]. A BatchNorm model always trains whole batches (its "
+        "statistics come from the batch, not from slices) and skips a last batch of one sample.",
+    )
+    lr: float = key(DEFAULTS.lr, f"Initial learning rate, x{DEFAULTS.lr_decay} per round [default: {{default}}].")
+    lr_decay: float = key(DEFAULTS.lr_decay, "Learning-rate decay per round [default: {default}].")
+    weight_decay: float = key(DEFAULTS.weight_decay, "Weight decay [default: {default}].")
+    clip_norm: float = key(DEFAULTS.clip_norm, "Gradient-norm clipping [default: {default}].")
+    # Sparse methods; the dense ones train at 1.0 whatever is given. A simulation has no device to measure, so
+    # it has no capacity (a daemon's shared default, auto): its fixed density is the paper's setting (i).
+    density: float = key(
+        0.5,
+        "Model density in (0, 1] of the sparse methods (sub-fedavg: the density it prunes down to) "
+        "[default: {default}; the dense baselines use 1].",
+    )
+    setting: str = key(
+        "i", "'ii': heterogeneous tiers 0.2..1.0, client i gets tier i mod 5 [default: {default}].", choices=SETTINGS
+    )
+    mask_init: str = key(
+        DEFAULTS.mask_init,
+        "erk, uniform (random positions) or magnitude (the start's largest |w|, ERK's counts) [default: {default}]",
+        choices=MASK_METHODS,
+    )
+    regrow: str = key(
+        DEFAULTS.regrow, "gradient (the paper) or random (reference code) [default: {default}].", choices=REGROW_RULES
+    )
+    prune_alpha: float = key(
+        DEFAULTS.prune_alpha, "Initial prune fraction of the cosine schedule [default: {default}]."
+    )
+    # See edge_node.data.partition: dir|dir-reuse|dir-balanced:ALPHA, path|path-balanced:K.
+    partition: str = key(
+        DEFAULTS.partition,
+        "dir:ALPHA, path:K (the reference code's procedure), dir-reuse:ALPHA, dir-balanced:ALPHA, "
+        "path-balanced:K (see docs) [default: {default}].",
+    )
+    # Quota; None = training set size // clients (paper: 500).
+    samples_per_client: int | None = key(None, "Quota per client [default: training set size // clients].")
+    # Clients a FedAvg server trains per round (paper: 10).
+    fedavg_clients: int = key(
+        10, "fedavg, fedspa, ditto, sub-fedavg: clients a server trains per round [default: {default}]."
+    )
+    # dispfl-s2s: prune further down to this density, never below (paper: 0.2).
+    target_density: float = key(0.2, "dispfl-s2s: prune further down to this density [default: {default}].")
+    # dispfl-s2s: a client votes "stable" when s_t <= this (paper: 0.02).
+    s2s_stable_threshold: float = key(
+        0.02, "dispfl-s2s: a client votes stable when |D_t - D_t-1| / D_0 <= this [default: {default}]."
+    )
+    fedp3_layers: str = key(
+        "opu2",
+        "fedp3: hidden layers each client owns: lowerb (1), opu2/opu3 (2/3 consecutive), opr2 (2 random a "
+        "round); all also train and upload the final layer [default: {default}].",
+        choices=SCHEDULES,
+    )
+    # fedp3: fraction of each non-owned weight tensor the server sends (paper: 0.9).
+    fedp3_keep: float = key(
+        0.9, "fedp3: fraction of each non-owned weight tensor the server sends [default: {default}]."
+    )
+    fedp3_aggregation: str = key(
+        "mean", "fedp3: per-layer mean, or weighted by layers owned [default: {default}].", choices=AGGREGATIONS
+    )
+    # "ldp": LDP-FedP3 (DP-SGD on every client at the budget below); a file may name a device's "dp-sgd" (refused).
+    privacy: str = key(
+        "none",
+        "ldp: LDP-FedP3, every client trains with DP-SGD (per-sample clip + Gaussian noise) at the noise that "
+        "spends --epsilon at --delta by the last round (fedp3 only) [default: {default}].",
+        choices=("none", "ldp"),
+    )
+    epsilon: float | None = key(None, "Privacy budget of the whole run, per client's data set.")
+    delta: float = key(1e-5, "Privacy delta [default: {default}].")
+    dp_clip: float = key(1.0, "DP-SGD per-sample gradient clip C [default: {default}].")
+    # ditto: the proximal pull of the personal model (FedSpa paper: 0.5).
+    ditto_lambda: float = key(
+        DITTO_LAMBDA, "ditto: pull of the personal model towards the global one [default: {default}]."
+    )
+    # ditto: share of E epochs' steps on the personal model (3/5).
+    ditto_personal_share: float = key(
+        DITTO_PERSONAL_SHARE,
+        "ditto: share of a round's E epochs of steps that train the personal model, the rest the global one "
+        "[default: {default}: 3 of 5 epochs].",
+    )
+    subfedavg_prune_rate: float = key(
+        SUBFEDAVG_PRUNE_RATE, "sub-fedavg: fraction of active weights one prune removes [default: {default}]."
+    )
+    subfedavg_dist_threshold: float = key(
+        SUBFEDAVG_DIST,
+        "sub-fedavg: prune only when the first and last epochs' candidate masks differ by more than this "
+        "[default: {default}].",
+    )
+    subfedavg_acc_threshold: float = key(
+        SUBFEDAVG_ACC,
+        "sub-fedavg: keep a prune only when the pruned model's accuracy is at least this [default: {default}].",
+    )
     # BatchNorm's running statistics (edge_node.algorithm.norm_stats): "local" (FedBN) keeps each client's own,
     # never sent nor averaged; "average" sends them with the weights and averages them with the neighbours'
     # (DisPFL's methods; refused for a model without them). Nothing to a model without them.
-    norm_stats: str = DEFAULT_NORM_STATS
-    screen: bool = True  # DisPFL's methods: screen peers' models before aggregating, as a device does (robust.py)
-    seed: int = 0
-    device: str = "cpu"
+    norm_stats: str = key(
+        DEFAULTS.norm_stats,
+        "A BatchNorm model's running statistics: local (FedBN: each client keeps its own, used in its evaluation, "
+        "checkpointed, never sent nor averaged; dispfl, dispfl-s2s, local, dpsgd and dpsgd-ft) [default: {default}].",
+        choices=NORM_STATS,
+    )
+    # DisPFL's methods: screen peers' models before aggregating, as a device does (robust.py).
+    screen: bool = key(
+        True,
+        "DisPFL: refuse a peer's model whose scale is far outside the client's own and its other peers' before "
+        "aggregating, as a device does (edge_node/algorithm/robust.py) [default: screen].",
+    )
+    seed: int = key(DEFAULTS.seed, "[default: {default}]")
+    device: str = key(DEFAULTS.device, "[default: {default}]", choices=DEVICES)
+    threads: int | None = key(DEFAULTS.threads, THREADS_HELP)
     # Replay each full training batch's step as one captured CUDA graph (edge_node.algorithm.graphed): the
     # same steps up to float rounding, fewer kernel launches. CUDA only; DisPFL's family of methods only.
-    cuda_graphs: bool = False
-    output: Path | None = None  # None: OUTPUT_PATTERN, filled in on construction
-    eval_batch_size: int = 1000
-    energy_backend: str = "auto"
-    progress: bool = True
+    cuda_graphs: bool = key(
+        False,
+        "CUDA only: replay each full training batch's SGD step as one captured CUDA graph instead of hundreds of "
+        "kernel launches (the same steps up to float rounding). Needs --device cuda and no --privacy, and sets "
+        "--micro-batch 0 unless it is given (another value is refused); "
+        "DisPFL, dispfl-s2s, fedp3, dpsgd, dpsgd-ft and local use it [default: off].",
+    )
+    # None: OUTPUT_PATTERN, filled in on construction.
+    output: Path | None = key(
+        None, f"Run directory [default: {OUTPUT_PATTERN}, ':' dropped]. Resumed if it holds a run."
+    )
+    eval_batch_size: int = key(1000, "Evaluation batch size (memory) [default: {default}].")
+    energy_backend: str = key("auto", "Energy meter [default: {default}].", choices=BACKENDS)
+    progress: bool = key(
+        True,
+        "Progress bars when stderr is a terminal; without them (a pipe, a service, --no-progress) one line "
+        "per round [default: progress].",
+    )
 
     def __post_init__(self) -> None:
         def choice(name: str, choices: tuple[str, ...]) -> None:
@@ -136,6 +267,7 @@ class SimConfig:
                 raise ConfigError(f"{name.replace('_', ' ')} {value!r} must be one of {', '.join(choices)}")
 
         self.method_spec  # noqa: B018 -- checks `method` against the registry (as it is now: tests add to it)
+        self._fill_defaults()
         self._check_start()
         if self.micro_batch is None:
             object.__setattr__(self, "micro_batch", self.default_micro_batch)
@@ -178,7 +310,7 @@ class SimConfig:
         self.dispfl_params()  # the round's own checks: epochs, batch size, lr, decay, clipping, regrow, mask init
         method.check(self)
         if "topology" in method.uses:
-            check_topology(self.topology, self.clients, self.neighbours, self.max_in_degree)
+            check_topology(self.topology, self.clients, self.neighbour_count, self.max_in_degree)
         spec = parse_partition_spec(self.partition)
         object.__setattr__(self, "partition", spec.name)  # canonical: "DIR:0.30" and "dir:0.3" are one run
         if self.samples_per_client is not None:
@@ -191,11 +323,23 @@ class SimConfig:
         else:
             object.__setattr__(self, "output", Path(self.output))
 
+    def _fill_defaults(self) -> None:
+        """Set the settings left None whose default depends on the data set: the demo preset's on the demo set,
+        else the shared table's (neighbours: at most the other clients)."""
+        shared = {"neighbours": neighbours_of(self.clients - 1), "epochs": DEFAULTS.epochs,
+                  "batch_size": DEFAULTS.batch_size}  # fmt: skip
+        demo = preset(COMMAND, self.dataset)
+        for name, value in shared.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, demo.get(name, value))
+        if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
+            raise ConfigError(f"threads={self.threads!r} must be at least 1")
+
     @property
     def default_micro_batch(self) -> int:
         """``micro_batch`` when none is given: 0 where the steps take whole batches (captured, which refuses
         slices), else a device's slices (DisPFLParams' default: the lock-step fleet equals the simulation)."""
-        return 0 if self.cuda_graphs else _DISPFL.micro_batch
+        return 0 if self.cuda_graphs else DEFAULTS.micro_batch
 
     def _check_start(self) -> None:
         """Normalise ``init_weights`` and ``trainable``; refuse frozen layers where they are not implemented."""
@@ -264,6 +408,12 @@ class SimConfig:
         """``output`` (always set after construction)."""
         assert self.output is not None
         return self.output
+
+    @property
+    def neighbour_count(self) -> int:
+        """``neighbours`` (always set after construction)."""
+        assert self.neighbours is not None
+        return self.neighbours
 
     @property
     def schedule_rounds(self) -> int:

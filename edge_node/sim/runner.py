@@ -50,6 +50,7 @@ from edge_node.sim.report import ACCURACY_PLOT, COMMUNICATION_PLOT, ROUNDS_LOG, 
 from edge_node.sim.shard import SINGLE, Shard
 from edge_node.storage import append_line, atomic_write_text, truncate_jsonl
 from edge_node.task_names import format_metric
+from edge_node.torch_threads import apply_threads
 from edge_node.wire import ModelSpec
 
 _LOGGER = logging.getLogger(__name__)
@@ -123,12 +124,13 @@ def run_simulation(
     of clients and computes every record; only the writer (process 0) reads the checkpoint (and sends it to
     the others), writes the run directory and calls the callbacks.
     """
+    apply_threads(config.threads)  # before the first step, as a daemon does (edge_node.torch_threads)
     device = resolve_device(config.device)
     model = build_checked_model(config.model, dataset.num_outputs, dataset.input_shape, config.seed)
     config.check_model(model)
     model_start = prepare_start(model, config.init_weights, config.trainable, model_name=config.model)  # before writing
     method = config.method_spec
-    if "neighbours" in method.uses and config.neighbours >= config.clients and config.topology == "random":
+    if "neighbours" in method.uses and config.neighbour_count >= config.clients and config.topology == "random":
         raise ConfigError(f"neighbours={config.neighbours} must be less than clients={config.clients}")
     out = config.run_dir
     ckpt_path = out / CHECKPOINT_NAME

@@ -278,7 +278,7 @@ class SimContext:
         """Whom each client pulls in round ``t`` (the seeded topology a lock-step fleet uses too)."""
         config = self.config
         return round_neighbours(
-            config.topology, config.clients, config.neighbours, config.seed, t, config.max_in_degree
+            config.topology, config.clients, config.neighbour_count, config.seed, t, config.max_in_degree
         )
 
     def sync(self) -> None:
