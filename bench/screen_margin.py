@@ -89,10 +89,10 @@ def main() -> int:
     parser.add_argument("--dataset", default="demo")
     parser.add_argument("--data-dir", type=Path)
     parser.add_argument("--clients", type=int, default=10)
-    parser.add_argument("--neighbours", type=int, help="peers per round (default 3, or all others)")
+    parser.add_argument("--neighbours", type=int, help="peers per round (default: simulate's)")
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--epochs", type=int, default=SimConfig.epochs)
-    parser.add_argument("--batch-size", type=int, default=SimConfig.batch_size)
+    parser.add_argument("--epochs", type=int, help="default: simulate's")
+    parser.add_argument("--batch-size", type=int, help="default: simulate's")
     parser.add_argument("--samples-per-client", type=int)
     parser.add_argument("--partition", default=SimConfig.partition)
     parser.add_argument("--json", type=Path, help="also write the per-round figures here")
@@ -102,7 +102,7 @@ def main() -> int:
             dataset=args.dataset,
             data_dir=args.data_dir,
             clients=args.clients,
-            neighbours=args.neighbours or min(SimConfig.neighbours, args.clients - 1),
+            neighbours=args.neighbours,
             rounds=args.rounds,
             epochs=args.epochs,
             batch_size=args.batch_size,

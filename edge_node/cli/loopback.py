@@ -12,13 +12,20 @@ from typing import Any
 import click
 
 from edge_node.cli._app import app, complete_model, fail, verbose_option
+from edge_node.defaults import DEFAULTS, PRESETS, preset_note
 from edge_node.errors import ConfigError
 from edge_node.exit_codes import ExitCode
-from edge_node.fleet.config import DEFAULT_OUTPUT, FleetConfig
+from edge_node.fleet.config import COMMAND, DEFAULT_OUTPUT, FleetConfig
 
 _DATASETS = ("demo", "cifar10", "cifar100", "tiny-imagenet")  # edge_node.data.DATASET_NAMES, without importing torch
 _MODELS = ("cnn", "resnet18", "vgg11")  # edge_node.models.MODEL_NAMES
 _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.energy.detect.BACKENDS
+HEADER = "# effective edge-node loopback settings (defaults < flags; node i runs edge-node start with them)"
+
+
+def _demo(name: str) -> str:
+    """How a flag's help names the demo preset's value of ``name``."""
+    return f"demo quick-start preset: {PRESETS[COMMAND][name]}"
 
 
 @app.command(context_settings={"max_content_width": 120})
@@ -46,11 +53,12 @@ _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.
               "fleet.")  # fmt: skip
 @click.option("--fresh", is_flag=True, help="Discard the fleet in --output and start over.")
 @click.option("--fleet", "fleet_id", default="loopback", show_default=True, help="Fleet id.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Fleet seed (initial weights, partition, masks).")
+@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True,
+              help="Fleet seed (initial weights, partition, masks).")  # fmt: skip
 @click.option(
     "--model",
     shell_complete=complete_model,
-    default="cnn",
+    default=DEFAULTS.model,
     show_default=True,
     help=f"{', '.join(_MODELS)}, an installed plug-in's name or a factory package.module:function.",
 )
@@ -62,31 +70,38 @@ _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.
               "[default: all].")  # fmt: skip
 @click.option(
     "--task",
-    default="classification",
+    default=DEFAULTS.task,
     show_default=True,
     metavar="TASK",
     help="classification, regression, multilabel or a factory package.module:function (every node's).",
 )
-@click.option("--norm-stats", type=click.Choice(("local", "average")), default="local", show_default=True,
+@click.option("--norm-stats", type=click.Choice(("local", "average")), default=DEFAULTS.norm_stats, show_default=True,
               help="A BatchNorm model's running statistics: local (each node's own, FedBN) or average (sent with "
               "the model and averaged with the peers'; refused for a model without them).")  # fmt: skip
-@click.option("--dataset", default="demo", show_default=True,
+@click.option("--dataset", default=DEFAULTS.dataset, show_default=True,
               help=f"Data set each node takes its slice of: {', '.join(_DATASETS)} (demo is built in) or a data "
               "factory package.module:function.")  # fmt: skip
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Where --dataset's files are.")
-@click.option("--partition", default="dir:0.3", show_default=True, help="How the data set is split among the nodes.")
-@click.option("--neighbours", type=int, default=None, help="Peers each node pulls per round [default: min(3, N-1)].")
-@click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True, help="Local epochs per round.")
+@click.option("--partition", default=DEFAULTS.partition, show_default=True,
+              help="How the data set is split among the nodes.")  # fmt: skip
+@click.option("--neighbours", type=int, default=None,
+              help=f"Peers each node pulls per round [default: {DEFAULTS.neighbours}, at most N-1].")  # fmt: skip
+@click.option("--epochs", type=click.IntRange(min=1), default=None,
+              help=f"Local epochs per round [default: {DEFAULTS.epochs}; {_demo('epochs')}].")  # fmt: skip
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
-              help="Training batch size [default: 32 on the demo set, else the daemon's 128].")  # fmt: skip
-@click.option("--lr", type=float, default=None, help="Initial learning rate [default: the daemon's, 0.1].")
-@click.option("--capacity", default="0.6", show_default=True, help="Every node's density, any in (0, 1], or auto.")
+              help=f"Training batch size [default: {DEFAULTS.batch_size}; {_demo('batch_size')}].")  # fmt: skip
+@click.option("--lr", type=float, default=None, help=f"Initial learning rate [default: {DEFAULTS.lr}].")
+@click.option("--capacity", default=None,
+              help=f"Every node's density, any in (0, 1], or auto (each node measures its own) [default: "
+              f"{DEFAULTS.capacity}; {_demo('capacity')}].")  # fmt: skip
 @click.option("--planned-rounds", type=click.IntRange(min=1), default=None,
               help="T of the prune schedule [default: --rounds].")  # fmt: skip
-@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads per node.")
-@click.option("--pull-timeout-s", type=float, default=60.0, show_default=True, help="Per node: longest wait for "
-              "a round's pulls.")  # fmt: skip
-@click.option("--round-budget-s", type=float, default=600.0, show_default=True,
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help=f"Torch threads per node [default: this machine's cores shared among the nodes; "
+              f"{_demo('threads')}].")  # fmt: skip
+@click.option("--pull-timeout-s", type=float, default=DEFAULTS.pull_timeout_s, show_default=True,
+              help="Per node: longest wait for a round's pulls.")  # fmt: skip
+@click.option("--round-budget-s", type=float, default=DEFAULTS.round_budget_s, show_default=True,
               help="Per node: round budget (the lock-step wait bound).")  # fmt: skip
 @click.option("--energy-backend", type=click.Choice(_BACKENDS), default="estimate", show_default=True,
               help="Energy meter per node (a machine-wide meter would count the same joules once per "
@@ -96,9 +111,10 @@ _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.
               "--daemon-arg=float16).")  # fmt: skip
 @click.option("--progress/--no-progress", default=None,
               help="Live table [default: in a terminal], or plain lines (always in a pipe).")  # fmt: skip
+@click.option("--print-config", is_flag=True, help="Print the fleet's settings (TOML) and exit.")
 @verbose_option
 def loopback(fresh: bool, progress: bool | None, fleet_id: str, daemon_args: tuple[str, ...],
-             devices: tuple[str, ...], **flags: Any) -> None:  # fmt: skip
+             devices: tuple[str, ...], print_config: bool, **flags: Any) -> None:  # fmt: skip
     """Run N real edge-node daemons on this machine (127.0.0.1 or namespaces) and summarise the fleet.
 
     Each node is an `edge-node start` process with its own state directory, port and slice of the data
@@ -114,6 +130,13 @@ def loopback(fresh: bool, progress: bool | None, fleet_id: str, daemon_args: tup
     flags["trainable"] = tuple((flags.get("trainable") or "").split(","))
     config = FleetConfig(fleet=fleet_id, daemon_args=daemon_args, progress=live,
                          devices=";".join(devices) if devices else None, **flags)  # fmt: skip
+    if print_config:
+        from edge_node.tomlconf import to_toml
+
+        given = {k for k, v in flags.items() if v is not None}
+        header = "\n".join(filter(None, [HEADER, preset_note(COMMAND, config.dataset, given)]))
+        click.echo(to_toml(config, header=header), nl=False)
+        return
     average = config.norm_stats == "average"
     if config.model not in _MODELS or config.dataset not in _DATASETS or config.task != "classification" or average:
         from edge_node.algorithm.norm_stats import has_running_stats

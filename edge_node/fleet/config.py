@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge_node.defaults import DEFAULTS, neighbours_of, preset, threads_of
 from edge_node.errors import ConfigError
 from edge_node.task_names import check_task_name
 
@@ -27,11 +28,11 @@ DEFAULT_SUBNET = "10.78.0"  # inside the fleet's own namespaces only, never on t
 CONFIG_FILE = "fleet-config.json"
 # Settings a re-run of the same output directory may change (the rest must match the saved fleet).
 RESUMABLE_CHANGES = frozenset({"rounds", "output", "progress", "pull_timeout_s", "round_budget_s", "daemon_args",
-                               "link", "data_dir", "metrics"})  # fmt: skip
+                               "link", "data_dir", "metrics", "threads"})  # fmt: skip
 _SUBNET_RE = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})$")
-# The demo set's settings when none are given: enough SGD steps per round for a first run to show
-# learning (README "Demo settings"): batch 32 over a quarter of the demo set is ~47 steps per epoch.
-DEMO_BATCH_SIZE = 32
+COMMAND = "loopback"  # its name in the demo preset's table (edge_node.defaults.PRESETS)
+# Settings left None take a default on construction: the demo preset's on the demo set, else the shared table's.
+DEFAULTED = ("neighbours", "epochs", "batch_size", "lr", "capacity", "threads")
 
 
 @dataclass(frozen=True)
@@ -48,24 +49,25 @@ class FleetConfig:
     tls: bool = False  # mutual TLS with a fleet CA made in OUTPUT/tls
     metrics: bool = False  # each node's Prometheus endpoint (metrics_listen), listed in OUTPUT/metrics-targets.json
     fleet: str = "loopback"
-    seed: int = 0
-    model: str = "cnn"
+    seed: int = DEFAULTS.seed
+    model: str = DEFAULTS.model
     init_weights: Path | None = None  # every node's start (edge_node.pretrained); None: the fleet seed's
     trainable: tuple[str, ...] = ()  # globs of the parameters that train (edge_node.algorithm.frozen); (): all
-    task: str = "classification"  # edge_node.algorithm.tasks: every node's
-    norm_stats: str = "local"  # a BatchNorm model's running statistics: local (FedBN) or average (sent, averaged)
-    dataset: str = "demo"
+    task: str = DEFAULTS.task  # edge_node.algorithm.tasks: every node's
+    norm_stats: str = DEFAULTS.norm_stats  # a BatchNorm model's running statistics: local (FedBN) or average
+    dataset: str = DEFAULTS.dataset
     data_dir: Path | None = None
-    partition: str = "dir:0.3"
-    neighbours: int | None = None  # None: min(3, nodes - 1)
-    epochs: int = 1
-    batch_size: int | None = None  # None: DEMO_BATCH_SIZE on the demo set, else the daemon's (128)
-    lr: float | None = None  # None: the daemon's
-    capacity: str = "0.6"  # every node's density in (0, 1], or "auto" (each measures its own and picks a tier)
-    planned_rounds: int | None = None  # None: rounds (or the daemon's 500 when running until stopped)
-    threads: int = 1  # torch threads per daemon: N daemons share the machine's cores
-    pull_timeout_s: float = 60.0
-    round_budget_s: float = 600.0
+    partition: str = DEFAULTS.partition
+    # None (``DEFAULTED``): filled in on construction, see ``defaults``.
+    neighbours: int | None = None
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    capacity: str | None = None  # every node's density in (0, 1], or "auto" (each measures its own and picks a tier)
+    planned_rounds: int | None = None  # None: rounds (or the shared 500 when running until stopped)
+    threads: int | None = None  # torch threads per daemon
+    pull_timeout_s: float = DEFAULTS.pull_timeout_s
+    round_budget_s: float = DEFAULTS.round_budget_s
     energy_backend: str = "estimate"  # a machine-wide meter would count the same joules once per node
     progress: bool = True
     daemon_args: tuple[str, ...] = ()  # more `edge-node start` flags, given to every node
@@ -73,6 +75,9 @@ class FleetConfig:
 
     def __post_init__(self) -> None:
         check_task_name(self.task)
+        for name, value in self.defaults().items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
         if not 2 <= self.nodes <= MAX_NODES:
             raise ConfigError(f"--nodes {self.nodes} must be in 2..{MAX_NODES}")
         if self.rounds < 0:
@@ -84,7 +89,7 @@ class FleetConfig:
         if self.lockstep and self.neighbours is not None and self.neighbours > self.nodes - 1:
             raise ConfigError(f"--neighbours {self.neighbours}: a lock-step fleet of {self.nodes} has "
                               f"{self.nodes - 1} others to pick from")  # fmt: skip
-        if self.threads < 1:
+        if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads} must be at least 1")
         if self.dataset in ("cifar10", "cifar100", "tiny-imagenet") and self.data_dir is None:
             raise ConfigError(f"--dataset {self.dataset} needs --data-dir (only the demo set is built in)")
@@ -122,15 +127,18 @@ class FleetConfig:
     def node_ids(self) -> list[str]:
         return [f"{NODE_PREFIX}{i}" for i in range(self.nodes)]
 
-    @property
-    def effective_neighbours(self) -> int:
-        return self.neighbours if self.neighbours is not None else min(3, self.nodes - 1)
+    def defaults(self) -> dict[str, Any]:
+        """The default of each ``DEFAULTED`` setting for this fleet: the demo preset's on the demo set, else the
+        shared table's; neighbours at most the other nodes, and the machine's cores shared among the nodes."""
+        shared = {"neighbours": neighbours_of(self.nodes - 1), "epochs": DEFAULTS.epochs,
+                  "batch_size": DEFAULTS.batch_size, "lr": DEFAULTS.lr, "capacity": DEFAULTS.capacity,
+                  "threads": threads_of(self.nodes)}  # fmt: skip
+        return {**shared, **preset(COMMAND, self.dataset)}
 
     @property
-    def effective_batch_size(self) -> int | None:
-        if self.batch_size is not None:
-            return self.batch_size
-        return DEMO_BATCH_SIZE if self.dataset == "demo" else None
+    def effective_neighbours(self) -> int:
+        assert self.neighbours is not None  # filled in on construction
+        return self.neighbours
 
     @property
     def effective_planned_rounds(self) -> int | None:
@@ -153,6 +161,8 @@ class FleetConfig:
             "neighbours": self.effective_neighbours,
             "rounds": self.rounds,
             "epochs": self.epochs,
+            "batch_size": self.batch_size,
+            "lr": self.lr,
             "capacity": self.capacity,
             "threads": self.threads,
             "pull_timeout_s": self.pull_timeout_s,
@@ -164,8 +174,6 @@ class FleetConfig:
         }
         optional = {
             "data_dir": self.data_dir,
-            "batch_size": self.effective_batch_size,
-            "lr": self.lr,
             "planned_rounds": self.effective_planned_rounds,
             "init_weights": self.init_weights,
             "trainable": self.trainable or None,
@@ -185,7 +193,10 @@ class FleetConfig:
     def differences(self, saved: dict[str, Any]) -> list[str]:
         """Settings that differ from a saved fleet's (those a re-run may change are ignored)."""
         mine = self.to_json()
-        return sorted(k for k in mine if k not in RESUMABLE_CHANGES and k != "progress" and saved.get(k) != mine[k])
+        # A fleet saved before the shared defaults kept None for "the default" of some of these; that default
+        # was the one they have now.
+        then = {**saved, **{k: v for k, v in self.defaults().items() if saved.get(k) is None}}
+        return sorted(k for k in mine if k not in RESUMABLE_CHANGES and k != "progress" and then.get(k) != mine[k])
 
 
 def settings_to_flags(settings: dict[str, Any]) -> list[str]:
