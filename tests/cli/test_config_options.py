@@ -1,0 +1,66 @@
+"""``simulate``'s flags are generated from ``SimConfig`` as ``start``'s are from ``NodeConfig``; ``--threads`` reaches
+torch before training; ``--print-config`` names the demo preset (``loopback``'s too)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+import pytest
+
+from edge_node.cli._app import app
+from edge_node.node.config import NodeConfig
+from edge_node.sim import runner
+from edge_node.sim.config import SimConfig
+from tests.daemons import run_cli
+
+
+def _options(command: str) -> dict[str, click.Option]:
+    found = app.get_command(click.Context(app), command)
+    assert found is not None
+    return {p.name: p for p in found.params if isinstance(p, click.Option) and p.name}
+
+
+@pytest.mark.parametrize(("command", "cls"), [("simulate", SimConfig), ("start", NodeConfig)])
+def test_every_key_is_a_flag_with_its_help(command, cls):
+    options = _options(command)
+    for field in dataclasses.fields(cls):
+        option = options[field.name]
+        assert option.default is None and option.help, field.name  # a given flag wins over the file
+        if field.metadata.get("choices"):
+            assert isinstance(option.type, click.Choice) and tuple(option.type.choices) == field.metadata["choices"]
+    assert "--threads" in options["threads"].opts and "set before training" in (options["threads"].help or "")
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_simulate_threads_reach_torch_before_anything_trains(monkeypatch, tmp_path):
+    order: list[str] = []
+    monkeypatch.setattr(runner, "apply_threads", lambda n: order.append(f"threads {n}"))
+
+    def device(name: str) -> None:
+        order.append("device")
+        raise _Stop
+
+    monkeypatch.setattr(runner, "resolve_device", device)
+    with pytest.raises(_Stop):
+        runner.run_simulation(SimConfig(threads=3, output=tmp_path), dataset=None)  # type: ignore[arg-type]
+    assert order == ["threads 3", "device"]
+
+
+def test_print_config_names_the_demo_preset_and_what_it_set(tmp_path):
+    sim = run_cli(["simulate", "--print-config", "--epochs", "2"])
+    assert sim.returncode == 0, sim.stderr
+    first = sim.stdout.splitlines()[0]
+    assert first.startswith("# demo quick-start preset") and "batch_size = 32" in first and "epochs" not in first
+    assert "epochs = 2" in sim.stdout.splitlines() and "threads = 3" in run_cli(
+        ["simulate", "--print-config", "--threads", "3"]
+    ).stdout.splitlines()
+    fleet = run_cli(["loopback", "--nodes", "4", "--print-config", "--output", str(tmp_path / "f")])
+    assert fleet.returncode == 0, fleet.stderr
+    assert 'capacity = "0.6", threads = 1' in fleet.stdout and "batch_size = 32" in fleet.stdout.splitlines()
+    assert not (tmp_path / "f").exists()  # printed, nothing started
+    off = run_cli(["simulate", "--print-config", "--dataset", "tests.plugin_factories:blobs"])
+    assert "preset" not in off.stdout and "epochs = 5" in off.stdout.splitlines()
