@@ -55,9 +55,10 @@ def test_print_config_names_the_demo_preset_and_what_it_set(tmp_path):
     assert sim.returncode == 0, sim.stderr
     first = sim.stdout.splitlines()[0]
     assert first.startswith("# demo quick-start preset") and "batch_size = 32" in first and "epochs" not in first
-    assert "epochs = 2" in sim.stdout.splitlines() and "threads = 3" in run_cli(
-        ["simulate", "--print-config", "--threads", "3"]
-    ).stdout.splitlines()
+    assert (
+        "epochs = 2" in sim.stdout.splitlines()
+        and "threads = 3" in run_cli(["simulate", "--print-config", "--threads", "3"]).stdout.splitlines()
+    )
     fleet = run_cli(["loopback", "--nodes", "4", "--print-config", "--output", str(tmp_path / "f")])
     assert fleet.returncode == 0, fleet.stderr
     assert 'capacity = "0.6", threads = 1' in fleet.stdout and "batch_size = 32" in fleet.stdout.splitlines()
