@@ -18,6 +18,9 @@ pytest.importorskip("sklearn", reason="scikit-learn (the test extra) ships the e
 EXAMPLE = REPO_ROOT / "examples" / "digits_tabular"
 EDGE_NODE = [sys.executable, "-m", "edge_node"]
 
+# loopback's settings off the demo set when these fleets were written (its defaults are the shared table's now)
+FLEET = ["--epochs", "1", "--capacity", "0.6", "--threads", "1"]
+
 
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
@@ -49,7 +52,7 @@ def test_simulate_trains_the_plugin_and_its_accuracy_rises(plugin_env, tmp_path:
 
 def test_a_three_node_loopback_fleet_trains_the_plugin(plugin_env, tmp_path: Path):
     out = tmp_path / "fleet"
-    done = run(["loopback", "--nodes", "3", "--rounds", "4", "--lockstep", "--model", "digits_tabular:mlp",
+    done = run(["loopback", "--nodes", "3", "--rounds", "4", "--lockstep", *FLEET, "--model", "digits_tabular:mlp",
                 "--dataset", "digits_tabular:digits", "--batch-size", "32", "--output", str(out), "--no-progress"],
                plugin_env, tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -64,7 +67,7 @@ def test_a_three_node_loopback_fleet_trains_the_plugin(plugin_env, tmp_path: Pat
 
 def test_the_regression_example_trains_in_a_three_node_fleet(plugin_env, tmp_path: Path):
     out = tmp_path / "diabetes"
-    done = run(["loopback", "--nodes", "3", "--rounds", "2", "--lockstep", "--task", "regression", "--model",
+    done = run(["loopback", "--nodes", "3", "--rounds", "2", "--lockstep", *FLEET, "--task", "regression", "--model",
                 "digits_tabular:mlp", "--dataset", "digits_tabular:diabetes", "--batch-size", "32", "--output",
                 str(out), "--no-progress"], plugin_env, tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
