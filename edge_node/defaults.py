@@ -82,11 +82,6 @@ def preset(command: str, dataset: str) -> Mapping[str, Any]:
     return PRESETS.get(command, {}) if dataset == DEMO_DATASET else {}
 
 
-def default(name: str, command: str, dataset: str) -> Any:
-    """The default of setting ``name`` for ``command`` on ``dataset``: the demo preset's, else the table's."""
-    return preset(command, dataset).get(name, getattr(DEFAULTS, name))
-
-
 def preset_note(command: str, dataset: str, given: Collection[str]) -> str:
     """A TOML comment naming the demo preset and the values it set (``given`` names the settings the user
     set), for ``--print-config``; empty when it set none."""
@@ -117,7 +112,6 @@ __all__ = [
     "DEMO_PRESET",
     "PRESETS",
     "SharedDefaults",
-    "default",
     "neighbours_of",
     "preset",
     "preset_note",
