@@ -8,11 +8,11 @@ import dataclasses
 import click
 import pytest
 
+from edge_node.cli import main
 from edge_node.cli._app import app
 from edge_node.node.config import NodeConfig
 from edge_node.sim import runner
 from edge_node.sim.config import SimConfig
-from tests.daemons import run_cli
 
 
 def _options(command: str) -> dict[str, click.Option]:
@@ -50,18 +50,19 @@ def test_simulate_threads_reach_torch_before_anything_trains(monkeypatch, tmp_pa
     assert order == ["threads 3", "device"]
 
 
-def test_print_config_names_the_demo_preset_and_what_it_set(tmp_path):
-    sim = run_cli(["simulate", "--print-config", "--epochs", "2"])
-    assert sim.returncode == 0, sim.stderr
-    first = sim.stdout.splitlines()[0]
-    assert first.startswith("# demo quick-start preset") and "batch_size = 32" in first and "epochs" not in first
-    assert (
-        "epochs = 2" in sim.stdout.splitlines()
-        and "threads = 3" in run_cli(["simulate", "--print-config", "--threads", "3"]).stdout.splitlines()
-    )
-    fleet = run_cli(["loopback", "--nodes", "4", "--print-config", "--output", str(tmp_path / "f")])
-    assert fleet.returncode == 0, fleet.stderr
-    assert 'capacity = "0.6", threads = 1' in fleet.stdout and "batch_size = 32" in fleet.stdout.splitlines()
+def _print_config(args: list[str], capsys: pytest.CaptureFixture[str]) -> list[str]:
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--print-config"])
+    assert not exc.value.code, capsys.readouterr().err
+    return capsys.readouterr().out.splitlines()
+
+
+def test_print_config_names_the_demo_preset_and_what_it_set(tmp_path, capsys):
+    sim = _print_config(["simulate", "--epochs", "2"], capsys)
+    assert sim[0].startswith("# demo quick-start preset") and "batch_size = 32" in sim[0] and "epochs" not in sim[0]
+    assert "epochs = 2" in sim and "threads = 3" in _print_config(["simulate", "--threads", "3"], capsys)
+    fleet = _print_config(["loopback", "--nodes", "4", "--output", str(tmp_path / "f")], capsys)
+    assert 'capacity = "0.6", threads = 1' in fleet[1] and "batch_size = 32" in fleet
     assert not (tmp_path / "f").exists()  # printed, nothing started
-    off = run_cli(["simulate", "--print-config", "--dataset", "tests.plugin_factories:blobs"])
-    assert "preset" not in off.stdout and "epochs = 5" in off.stdout.splitlines()
+    off = _print_config(["simulate", "--dataset", "tests.plugin_factories:blobs"], capsys)
+    assert not any("preset" in line for line in off) and "epochs = 5" in off
