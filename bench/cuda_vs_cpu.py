@@ -41,15 +41,17 @@ import torch
 
 from edge_node.data import load_dataset
 from edge_node.errors import EdgeNodeError
+from edge_node.records import per_node, read_records
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from edge_node.sim.config import SimConfig
-from edge_node.sim.runner import ROUNDS_LOG, run_simulation
+from edge_node.sim.runner import run_simulation
 
 # Tolerances of "the same up to floating-point noise" for a few rounds of a few clients.
 MAX_ACC_MEAN_DIFF_POINTS = 1.0  # |mean accuracy (cpu) - mean accuracy (device)|, any round, before or after
 MAX_WEIGHT_REL_DIFF = 0.05  # ||w_cpu - w_dev|| / ||w_cpu||, worst client
 MAX_MASK_DISAGREEMENT = 0.005  # fraction of positions whose mask bit differs, worst client
-EXACT_KEYS = ("bytes_received", "bytes_sent", "paper_comm_mb_mean", "flops_per_client_mean", "density_mean")
+EXACT_KEYS = ("paper_comm_mb_mean", "flops_per_client_mean", "density_mean")
+EXACT_NODE_KEYS = ("bytes_in", "bytes_out")  # of every client's node entry
 
 
 @dataclass
@@ -73,7 +75,7 @@ def run_once(config: SimConfig, dataset: Any, label: str, device: str, threads: 
         wall = time.perf_counter() - started
     finally:
         torch.set_num_threads(previous)
-    records = [json.loads(line) for line in (out / ROUNDS_LOG).read_text().splitlines() if line.strip()]
+    records = read_records(out)
     state = load_checkpoint(out / CHECKPOINT_NAME, torch.device("cpu"))
     return RunResult(label, records, state["weights"], state["train_masks"], wall)
 
@@ -87,6 +89,11 @@ def compare(ref: RunResult, other: RunResult) -> dict[str, Any]:
         for a, b in zip(ref.records, other.records, strict=True)
         for key in EXACT_KEYS
         if a[key] != b[key]
+    ] + [
+        f"round {a['round']}: nodes' {key}"
+        for a, b in zip(ref.records, other.records, strict=True)
+        for key in EXACT_NODE_KEYS
+        if per_node(a, key) != per_node(b, key)
     ]
     acc_mean_diff = max(
         abs(a[key] - b[key]) * 100
@@ -97,7 +104,7 @@ def compare(ref: RunResult, other: RunResult) -> dict[str, Any]:
         abs(x - y) * 100
         for a, b in zip(ref.records, other.records, strict=True)
         for key in ("acc_before", "acc_after")
-        for x, y in zip(a[key], b[key], strict=True)
+        for x, y in zip(per_node(a, key), per_node(b, key), strict=True)
     )
     weight_rel = []
     mask_diff = []

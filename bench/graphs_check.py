@@ -137,6 +137,7 @@ def synchronize(device: str) -> None:
 def compare_runs(data_dir: Path | None, device: str) -> dict[str, Any]:
     """Part (b): the same small CIFAR-10 run without and with ``cuda_graphs`` (a smoke run: demo, both eager)."""
     from edge_node.api import run_simulation
+    from edge_node.records import per_node, read_records
     from edge_node.sim.checkpoint import load_checkpoint
     from edge_node.sim.config import SimConfig
 
@@ -151,11 +152,11 @@ def compare_runs(data_dir: Path | None, device: str) -> dict[str, Any]:
                 energy_backend="estimate", cuda_graphs=graphed and not smoke, output=Path(tmp) / f"graphs-{graphed}",
             )  # fmt: skip
             out = run_simulation(config, fresh=True)
-            records[graphed] = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+            records[graphed] = read_records(out)
             weights[graphed] = load_checkpoint(out / "checkpoint.pt", torch.device("cpu"))["weights"]
     rounds = []
     for eager, graphed in zip(records[False], records[True], strict=True):
-        diffs = {key: [abs(a - b) for a, b in zip(eager[key], graphed[key], strict=True)]
+        diffs = {key: [abs(a - b) for a, b in zip(per_node(eager, key), per_node(graphed, key), strict=True)]
                  for key in ("acc_before", "acc_after")}  # fmt: skip
         rounds.append({
             "round": eager["round"],

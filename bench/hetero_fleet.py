@@ -46,6 +46,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._provenance import commit, machine  # noqa: E402
+from edge_node.records import ROUNDS_LOG, read_records  # noqa: E402
 
 ARMS = ("auto", "dense", "slowest", "lockstep", "stale1")
 DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "cifar10-jpeg.tar.gz"
@@ -127,12 +128,8 @@ def command(args: argparse.Namespace, arm: str, slowest_tier: str | None) -> lis
 def records(out: Path) -> list[dict[str, Any]]:
     """Every node's completed round records, in time order."""
     rows = []
-    for path in sorted(out.glob("node*/rounds.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                record = json.loads(line)
-                if not record.get("diverged"):
-                    rows.append(record)
+    for path in sorted(out.glob(f"node*/{ROUNDS_LOG}")):
+        rows += [r for r in read_records(path.parent) if not r.get("diverged")]
     return sorted(rows, key=lambda r: r["time_unix"])
 
 

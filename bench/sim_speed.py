@@ -46,6 +46,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _provenance import commit, machine  # noqa: E402
 
+from edge_node.records import read_records  # noqa: E402
+
 NAIVE_MICRO_BATCH = 16  # the daemon's slices (DisPFLParams.micro_batch): bitwise equal to a device's step
 PROFILE_PARTS = {  # category: functions in which the main thread's time counts to it (the innermost wins)
     "training compute (forward, backward, SGD)": ["train_masked"],
@@ -197,7 +199,7 @@ def run_setting(
             proc.kill()
     if proc.returncode != 0:
         raise SystemExit(f"sim_speed: {' '.join(command)} exited {proc.returncode}:\n{output[-3000:]}")
-    records = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    records = read_records(out)
     clients = json.loads((out / "clients.json").read_text())["clients"]
     timed = records[args.skip :] or records
     s_round = statistics.median(r["wall_s"] for r in timed)

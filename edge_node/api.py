@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from edge_node.sim.config import SimConfig
 
 _LOGGER = logging.getLogger(__name__)
-ROUNDS_FILE = "rounds.jsonl"  # a simulation run directory's and a node's state dir's (sim.report.ROUNDS_LOG)
 
 
 def check_model_and_data(
@@ -150,16 +149,20 @@ def run_node(
 def read_records(path: Path | str) -> list[dict[str, Any]]:
     """The per-round records (dicts) of a simulation run directory or a node's state directory, in order.
 
-    ``path`` is the directory or its ``rounds.jsonl``. A simulation record has ``round``, ``acc_mean`` and the
-    byte, FLOP and energy figures; a node's has ``round``, ``acc_before``, ``acc_after``, bytes and peers.
+    ``path`` is the directory or its ``rounds.jsonl``. One schema for both (docs/API.md, "Round records"): a
+    node's record is one node entry (``node_id``, ``acc_before``, ``acc_after``, ``metrics``, ``bytes_in``,
+    ``bytes_out``) with its peers, energy and the task's metric names; a simulation's holds one entry per client
+    under ``nodes`` beside the fleet's means (``acc_mean``, ``acc_before_mean``, ...), bytes, FLOPs and energy.
+    Records of older versions are read under today's names (:func:`edge_node.records.upgrade_record`).
 
     Raises:
         CheckpointError: no records there, or a line that is not JSON.
     """
-    from edge_node.sim.report import read_rounds
+    from edge_node.records import ROUNDS_LOG
+    from edge_node.records import read_records as read
 
     path = Path(path)
-    return read_rounds(path.parent if path.is_file() and path.name == ROUNDS_FILE else path)
+    return read(path.parent if path.is_file() and path.name == ROUNDS_LOG else path)
 
 
 def load_trained(path: Path | str, client: int | None = None) -> nn.Module:

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from edge_node.records import node_entry
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "cuda_vs_cpu.py"
 _spec = importlib.util.spec_from_file_location("cuda_vs_cpu", BENCH)
 assert _spec is not None and _spec.loader is not None
@@ -22,10 +24,7 @@ def _run(label: str, weights: torch.Tensor, mask: torch.Tensor, acc: float = 0.5
         "round": 0,
         "acc_before_mean": acc,
         "acc_after_mean": acc,
-        "acc_before": [acc],
-        "acc_after": [acc],
-        "bytes_received": [received],
-        "bytes_sent": [received],
+        "nodes": [node_entry("client-0", acc, acc, received, received, headline="after")],
         "paper_comm_mb_mean": 1.0,
         "flops_per_client_mean": 10.0,
         "density_mean": 0.5,
@@ -63,7 +62,7 @@ def test_real_differences_fail(reference):
     assert any("weights differ" in f for f in cvc.failures(cvc.compare(_run("a", w, m), _run("b", 1.5 * w, m))))
     assert any("accuracy" in f for f in cvc.failures(cvc.compare(_run("a", w, m), _run("b", w, m, acc=0.6))))
     exact = cvc.failures(cvc.compare(_run("a", w, m), _run("b", w, m, received=101)))
-    assert any("bytes_received" in f for f in exact)
+    assert any("bytes_in" in f for f in exact)
 
 
 def test_cpu_self_check_runs_end_to_end(tmp_path: Path):

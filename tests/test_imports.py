@@ -52,6 +52,7 @@ LAYERS = [
         "version",
         "defaults",
         "torch_threads",
+        "records",  # the round-record schema: read and written by node, sim and fleet
     },
     {"algorithm"},
     {"models", "pooling", "data"},

@@ -285,7 +285,7 @@ class Score(float):
     """A task's headline metric that carries all of the task's metrics (``metrics``: R² beside MAE, ...).
 
     A float, so every path that averages, compares and records accuracies takes it unchanged; the record
-    builders read ``metrics`` where they can (``metrics_of``)."""
+    builders read ``metrics`` where they can (``edge_node.records.metrics_of``)."""
 
     metrics: dict[str, float]
 
@@ -302,25 +302,3 @@ def score(model: nn.Module, batches: Iterable[Batch], task: Task) -> Score:
     """The task's headline metric of ``model`` over ``batches``, with all its metrics attached."""
     metrics = evaluate(model, batches, task)
     return Score(metrics[task.metric], metrics)
-
-
-def metrics_mean(values: Iterable[float] | None) -> dict[str, float] | None:
-    """Each metric's mean over ``values`` (Scores: clients' evaluations); None unless every value is a Score."""
-    scores = list(values or [])
-    if not scores or not all(isinstance(v, Score) for v in scores):
-        return None
-    names = [k for k in scores[0].metrics if all(k in v.metrics for v in scores)]  # type: ignore[attr-defined]
-    return {k: float(np.mean([v.metrics[k] for v in scores])) for k in names}  # type: ignore[attr-defined]
-
-
-def metric_fields(task: Task) -> dict[str, object]:
-    """What every round record and status says of its ``acc_*`` values: the task, the metric, its direction.
-
-    The ``acc_*`` keys hold the task's headline metric (accuracy for classification): one documented key for
-    every task until the record schema is unified; these fields say how to read it."""
-    return {
-        "task": task.name,
-        "metric": task.metric,
-        "metric_higher_is_better": task.higher_is_better,
-        "metric_is_fraction": task.metric_is_fraction,
-    }

@@ -152,7 +152,7 @@ def _round_line(config: SimConfig) -> Any:
         click.echo(
             f"round {record['round'] + 1}/{config.rounds}: {metric_label(record)} "
             f"{format_record_metric(record, 'acc_mean', digits=2)} "
-            f"({record['acc_metric']}), busiest node {record['busiest_node']} "
+            f"({record['acc_mean_is']}), busiest node {record['busiest_node']} "
             f"{record['busiest_node_bytes'] / 1e6:.2f} MB, {record['wall_s']:.1f} s",
             err=True,
         )

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-ROUNDS_LOG = "rounds.jsonl"  # the daemon's (edge_node.node.daemon.ROUNDS_LOG); read here without importing it
+from edge_node.records import ROUNDS_LOG, upgrade_record
+
 STOP_GRACE_S = 20.0  # SIGTERM, then this long for a clean stop, then SIGKILL
 KILL_WAIT_S = 10.0
 _PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
@@ -161,7 +162,7 @@ class DaemonProcess:
         for line in lines:
             if line.strip():
                 try:
-                    new.append(json.loads(line))
+                    new.append(upgrade_record(json.loads(line)))
                 except ValueError:
                     continue  # never written by the daemon (it appends whole lines); ignore rather than crash
         if self.records and new and new[0].get("round", 0) <= self.records[-1].get("round", -1):

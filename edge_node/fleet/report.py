@@ -20,7 +20,7 @@ from edge_node.errors import CheckpointError, ConfigError
 from edge_node.fleet.summary import SUMMARY_JSON, fleet_rounds, metric_of, node_summary, plot_panels
 from edge_node.node.state import CHECKPOINT_FILE, NODE_CONFIG_FILE
 from edge_node.node.status import STATUS_FILE, rounds_done_text
-from edge_node.sim.report import ROUNDS_LOG, read_rounds
+from edge_node.records import ROUNDS_LOG, read_records
 from edge_node.storage import atomic_write_text
 from edge_node.task_names import format_metric
 from edge_node.tomlconf import read_toml
@@ -56,7 +56,7 @@ def kind_of(path: Path) -> str | None:
 
 def read_node(path: Path, planned: int | None = None) -> NodeRun:
     """A daemon's state dir; ``planned`` stands in when the dir does not say how many rounds were asked for."""
-    records = read_rounds(path)
+    records = read_records(path)
     saved = read_toml(path / NODE_CONFIG_FILE) if (path / NODE_CONFIG_FILE).is_file() else {}
     asked = saved.get("rounds", planned)
     node_id = next((str(r["node_id"]) for r in records if r.get("node_id")), str(saved.get("node_id") or path.name))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_node.fleet.daemons import exit_description
+from edge_node.records import TASK_DEFAULTS, TASK_KEYS, node_means
 from edge_node.storage import atomic_write_text
 from edge_node.task_names import format_metric
 
@@ -69,11 +70,12 @@ def fleet_rounds(per_node: dict[str, list[dict[str, Any]]]) -> list[dict[str, An
     out = []
     for t in sorted(by_round):
         rs = by_round[t]
+        means = node_means(rs)  # each record is a node entry: the simulation's means, over the nodes
         out.append({
             "round": t,
             "nodes": len(rs),
-            "acc_before_mean": sum(r["acc_before"] for r in rs) / len(rs),
-            "acc_after_mean": sum(r["acc_after"] for r in rs) / len(rs),
+            "acc_before_mean": means["acc_before_mean"],
+            "acc_after_mean": means["acc_after_mean"],
             "bytes_in_total": sum(int(r.get("bytes_in", 0)) for r in rs),
         })  # fmt: skip
     return out
@@ -111,12 +113,7 @@ def summarize(
 def metric_of(per_node: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The task and headline metric the nodes' records name (records older than tasks: accuracy)."""
     first = next((r for records in per_node.values() for r in records if "metric" in r), {})
-    return {
-        "task": first.get("task", "classification"),
-        "metric": first.get("metric", "accuracy"),
-        "metric_higher_is_better": first.get("metric_higher_is_better", True),
-        "metric_is_fraction": first.get("metric_is_fraction", True),
-    }
+    return {k: first.get(k, TASK_DEFAULTS[k]) for k in TASK_KEYS}
 
 
 def _pct(value: float | None, fraction: bool = True) -> str:

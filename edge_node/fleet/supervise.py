@@ -23,6 +23,7 @@ from edge_node.fleet.daemons import DaemonProcess, exit_description
 from edge_node.fleet.fleet import METRICS_TARGETS, Event, Fleet
 from edge_node.fleet.progress import NodeView
 from edge_node.fleet.summary import summarize, write_summary
+from edge_node.records import node_means
 from edge_node.task_names import format_metric
 
 _LOGGER = logging.getLogger(__name__)
@@ -230,8 +231,8 @@ def _fleet_round_lines(views: dict[str, NodeView], fleet: Fleet, announced: int,
         t = announced
         rs = [r for d in fleet.own_daemons() for r in d.completed if r.get("round") == t]
         if rs:
-            before = sum(r["acc_before"] for r in rs) / len(rs)
-            after = sum(r["acc_after"] for r in rs) / len(rs)
+            means = node_means(rs)  # = the fleet summary's per round
+            before, after = means["acc_before_mean"], means["acc_after_mean"]
             total = f"/{fleet.config.rounds}" if fleet.config.rounds else ""
             metric = str(rs[0].get("metric") or "accuracy")
             fraction = bool(rs[0].get("metric_is_fraction", True))

@@ -54,7 +54,7 @@ import torch
 from edge_node.algorithm import read_weights, tier_name
 from edge_node.algorithm.dispfl import ClientRound, DisPFLParams, RoundHooks, client_round, published, start
 from edge_node.algorithm.norm_stats import batch_normalised, has_running_stats
-from edge_node.algorithm.tasks import metric_fields, metrics_mean, score
+from edge_node.algorithm.tasks import score
 from edge_node.algorithm.training import Batch
 from edge_node.energy import EnergyAccountant, open_meter
 from edge_node.errors import ConfigError, ListenError, TlsError, TrainingDiverged
@@ -84,6 +84,7 @@ from edge_node.node.state import (
     save_node_config,
 )
 from edge_node.node.status import StatusServer, round_label, rounds_done_text, write_status_file
+from edge_node.records import ROUNDS_LOG, node_entry, task_fields
 from edge_node.seeding import Stream, numpy_generator
 from edge_node.storage import append_line, truncate_jsonl
 from edge_node.task_names import format_metric
@@ -92,7 +93,6 @@ from edge_node.wire import DecodedModel, ValueType, compile_decoder
 
 _LOGGER = logging.getLogger(__name__)
 
-ROUNDS_LOG = "rounds.jsonl"
 ENERGY_LOG = "energy.jsonl"
 MAX_DIVERGED_IN_A_ROW = 3
 SERVER_GRACE_S = 1.0  # in-flight transfers get this long at shutdown
@@ -482,9 +482,10 @@ class Node:
         served_streams, served_bytes = self.server_state.served()
         bytes_out = served_bytes - self._totals.bytes_out
         next_round = catch_up(t, [m.header.round for m in received.values()], lockstep=self.config.lockstep)
-        record = {
+        record = {  # the schema's DAEMON_KEYS (edge_node.records): this node's entry, the task, what a device knows
             "round": t,
-            "node_id": self.node_id,
+            **node_entry(self.node_id, acc_before, acc_after, bytes_in, bytes_out, headline="after"),
+            **task_fields(self.params.task),
             "time_unix": round(time.time(), 3),
             "tier": self.tier,
             "density": round(new_state.mask_density, 6),
@@ -495,15 +496,9 @@ class Node:
             "peers_refused": _refused_json(refused),
             "refusals": _count_kinds(refused),
             "pull_retries": retries,
-            "bytes_in": bytes_in,
-            "bytes_out": bytes_out,
             "streams_served": served_streams - self._totals.streams_served,
             "server_refusals": self.server_state.refusals(),
             "discovery_refusals": self.discovery_refusals(),
-            "acc_before": acc_before,
-            "acc_after": acc_after,
-            **metric_fields(self.params.task),
-            "metrics": metrics_mean([acc_after]),  # every metric of the task after local training
             "train_loss": trained.stats.mean_loss,
             "samples": data.num_train,
             "lr": trained.lr,
@@ -698,7 +693,7 @@ class Node:
             "peers": self.tracker.to_json(),
             "acc_before": totals.acc_before,
             "acc_after": totals.acc_after,
-            **(metric_fields(self.params.task) if hasattr(self, "params") else {}),
+            **(task_fields(self.params.task) if hasattr(self, "params") else {}),
             "bytes_in_total": totals.bytes_in,
             "bytes_out_total": self.server_state.served()[1] if hasattr(self, "server_state") else 0,
             "server_refusals": self.server_state.refusals() if hasattr(self, "server_state") else {},

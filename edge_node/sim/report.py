@@ -8,14 +8,12 @@ paper's Comm (MB) column does.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from edge_node.errors import CheckpointError
+from edge_node.records import TASK_DEFAULTS, TASK_KEYS
 from edge_node.task_names import format_metric
 
-ROUNDS_LOG = "rounds.jsonl"
 SUMMARY_FILE = "summary.json"
 ACCURACY_PLOT = "accuracy.png"
 COMMUNICATION_PLOT = "communication.png"
@@ -26,32 +24,6 @@ CONVENTIONS = (
     "gradient regrowth); accuracy (or another task's headline metric) = unweighted mean over clients of local test "
     "accuracy (of that metric)"
 )
-
-
-def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
-    """The per-round records of a run directory (``rounds.jsonl``)."""
-    path = run_dir / ROUNDS_LOG
-    if not path.is_file():
-        raise CheckpointError(
-            f"{path} not found: not a run directory (a simulation's output, a node's state dir or a loopback"
-            " fleet's output)"
-        )
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{path}:{number} is not valid JSON: {exc.msg}") from exc
-    return records
-
-
-def headline_accuracy(record: dict[str, Any]) -> float:
-    """A round's headline accuracy: ``acc_mean`` (what the run's method reports), or for records written
-    before methods existed, the accuracy after local training."""
-    value = record.get("acc_mean")
-    return float(record["acc_after_mean"] if value is None else value)
 
 
 def _known_sum(values: list[float | None], divisor: int = 1) -> float | None:
@@ -78,17 +50,14 @@ def summarize(records: list[dict[str, Any]], energy: dict[str, Any] | None = Non
     return {
         "rounds": n,
         "method": last.get("method", "dispfl"),
-        "task": last.get("task", "classification"),
-        "metric": last.get("metric", "accuracy"),
-        "metric_higher_is_better": last.get("metric_higher_is_better", True),
-        "metric_is_fraction": last.get("metric_is_fraction", True),
-        "acc_final": headline_accuracy(last),
-        "acc_metric": last.get("acc_metric", "after local training"),
-        "acc_best": best(headline_accuracy(r) for r in records),
+        **{k: last.get(k, TASK_DEFAULTS[k]) for k in TASK_KEYS},
+        "acc_final": last["acc_mean"],
+        "acc_metric": last.get("acc_mean_is", "after local training"),
+        "acc_best": best(r["acc_mean"] for r in records),
         "acc_after_final": last.get("acc_after_mean"),
         "acc_before_final": last["acc_before_mean"],
         "acc_after_best": best(after) if after else None,
-        "bytes_received_per_node_round": sum(r["bytes_received_mean"] for r in records) / n,
+        "bytes_received_per_node_round": sum(r["bytes_in_mean"] for r in records) / n,
         "busiest_node_bytes_max": max(r["busiest_node_bytes"] for r in records),
         "busiest_node_bytes_mean": sum(r["busiest_node_bytes"] for r in records) / n,
         "paper_comm_mb_busiest": max(r["paper_comm_mb_busiest"] for r in records),
@@ -163,7 +132,7 @@ def plot_run(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         accuracy.insert(0, (after, {"marker": "o", "label": last.get("acc_after_is") or "after local training"}))
     communication = [
         ([r["busiest_node_bytes"] / 1e6 for r in records], {"marker": "o", "label": "busiest node, recv+sent"}),
-        ([r["bytes_received_mean"] / 1e6 for r in records], {"marker": ".", "label": "mean node, received"}),
+        ([r["bytes_in_mean"] / 1e6 for r in records], {"marker": ".", "label": "mean node, received"}),
         ([r["paper_comm_mb_busiest"] for r in records], {"ls": "--", "label": "paper convention, busiest"}),
     ]
     return [

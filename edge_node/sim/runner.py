@@ -4,7 +4,8 @@ Each method is one module behind the :class:`~edge_node.sim.methods.Method` seam
 registry (:mod:`edge_node.sim.methods`); this module runs whichever the config names, round after round,
 and never tests a method's name: it asks the method for its initial state and its round, and writes
 every round's record from what the method declares and its round returned. Every method writes the same
-record fields (:data:`RECORD_KEYS`); what does not apply to a method is null.
+record fields (:data:`edge_node.records.SIM_KEYS`: a node entry per client beside the fleet's aggregates);
+what does not apply to a method is null.
 
 State lives on the chosen device for the whole run: the decoded data set (uint8), every client's
 weights (dense, zero outside the training mask) and bool masks. A round works from the models as they
@@ -33,7 +34,6 @@ from edge_node.algorithm import dense_nnz, forward_flops, read_weights, weight_p
 from edge_node.algorithm.dispfl import DisPFLParams
 from edge_node.algorithm.graphed import GraphedStep
 from edge_node.algorithm.norm_stats import has_running_stats
-from edge_node.algorithm.tasks import metric_fields, metrics_mean
 from edge_node.algorithm.training import StepReplay
 from edge_node.data import Dataset, partition_clients
 from edge_node.data.batches import ClientData, ImagePool
@@ -42,11 +42,12 @@ from edge_node.energy.base import Meter
 from edge_node.errors import CheckpointError, ConfigError
 from edge_node.models import arch_name, build_checked_model
 from edge_node.pretrained import prepare_start, wire_spec
+from edge_node.records import ROUNDS_LOG, SIM_KEYS, client_id, node_entry, node_means, task_fields
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from edge_node.sim.config import SimConfig, saved_settings
 from edge_node.sim.methods import RoundResult, RunState, SimContext
 from edge_node.sim.methods.base import SERVER_ID, stderr_is_tty
-from edge_node.sim.report import ACCURACY_PLOT, COMMUNICATION_PLOT, ROUNDS_LOG, SUMMARY_FILE
+from edge_node.sim.report import ACCURACY_PLOT, COMMUNICATION_PLOT, SUMMARY_FILE
 from edge_node.sim.shard import SINGLE, Shard
 from edge_node.storage import append_line, atomic_write_text, truncate_jsonl
 from edge_node.task_names import format_metric
@@ -62,18 +63,6 @@ CLIENTS_FILE = "clients.json"  # each client's training/test sizes and class cou
 RUN_FILES = (
     CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp", ROUNDS_LOG, ENERGY_LOG, CONFIG_FILE, CLIENTS_FILE, SUMMARY_FILE,
     ACCURACY_PLOT, COMMUNICATION_PLOT,
-)  # fmt: skip
-# The fields of every round record, whatever the method (null where one does not apply).
-RECORD_KEYS = (
-    "round", "method", "partition", "partition_variant", "lr", "prune_rate", "acc_mean", "acc_metric",
-    "acc_before_mean", "acc_after_mean", "acc_before", "acc_after", "acc_before_is", "acc_after_is",
-    "task", "metric", "metric_higher_is_better", "metric_is_fraction", "metrics_mean",
-    "train_loss_mean", "trained_clients", "bytes_received", "bytes_sent", "server_bytes_received",
-    "server_bytes_sent", "bytes_received_mean", "busiest_node", "busiest_node_bytes", "paper_comm_mb_mean",
-    "paper_comm_mb_busiest", "flops_per_client_mean", "flops_per_client_max", "density_mean", "densities_target",
-    "forward_flops_dense", "s2s_pruned", "s2s_start_round", "s2s_stable_fraction", "s2s_stability_median",
-    "screen", "screen_refusals", "screen_refused", "norm_stats", "privacy", "dp_epsilon_spent", "dp_epsilon_target",
-    "dp_delta", "dp_noise_multiplier", "modelled_energy", "wall_s",
 )  # fmt: skip
 
 
@@ -222,7 +211,7 @@ def run_simulation(
                 config.method,
                 params.task.metric,
                 headline,
-                record["acc_metric"],
+                record["acc_mean_is"],
                 record["busiest_node"],
                 record["busiest_node_bytes"] / 1e6,
                 record["wall_s"],
@@ -292,13 +281,14 @@ def _clients_info(
 
 def build_record(config: SimConfig, params: DisPFLParams, ctx: SimContext, t: int, state: RunState,
                  r: RoundResult) -> dict[str, Any]:  # fmt: skip
-    """Round ``t``'s record: every key of :data:`RECORD_KEYS`, from what the method declares and its round gave."""
+    """Round ``t``'s record: every key of :data:`~edge_node.records.SIM_KEYS`, from what the method declares and its
+    round gave: a node entry per client, and the fleet's means built from them."""
     method = config.method_spec
     n = config.clients
     received, sent, paper_mb = r.received, r.sent, r.paper_mb
     loads = [a + b for a, b in zip(received, sent, strict=True)]
     busiest = max(range(n), key=lambda i: loads[i])
-    busiest_node, busiest_bytes = f"client-{busiest}", loads[busiest]
+    busiest_node, busiest_bytes = client_id(busiest), loads[busiest]
     paper_busiest = max(paper_mb) if paper_mb else 0.0
     server_recv = server_sent = None
     modelled = [modelled_energy(f, 0, 0) for f in r.flops] if r.server is not None else [
@@ -315,15 +305,19 @@ def build_record(config: SimConfig, params: DisPFLParams, ctx: SimContext, t: in
     modelled_total = sum(joules) if len(joules) == len(modelled) else None  # FLOPs unknown: joules unknown
     known_flops = [f for f in r.flops if f is not None]
     flops_known = len(known_flops) == len(r.flops)
-    acc_before_mean = float(np.mean(r.acc_before))
-    acc_after_mean = float(np.mean(r.acc_after)) if r.acc_after is not None else None
     after = method.headline == "after"
-    headline = acc_after_mean if after else acc_before_mean
+    acc_after = r.acc_after if r.acc_after is not None else [None] * n
+    nodes = [
+        node_entry(client_id(i), before, acc_after[i], received[i], sent[i], headline=method.headline)
+        for i, before in enumerate(r.acc_before)
+    ]
+    means = node_means(nodes)
+    headline = means["acc_after_mean"] if after else means["acc_before_mean"]
     assert headline is not None, f"method {method.name}'s headline is acc_after, which its round did not measure"
     finite_losses = [x for x in r.losses if not math.isnan(x)]
-    unknown = set(r.fields) - set(RECORD_KEYS)
-    assert not unknown, f"method {method.name} sets fields {sorted(unknown)} outside RECORD_KEYS"
-    record: dict[str, Any] = dict.fromkeys(RECORD_KEYS)
+    unknown = set(r.fields) - set(SIM_KEYS)
+    assert not unknown, f"method {method.name} sets fields {sorted(unknown)} outside SIM_KEYS"
+    record: dict[str, Any] = dict.fromkeys(SIM_KEYS)
     record.update({
         "round": t,
         "method": method.name,
@@ -332,22 +326,16 @@ def build_record(config: SimConfig, params: DisPFLParams, ctx: SimContext, t: in
         "lr": params.sgd(t).lr,
         "prune_rate": method.prune_rate(config, params, t),
         "acc_mean": headline,
-        "acc_metric": method.acc_after_is if after else method.acc_before_is,
-        "acc_before_mean": acc_before_mean,
-        "acc_after_mean": acc_after_mean,
-        "acc_before": r.acc_before,
-        "acc_after": r.acc_after,
+        "acc_mean_is": method.acc_after_is if after else method.acc_before_is,
         "acc_before_is": method.acc_before_is,
         "acc_after_is": method.acc_after_is,
-        **metric_fields(params.task),
-        "metrics_mean": metrics_mean(r.acc_after if after else r.acc_before),
+        **task_fields(params.task),
+        **means,
+        "nodes": nodes,
         "train_loss_mean": float(np.mean(finite_losses)) if finite_losses else None,
         "trained_clients": len(r.flops),
-        "bytes_received": received,
-        "bytes_sent": sent,
-        "server_bytes_received": server_recv,
-        "server_bytes_sent": server_sent,
-        "bytes_received_mean": float(np.mean(received)),
+        "server_bytes_in": server_recv,
+        "server_bytes_out": server_sent,
         "busiest_node": busiest_node,
         "busiest_node_bytes": busiest_bytes,
         "paper_comm_mb_mean": float(np.mean(paper_mb)),

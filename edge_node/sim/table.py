@@ -24,8 +24,9 @@ from typing import Any
 
 from edge_node.data.partition import parse_partition_spec
 from edge_node.errors import CheckpointError
+from edge_node.records import read_records
 from edge_node.sim.methods import REGISTRY
-from edge_node.sim.report import CONVENTIONS, headline_accuracy, read_rounds
+from edge_node.sim.report import CONVENTIONS
 from edge_node.storage import atomic_write_text
 
 TABLE_MD = "table.md"
@@ -95,7 +96,7 @@ class Run:
 
     def accuracy_curve(self) -> list[float]:
         """The headline metric per round: accuracy in percent, another task's metric in its units."""
-        return [self.scale * headline_accuracy(r) for r in self.records]
+        return [self.scale * r["acc_mean"] for r in self.records]
 
     def final_accuracy(self) -> float:
         return self.accuracy_curve()[-1]
@@ -132,7 +133,7 @@ def read_run(path: Path) -> Run:
         config = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{config_path} is not readable JSON: {exc}") from exc
-    records = read_rounds(path)
+    records = read_records(path)
     if not records:
         raise CheckpointError(f"{path} has no completed round yet")
     return Run(path, config, records)
