@@ -166,7 +166,7 @@ def test_unknown_flops_flow_into_records_reports_and_modelled_energy(tmp_path):
     assert unknown.to_dict()["flops"] is None
 
     record = {
-        "round": 0, "acc_mean": 0.5, "acc_before_mean": 0.5, "acc_after_mean": 0.5, "bytes_received_mean": 1e6,
+        "round": 0, "acc_mean": 0.5, "acc_before_mean": 0.5, "acc_after_mean": 0.5, "bytes_in_mean": 1e6,
         "busiest_node_bytes": 2e6, "paper_comm_mb_busiest": 1.0, "paper_comm_mb_mean": 1.0, "density_mean": 0.5,
         "flops_per_client_mean": None, "modelled_energy": {"total_j": None}, "wall_s": 1.0,
     }  # fmt: skip

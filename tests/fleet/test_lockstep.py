@@ -41,7 +41,7 @@ def test_lockstep_fleet_equals_the_simulation(tmp_path):
             assert node[t]["lockstep"] is True and node[t]["refusals"] == {}
             assert len(node[t]["peers_answered"]) == NEIGHBOURS  # the seeded neighbours, every one answered
             for key in ("acc_before", "acc_after"):
-                acc_diff = max(acc_diff, abs(node[t][key] - sim[t][key][i]))
+                acc_diff = max(acc_diff, abs(node[t][key] - sim[t]["nodes"][i][key]))
     sim_ckpt = torch.load(sim_dir / "checkpoint.pt", weights_only=True)
     weight_diff, mask_mismatches, compared = 0.0, 0, 0
     for i in range(NODES):

@@ -12,6 +12,7 @@ import pytest
 from edge_node.node.config import NodeConfig
 from edge_node.node.daemon import Node, Stopped
 from edge_node.node.parallel import Abandoned, run_parallel
+from edge_node.records import DAEMON_KEYS, DAEMON_OPTIONAL_KEYS, read_records
 
 
 def _node(tmp_path) -> Node:
@@ -46,6 +47,8 @@ def test_a_round_beats_in_every_phase_and_evaluation_checks_for_a_stop(tmp_path)
         node.startup()
         node.run_round(0)
         assert node.rounds_done == 1
+        (record,) = read_records(tmp_path / "state")  # the schema's daemon record: every key, none outside it
+        assert set(DAEMON_KEYS) <= set(record) <= {*DAEMON_KEYS, *DAEMON_OPTIONAL_KEYS}, set(record) ^ set(DAEMON_KEYS)
         phases = {phase for phase, _ in beats}
         assert {"communicate", "aggregate", "train", "idle"} <= phases, phases  # idle: checkpoint, status, ONNX
         assert any(in_eval for _, in_eval in beats)  # evaluation batches beat too

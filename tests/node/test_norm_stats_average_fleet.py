@@ -50,7 +50,7 @@ def test_a_lockstep_fleet_averaging_its_statistics_equals_the_simulation(tmp_pat
         for t in range(ROUNDS):
             assert node[t]["lockstep"] is True and node[t]["refusals"] == {} and node[t]["peers_answered"]
             for key in ("acc_before", "acc_after"):
-                acc_diff = max(acc_diff, abs(node[t][key] - sim[t][key][i]))
+                acc_diff = max(acc_diff, abs(node[t][key] - sim[t]["nodes"][i][key]))
         saved = torch.load(tmp_path / "fleet" / f"node{i}" / CHECKPOINT_FILE, weights_only=True)
         for name, values in saved["values"].items():
             assert torch.equal(saved["train_mask"][name], sim_ckpt["train_masks"][i][name]), (i, name)

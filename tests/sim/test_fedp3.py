@@ -17,6 +17,7 @@ from edge_node.errors import ConfigError
 from edge_node.models import build_model
 from edge_node.sim.config import SimConfig
 from edge_node.sim.runner import partition, run_simulation
+from edge_node.records import per_node
 
 TINY = dict(
     method="fedp3", clients=4, epochs=1, samples_per_client=60, batch_size=32, rounds=2, progress=False,
@@ -51,11 +52,11 @@ def test_each_client_uploads_exactly_its_owned_layers_and_the_final_layer(demo, 
         # fp32 values, plus headers and the all-zero presence bitmap the wire format carries for every tensor
         # not sent (it has no "absent tensor"): one bit per unsent parameter
         total = sum(sizes.values())
-        for sent, v in zip(r["bytes_sent"], values, strict=True):
+        for sent, v in zip(per_node(r, "bytes_out"), values, strict=True):
             assert 0 <= sent - 4 * v - (total - v) / 8 <= 1024
         assert r["paper_comm_mb_mean"] == pytest.approx(4 * sum(values) / 4 / 1e6)
-        assert r["server_bytes_received"] == sum(r["bytes_sent"])
-        assert max(r["bytes_sent"]) < 4 * sum(sizes.values())  # never the whole model
+        assert r["server_bytes_in"] == sum(per_node(r, "bytes_out"))
+        assert max(per_node(r, "bytes_out")) < 4 * sum(sizes.values())  # never the whole model
 
 
 def test_ldp_spent_epsilon_grows_and_matches_opacus_for_the_same_noise(demo, tmp_path):

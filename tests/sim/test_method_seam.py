@@ -14,7 +14,8 @@ from edge_node.data import load_dataset
 from edge_node.errors import ConfigError
 from edge_node.sim.config import SimConfig
 from edge_node.sim.methods import METHOD_SETTINGS, REGISTRY, Method, RoundResult, RunState, SimContext
-from edge_node.sim.runner import RECORD_KEYS, run_simulation
+from edge_node.records import SIM_KEYS, per_node
+from edge_node.sim.runner import run_simulation
 from edge_node.sim.table import METHOD_ORDER, build_table, read_run
 
 FIELDS = {f.name for f in dataclasses.fields(SimConfig)}
@@ -39,7 +40,7 @@ class Hermit(Method):
 
     def round(self, ctx: SimContext, t: int, state: RunState) -> tuple[RunState, RoundResult]:
         clients, result = ctx.train_dense(t, state.clients)
-        result.fields["s2s_pruned"] = False  # a method's own record key (RECORD_KEYS holds it)
+        result.fields["s2s_pruned"] = False  # a method's own record key (SIM_KEYS holds it)
         return RunState(clients, state.extra), result
 
 
@@ -59,11 +60,11 @@ def test_a_new_method_is_one_class_and_one_registry_entry(monkeypatch, tmp_path)
     ]
     out = run_simulation(config, load_dataset("demo"))
     (record,) = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
-    assert tuple(record) == RECORD_KEYS
-    assert record["method"] == "hermit" and record["acc_metric"] == "untrained this round"
+    assert tuple(record) == SIM_KEYS
+    assert record["method"] == "hermit" and record["acc_mean_is"] == "untrained this round"
     assert record["acc_mean"] == record["acc_before_mean"] and record["acc_after_is"] == "trained"
     assert record["prune_rate"] is None and record["screen"] is None and record["s2s_pruned"] is False
-    assert record["density_mean"] == 1.0 and record["bytes_received"] == [0, 0, 0]
+    assert record["density_mean"] == 1.0 and per_node(record, "bytes_in") == [0, 0, 0]
     table = build_table([read_run(out)])
     assert table.rows[0][0] == "Hermit"
 
@@ -82,5 +83,5 @@ def test_an_unknown_method_or_a_record_key_outside_the_records_is_refused(monkey
     monkeypatch.setitem(REGISTRY, "sloppy", Sloppy(**{**dataclasses.asdict(HERMIT), "name": "sloppy"}))
     config = SimConfig(method="sloppy", clients=3, rounds=1, epochs=1, samples_per_client=40, batch_size=20,
                        progress=False, energy_backend="estimate", output=tmp_path / "sloppy")  # fmt: skip
-    with pytest.raises(AssertionError, match="outside RECORD_KEYS"):
+    with pytest.raises(AssertionError, match="outside SIM_KEYS"):
         run_simulation(config, load_dataset("demo"))

@@ -18,7 +18,8 @@ from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from edge_node.sim.config import METHODS, SimConfig
 from edge_node.sim.methods import s2s
 from edge_node.sim.methods.base import score
-from edge_node.sim.runner import RECORD_KEYS, partition, run_simulation
+from edge_node.records import SIM_KEYS, per_node
+from edge_node.sim.runner import partition, run_simulation
 from tests.sim.tiny import TINY, read_records
 
 CNN_PARAMS = 797_962
@@ -43,9 +44,9 @@ def test_every_method_runs_two_rounds_with_the_same_record_fields(runs):
     for method, records in runs.items():
         assert [r["round"] for r in records] == [0, 1], method
         for r in records:
-            assert tuple(r) == RECORD_KEYS, method
+            assert tuple(r) == SIM_KEYS, method
             assert r["method"] == method and r["partition"] == "dir:0.3" and r["partition_variant"] == "reference"
-            assert 0.0 <= r["acc_mean"] <= 1.0 and len(r["acc_before"]) == 4
+            assert 0.0 <= r["acc_mean"] <= 1.0 and len(r["nodes"]) == 4
             assert r["flops_per_client_mean"] > 0 and r["busiest_node_bytes"] >= 0
 
 
@@ -54,17 +55,18 @@ def test_headline_accuracy_is_the_methods_own_metric(runs):
         assert all(r["acc_mean"] == r["acc_after_mean"] for r in runs[method]), method
     for method in ("dpsgd", "fedavg"):
         assert all(r["acc_mean"] == r["acc_before_mean"] for r in runs[method]), method
-    assert all(r["acc_after"] is None and r["acc_after_mean"] is None for r in runs["fedavg"])
+    assert all(per_node(r, "acc_after") == [None] * 4 and r["acc_after_mean"] is None for r in runs["fedavg"])
     # dpsgd and dpsgd-ft are one trajectory, evaluated before / after the fine-tune of local training
     for a, b in zip(runs["dpsgd"], runs["dpsgd-ft"], strict=True):
-        assert a["acc_before"] == b["acc_before"] and a["acc_after"] == b["acc_after"]
+        assert per_node(a, "acc_before") == per_node(b, "acc_before")
+        assert per_node(a, "acc_after") == per_node(b, "acc_after")
 
 
 def test_local_sends_and_receives_zero_bytes(runs):
     for r in runs["local"]:
-        assert r["bytes_received"] == r["bytes_sent"] == [0, 0, 0, 0]
+        assert per_node(r, "bytes_in") == per_node(r, "bytes_out") == [0, 0, 0, 0]
         assert r["busiest_node_bytes"] == 0 and r["paper_comm_mb_busiest"] == 0.0
-        assert r["server_bytes_received"] is None and r["density_mean"] == 1.0
+        assert r["server_bytes_in"] is None and r["density_mean"] == 1.0
 
 
 def test_fedavg_busiest_node_is_the_server(runs):
@@ -72,11 +74,11 @@ def test_fedavg_busiest_node_is_the_server(runs):
     for method in ("fedavg", "fedavg-ft"):
         for r in runs[method]:
             assert r["busiest_node"] == "server" and r["trained_clients"] == 2
-            assert r["server_bytes_received"] == sum(r["bytes_sent"]) > 2 * 4 * CNN_PARAMS  # 2 dense models up
-            assert r["server_bytes_sent"] == sum(r["bytes_received"])  # the global model down to the 2 sampled
-            assert r["busiest_node_bytes"] == r["server_bytes_received"] + r["server_bytes_sent"]
+            assert r["server_bytes_in"] == sum(per_node(r, "bytes_out")) > 2 * 4 * CNN_PARAMS  # 2 dense models up
+            assert r["server_bytes_out"] == sum(per_node(r, "bytes_in"))  # the global model down to the 2 sampled
+            assert r["busiest_node_bytes"] == r["server_bytes_in"] + r["server_bytes_out"]
             assert r["paper_comm_mb_busiest"] == pytest.approx(2 * dense_mb)  # 2 received dense models
-            assert sorted(b > 0 for b in r["bytes_sent"]) == [False, False, True, True]
+            assert sorted(b > 0 for b in per_node(r, "bytes_out")) == [False, False, True, True]
 
 
 def test_dense_baselines_train_and_send_dense_models(runs):
@@ -141,6 +143,6 @@ def test_sparse_to_sparser_reports_the_pruned_model_the_client_keeps(demo, tmp_p
         assert not any(bool(w.any()) for w in weights.values())
         load_weights(model, weights)
         data = ClientData.from_indices(pool, train_parts[i], test_parts[i])
-        assert last["acc_after"][i] == score(model, data, config.eval_batch_size), i
-    assert last["acc_after"] != records[1]["acc_after"]
+        assert per_node(last, "acc_after")[i] == score(model, data, config.eval_batch_size), i
+    assert per_node(last, "acc_after") != per_node(records[1], "acc_after")
     assert last["flops_per_client_mean"] == pytest.approx(records[1]["flops_per_client_mean"])  # trained at 0.5

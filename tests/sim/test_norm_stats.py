@@ -10,6 +10,7 @@ from edge_node.errors import ConfigError
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from edge_node.sim.config import SimConfig
 from edge_node.sim.runner import run_simulation
+from edge_node.records import per_node
 
 BN = "tests.plugin_factories:bn_conv"
 COMMON = dict(
@@ -42,7 +43,8 @@ def test_each_client_keeps_its_statistics_and_a_resume_goes_on_with_them(tmp_pat
     for mine, theirs in zip(saved["buffers"], again["buffers"], strict=True):
         assert all(torch.equal(mine[k], theirs[k]) for k in mine)
     for got, want in zip(_records(resumed_dir), records, strict=True):  # the evaluation used the resumed statistics
-        assert got["acc_before"] == want["acc_before"] and got["acc_after"] == want["acc_after"]
+        assert per_node(got, "acc_before") == per_node(want, "acc_before")
+        assert per_node(got, "acc_after") == per_node(want, "acc_after")
 
 
 def test_a_model_without_statistics_records_no_policy(tmp_path, demo):
@@ -79,9 +81,10 @@ def test_average_sends_the_statistics_and_averages_them(tmp_path, demo):
     records = _records(out)
     assert [r["norm_stats"] for r in records] == ["average", "average"]
     # round 0: nobody has trained, no statistics travel; round 1: each published model carries its 17 values
-    assert records[0]["bytes_received"] == local[0]["bytes_received"]
-    assert records[1]["bytes_received"] > local[1]["bytes_received"]
-    assert records[0]["acc_after"] == local[0]["acc_after"] and records[1]["acc_before"] != local[1]["acc_before"]
+    assert per_node(records[0], "bytes_in") == per_node(local[0], "bytes_in")
+    assert per_node(records[1], "bytes_in") > per_node(local[1], "bytes_in")
+    assert per_node(records[0], "acc_after") == per_node(local[0], "acc_after")
+    assert per_node(records[1], "acc_before") != per_node(local[1], "acc_before")
     a, b = load_checkpoint(out / CHECKPOINT_NAME, torch.device("cpu"))["buffers"]
     assert int(a["norm.num_batches_tracked"]) == int(b["norm.num_batches_tracked"]) == 2 * 4  # max(4, 4) + 4
 

@@ -16,6 +16,7 @@ import pytest
 from edge_node.algorithm import robust
 from edge_node.checkpoint_io import load_payload, save_payload
 from edge_node.cli import main
+from edge_node.records import per_node
 
 SMALL = [
     "simulate", "--dataset", "demo", "--clients", "4", "--neighbours", "3", "--epochs", "1",
@@ -78,9 +79,9 @@ def test_a_blown_up_client_is_refused_by_every_puller_only_with_the_screen(one_r
     assert unscreened["screen"] is False and unscreened["screen_refusals"] is None
     assert unscreened["screen_refused"] is None
     # Without it every puller averaged weights 1e4 too large into its own model, and it shows.
-    kept = sum(screened["acc_after"][1:]) / 3
-    spoiled = sum(unscreened["acc_after"][1:]) / 3
-    assert kept > spoiled + 0.1, (screened["acc_after"], unscreened["acc_after"])
+    kept = sum(per_node(screened, "acc_after")[1:]) / 3
+    spoiled = sum(per_node(unscreened, "acc_after")[1:]) / 3
+    assert kept > spoiled + 0.1, (per_node(screened, "acc_after"), per_node(unscreened, "acc_after"))
 
 
 def test_a_round_computes_each_published_models_statistics_once(tmp_path: Path, monkeypatch):

@@ -18,6 +18,7 @@ from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from edge_node.sim.config import SimConfig
 from edge_node.sim.runner import run_simulation
 from edge_node.sim.table import build_table, read_run
+from edge_node.records import per_node
 from tests.sim.tiny import TINY, read_records
 
 
@@ -58,9 +59,9 @@ def test_fedspa_keeps_every_client_at_exactly_its_density_while_its_masks_move(d
             math.prod(s) for s in shapes.values()))  # fmt: skip
         assert r["prune_rate"] == pytest.approx(0.25 * (1 + math.cos(math.pi * r["round"] / 3)))
         assert r["busiest_node"] == "server" and r["trained_clients"] == 2
-        assert r["server_bytes_received"] == sum(r["bytes_sent"]) and r["server_bytes_sent"] == sum(r["bytes_received"])
+        assert r["server_bytes_in"] == sum(per_node(r, "bytes_out")) and r["server_bytes_out"] == sum(per_node(r, "bytes_in"))
         mask_bytes = sum(math.ceil(math.prod(s) / 8) for s in shapes.values())  # the next mask, a raw bitmap
-        for sent, down in zip(r["bytes_sent"], r["bytes_received"], strict=True):
+        for sent, down in zip(per_node(r, "bytes_out"), per_node(r, "bytes_in"), strict=True):
             assert sent == down == 0 or mask_bytes <= sent - down <= mask_bytes + 16
 
 
@@ -75,8 +76,9 @@ def test_fedspa_rsm_masks_never_change_and_are_one_mask_for_all(demo, tmp_path):
     # an upload is the update on the mask, with no mask beside it: the bytes of the model sent down (headers
     # aside: the sender's id, "client-1" against "server")
     for r in records:
-        assert all(0 <= sent - down <= 16 for sent, down in zip(r["bytes_sent"], r["bytes_received"], strict=True))
-        assert max(r["bytes_sent"]) < 0.4 * 4 * sum(math.prod(s) for s in shapes.values())
+        assert all(0 <= sent - down <= 16 for sent, down in zip(per_node(r, "bytes_out"), per_node(r, "bytes_in"),
+                                                                strict=True))  # fmt: skip
+        assert max(per_node(r, "bytes_out")) < 0.4 * 4 * sum(math.prod(s) for s in shapes.values())
 
 
 def test_ditto_personal_models_differ_from_the_global_and_lambda_pulls_them_only(demo, tmp_path):
@@ -97,7 +99,7 @@ def test_ditto_personal_models_differ_from_the_global_and_lambda_pulls_them_only
     # the global model does not depend on lambda; the personal models do, closer to it as lambda grows
     globals_ = [saved["weights"][-1] for _c, _r, saved in runs.values()]
     assert all(torch.equal(globals_[0][n], g[n]) for g in globals_[1:] for n in g)
-    assert runs[0.0][1][-1]["acc_before"] == runs[5.0][1][-1]["acc_before"]
+    assert per_node(runs[0.0][1][-1], "acc_before") == per_node(runs[5.0][1][-1], "acc_before")
     assert distances[5.0] < distances[0.5] < distances[0.0]
 
 
@@ -145,8 +147,9 @@ def test_a_run_with_a_server_resumes_as_if_it_had_not_stopped(demo, tmp_path, me
     _run(demo, tmp_path / "parts", method=method, rounds=1)
     _c, parts, _s = _run(demo, tmp_path / "parts", method=method)
     for a, b in zip(whole, parts, strict=True):
-        for key in ("acc_before", "acc_after", "bytes_sent", "bytes_received", "density_mean"):
-            assert a[key] == b[key], (method, key)
+        for key in ("acc_before", "acc_after", "bytes_out", "bytes_in"):
+            assert per_node(a, key) == per_node(b, key), (method, key)
+        assert a["density_mean"] == b["density_mean"], method
 
 
 def test_the_report_puts_the_four_methods_in_one_table(demo, tmp_path):

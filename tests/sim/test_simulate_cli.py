@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from edge_node.cli import main
+from edge_node.records import per_node
 
 SMALL = [
     "simulate",
@@ -57,9 +58,9 @@ def test_run_writes_reports_with_consistent_accounting(two_round_run: Path):
     records = rounds(two_round_run)
     assert [r["round"] for r in records] == [0, 1]
     for r in records:
-        assert len(r["acc_after"]) == 6 and all(0.0 <= a <= 1.0 for a in r["acc_after"])
-        assert sum(r["bytes_sent"]) == sum(r["bytes_received"]) > 0  # every pulled byte was served
-        assert r["busiest_node_bytes"] == max(s + v for s, v in zip(r["bytes_sent"], r["bytes_received"], strict=True))
+        assert len(r["nodes"]) == 6 and all(0.0 <= a <= 1.0 for a in per_node(r, "acc_after"))
+        assert sum(per_node(r, "bytes_out")) == sum(per_node(r, "bytes_in")) > 0  # every pulled byte was served
+        assert r["busiest_node_bytes"] == max(n["bytes_out"] + n["bytes_in"] for n in r["nodes"])
         assert r["modelled_energy"]["label"] == "modelled"
         # 2 neighbours x ~half of the cnn's 797,962 parameters x 4 bytes
         assert r["paper_comm_mb_mean"] == pytest.approx(2 * 0.5 * 797_962 * 4 / 1e6, rel=0.01)

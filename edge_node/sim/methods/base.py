@@ -72,7 +72,7 @@ class RunState:
 class RoundResult:
     """What a method's round produced, per client, before the runner makes it a record.
 
-    ``fields`` holds the values of method-specific record keys (the runner's ``RECORD_KEYS``; null
+    ``fields`` holds the values of method-specific record keys (``edge_node.records.SIM_KEYS``; null
     for every method that does not set them).
     """
 
