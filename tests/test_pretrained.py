@@ -19,11 +19,11 @@ from edge_node.errors import ConfigError
 from edge_node.exit_codes import ExitCode
 from edge_node.models import build_checked_model
 from edge_node.pretrained import prepare_start, read_start_file, wire_spec
+from edge_node.records import per_node
 from edge_node.sim.checkpoint import load_checkpoint
 from edge_node.sim.config import SimConfig
 from edge_node.sim.runner import run_simulation
 from edge_node.wire import ModelSpec, encode_model
-from edge_node.records import per_node
 
 MLP = "tests.plugin_factories:tiny_mlp"
 WIDE = "tests.plugin_factories:wide_mlp"

@@ -15,9 +15,9 @@ from edge_node.algorithm.fedp3 import layer_groups, owned_layers, uploaded_names
 from edge_node.data import load_dataset
 from edge_node.errors import ConfigError
 from edge_node.models import build_model
+from edge_node.records import per_node
 from edge_node.sim.config import SimConfig
 from edge_node.sim.runner import partition, run_simulation
-from edge_node.records import per_node
 
 TINY = dict(
     method="fedp3", clients=4, epochs=1, samples_per_client=60, batch_size=32, rounds=2, progress=False,

@@ -12,9 +12,9 @@ import pytest
 
 from edge_node.data import load_dataset
 from edge_node.errors import ConfigError
+from edge_node.records import SIM_KEYS, per_node
 from edge_node.sim.config import SimConfig
 from edge_node.sim.methods import METHOD_SETTINGS, REGISTRY, Method, RoundResult, RunState, SimContext
-from edge_node.records import SIM_KEYS, per_node
 from edge_node.sim.runner import run_simulation
 from edge_node.sim.table import METHOD_ORDER, build_table, read_run
 

@@ -14,11 +14,11 @@ from edge_node.algorithm.sparse_to_sparser import prune_state
 from edge_node.data import load_dataset
 from edge_node.data.batches import ClientData, ImagePool
 from edge_node.models import build_model
+from edge_node.records import SIM_KEYS, per_node
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from edge_node.sim.config import METHODS, SimConfig
 from edge_node.sim.methods import s2s
 from edge_node.sim.methods.base import score
-from edge_node.records import SIM_KEYS, per_node
 from edge_node.sim.runner import partition, run_simulation
 from tests.sim.tiny import TINY, read_records
 

@@ -7,10 +7,10 @@ import torch
 
 from edge_node.data import load_dataset
 from edge_node.errors import ConfigError
+from edge_node.records import per_node
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from edge_node.sim.config import SimConfig
 from edge_node.sim.runner import run_simulation
-from edge_node.records import per_node
 
 BN = "tests.plugin_factories:bn_conv"
 COMMON = dict(

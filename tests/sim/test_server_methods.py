@@ -14,11 +14,11 @@ from edge_node.algorithm.fedavg import sample_clients
 from edge_node.algorithm.masks import active_counts, erk_densities
 from edge_node.algorithm.sub_fedavg import prunable, round_rate
 from edge_node.data import load_dataset
+from edge_node.records import per_node
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from edge_node.sim.config import SimConfig
 from edge_node.sim.runner import run_simulation
 from edge_node.sim.table import build_table, read_run
-from edge_node.records import per_node
 from tests.sim.tiny import TINY, read_records
 
 
@@ -59,7 +59,8 @@ def test_fedspa_keeps_every_client_at_exactly_its_density_while_its_masks_move(d
             math.prod(s) for s in shapes.values()))  # fmt: skip
         assert r["prune_rate"] == pytest.approx(0.25 * (1 + math.cos(math.pi * r["round"] / 3)))
         assert r["busiest_node"] == "server" and r["trained_clients"] == 2
-        assert r["server_bytes_in"] == sum(per_node(r, "bytes_out")) and r["server_bytes_out"] == sum(per_node(r, "bytes_in"))
+        assert r["server_bytes_in"] == sum(per_node(r, "bytes_out"))
+        assert r["server_bytes_out"] == sum(per_node(r, "bytes_in"))
         mask_bytes = sum(math.ceil(math.prod(s) / 8) for s in shapes.values())  # the next mask, a raw bitmap
         for sent, down in zip(per_node(r, "bytes_out"), per_node(r, "bytes_in"), strict=True):
             assert sent == down == 0 or mask_bytes <= sent - down <= mask_bytes + 16
