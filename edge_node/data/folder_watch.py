@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from edge_node.data.content_split import is_test_sample
 from edge_node.data.image_folder import IMAGE_EXTENSIONS, decode_image
@@ -44,6 +45,7 @@ _LOG = logging.getLogger(__name__)
 # next time).
 REFUSAL_REASONS = ("unreadable", "undecodable", "wrong_size", "unknown_class", "not_an_image", "changing")
 LOGGED_PER_READ = 10  # refused files logged one by one per read; the rest in one line by reason
+SIZE_PROBE_FILES = 25  # the newest images whose most common size fixes the size of all (unless it is given)
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class FolderWatch:
         self.classes = tuple(classes)
         self.test_fraction = test_fraction
         self.max_train, self.max_test = max_train, max_test
-        self.size = size  # (W, H) of every image: the first decoded one's unless given
+        self.size = size  # (W, H) of every image: unless given, the most common of the newest at the first read
         self.split: bool | None = None  # train/ + test/ layout; decided at the first read
         self.decoded = 0  # images decoded since start (a cache hit decodes nothing)
         self._cache: dict[str, _Entry] = {}
@@ -124,6 +126,8 @@ class FolderWatch:
             self.split = (self.root / "train").is_dir()
         refused: Counter[str] = Counter()
         logged: list[str] = []
+        if self.size is None:
+            self.size = self._common_size()
         seen: set[str] = set()
         if self.split:
             train, listed_train = self._pick(lambda: self._listing("train", False, refused, logged),
@@ -159,6 +163,23 @@ class FolderWatch:
         return len(self._cache)
 
     # -- the pieces -------------------------------------------------------------------------------------
+    def _common_size(self) -> tuple[int, int] | None:
+        """The most common (W, H) among the newest :data:`SIZE_PROBE_FILES` images, from their headers only (no
+        pixels decoded): one odd image must not decide the size the model is built for. None: no image read."""
+        sink: Counter[str] = Counter()
+        files = heapq.nsmallest(SIZE_PROBE_FILES, self._listing("", None, sink, []) if not self.split else (
+            f for side in ("train", "test") for f in self._listing(side, side == "test", sink, [])
+        ), key=_newest_first)  # fmt: skip
+        self._counted.clear()  # the probe's folder-level counts are the read's to make
+        sizes: Counter[tuple[int, int]] = Counter()
+        for file in files:
+            try:
+                with Image.open(self.root / file.rel) as im:
+                    sizes[im.size] += 1
+            except Exception:  # noqa: BLE001,S112 -- a damaged file is the read's to refuse; here it has no size
+                continue
+        return sizes.most_common(1)[0][0] if sizes else None
+
     def _listing(self, split_dir: str, test: bool | None, refused: Counter[str], logged: list[str]) -> Iterator[_File]:
         """Image files of ``split_dir/<class>/*`` (flat: ``<class>/*``) as listed, without reading them.
 

@@ -3,9 +3,9 @@
 A node is read over HTTP(S) GET ``/metrics`` (``metrics_listen``, edge_node/node/metrics.py), parsed by
 ``prometheus_client``'s own parser: id, host, tier, round, phase, accuracy after local training, its
 training and test samples, when its last round was recorded, refusals. Nothing on the node can be changed
-this way. Under mutual TLS the endpoint asks for a certificate of the fleet CA, so only fleet members (or an operator holding one)
-can read it. Where the nodes are comes from a list, an Ansible inventory, or mDNS (the host a node
-advertises, with the fleet's metrics port).
+this way. Under mutual TLS the endpoint asks for a certificate of the fleet CA, so only fleet members (or an
+operator holding one) can read it. Where the nodes are comes from a list, an Ansible inventory, or mDNS (the
+host a node advertises, with the fleet's metrics port).
 """
 
 from __future__ import annotations
