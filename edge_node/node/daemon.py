@@ -605,7 +605,7 @@ class Node:
             "train_samples": local.data.num_train if local is not None else None,
             "test_samples": local.data.num_test if local is not None else None,
             "samples_arrived": refresh.arrived if refresh is not None else 0,
-            "data_refused": dict(sorted(refresh.refused_total.items())) if refresh is not None else {},
+            "data_refused": refresh.refused_total if refresh is not None else {},
         }
 
     def discovery_refusals(self) -> dict[str, int]:

@@ -76,7 +76,8 @@ class DataRefresh:
                 data, config.classes, test_fraction=config.data_test_fraction,
                 max_train=config.max_train_samples or None, max_test=config.max_test_samples or None,
             )  # fmt: skip
-        self.refused_total: Counter[str] = Counter()  # since start, by reason (status, metrics)
+        # Since start, by reason (status, metrics); replaced, never changed in place: other threads read it.
+        self.refused_total: dict[str, int] = {}
         self._unreported: Counter[str] = Counter()  # since the last round record
         self.arrived = 0  # samples the last read kept that the one before did not (0 after the first)
         self._factory_kept: set[bytes] = set()
@@ -176,9 +177,11 @@ class DataRefresh:
         return (train_x, test_x), (train_y, test_y), arrived
 
     def _count(self, refused: dict[str, int]) -> None:
+        total = dict(self.refused_total)
         for reason, n in refused.items():
-            self.refused_total[reason] += n
+            total[reason] = total.get(reason, 0) + n
             self._unreported[reason] += n
+        self.refused_total = dict(sorted(total.items()))
 
 
 def _kept_text(read: FolderRead, config: NodeConfig) -> str:
