@@ -167,10 +167,9 @@ class FolderWatch:
         """The most common (W, H) among the newest :data:`SIZE_PROBE_FILES` images, from their headers only (no
         pixels decoded): one odd image must not decide the size the model is built for. None: no image read."""
         sink: Counter[str] = Counter()
-        files = heapq.nsmallest(SIZE_PROBE_FILES, self._listing("", None, sink, []) if not self.split else (
-            f for side in ("train", "test") for f in self._listing(side, side == "test", sink, [])
+        files = heapq.nsmallest(SIZE_PROBE_FILES, self._listing("", None, sink, None) if not self.split else (
+            f for side in ("train", "test") for f in self._listing(side, side == "test", sink, None)
         ), key=_newest_first)  # fmt: skip
-        self._counted.clear()  # the probe's folder-level counts are the read's to make
         sizes: Counter[tuple[int, int]] = Counter()
         for file in files:
             try:
@@ -180,11 +179,13 @@ class FolderWatch:
                 continue
         return sizes.most_common(1)[0][0] if sizes else None
 
-    def _listing(self, split_dir: str, test: bool | None, refused: Counter[str], logged: list[str]) -> Iterator[_File]:
+    def _listing(
+        self, split_dir: str, test: bool | None, refused: Counter[str], logged: list[str] | None
+    ) -> Iterator[_File]:
         """Image files of ``split_dir/<class>/*`` (flat: ``<class>/*``) as listed, without reading them.
 
         Folder-level refusals (a class folder the fleet does not know, files that are no images) are counted
-        here, once per file: a folder's count only grows.
+        here, once per file: a folder's count only grows (``logged`` None: a look that neither counts nor logs).
         """
         base = self.root / split_dir if split_dir else self.root
         for folder in _scan(base):
@@ -211,10 +212,10 @@ class FolderWatch:
                 self._count_folder("not_an_image", rel_dir, others, refused, logged, "files without an image extension")
 
     def _count_folder(
-        self, reason: str, rel_dir: str, files: int, refused: Counter[str], logged: list[str], why: str
+        self, reason: str, rel_dir: str, files: int, refused: Counter[str], logged: list[str] | None, why: str
     ) -> None:
         before = self._counted.get((reason, rel_dir), 0)
-        if files > before:
+        if files > before and logged is not None:
             refused[reason] += files - before
             self._counted[(reason, rel_dir)] = files
             self._log(logged, f"skipping {files - before} files in {self.root / rel_dir}: {why}")
