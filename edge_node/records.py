@@ -52,8 +52,8 @@ SIM_KEYS = (
 DAEMON_KEYS = (
     "round", *NODE_KEYS, *TASK_KEYS, "time_unix", "tier", "density", "lockstep", "peers_asked", "peers_answered",
     "peer_rounds", "peers_refused", "refusals", "pull_retries", "streams_served", "server_refusals",
-    "discovery_refusals", "train_loss", "samples", "lr", "seconds", "joules", "energy_total_j", "energy_label",
-    "energy_source",
+    "discovery_refusals", "train_loss", "samples", "test_samples", "samples_arrived", "data_refused", "lr", "seconds",
+    "joules", "energy_total_j", "energy_label", "energy_source",
 )  # fmt: skip
 # Keys a daemon's record carries only when they apply (FedBN statistics, DP-SGD, a catch-up, peers far ahead).
 DAEMON_OPTIONAL_KEYS = (

@@ -94,6 +94,21 @@ def blobs() -> tuple[list[tuple[torch.Tensor, int]], list[tuple[torch.Tensor, in
     return split(240), split(60)
 
 
+GROWING = {"rows": 100, "fail": False}  # growing_blobs(): how many rows it returns now, and whether it raises
+
+
+def growing_blobs() -> tuple[list[tuple[np.ndarray, int]], None]:
+    """The first ``GROWING["rows"]`` rows of one fixed stream of blobs, unsplit (``(samples, None)``): a factory
+    whose data grows between calls, split by content."""
+    if GROWING["fail"]:
+        raise OSError("the sensor is unplugged")
+    rng = np.random.default_rng(11)
+    centres = rng.normal(0.0, 3.0, (CLASSES, FEATURES))
+    labels = np.arange(GROWING["rows"]) % CLASSES
+    rows = (centres[labels] + rng.normal(0.0, 1.0, (GROWING["rows"], FEATURES))).astype(np.float32)
+    return [(r, int(c)) for r, c in zip(rows, labels, strict=True)], None
+
+
 def rgb_images() -> tuple[list[tuple[np.ndarray, int]], list[tuple[np.ndarray, int]]]:
     """uint8 (3, 32, 32) samples: images, which get the CIFAR augmentation."""
     rng = np.random.default_rng(1)

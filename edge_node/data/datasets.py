@@ -258,7 +258,7 @@ def _with_stats(arrays: dict[str, Any]) -> dict[str, Any]:
 
 def load_dataset(
     name: str, data_dir: Path | None = None, *, cache_dir: Path | None = None, download: bool = False,
-    task: str = "classification",
+    task: str = "classification", test_fraction: float = 0.2,
 ) -> Dataset:  # fmt: skip
     """Load a data set by name (one of :data:`DATASET_NAMES`).
 
@@ -271,6 +271,7 @@ def load_dataset(
         download: fetch the authors' CIFAR tarball into ``data_dir`` when no data is found there.
         task: how a data factory's labels are read (edge_node.algorithm.tasks); the built-in sets are
             classification only.
+        test_fraction: the test share of a data factory that returns ``(samples, None)`` (split by content).
 
     Raises:
         DataError: the data is absent (the message says where it looked and how to provide it),
@@ -279,7 +280,7 @@ def load_dataset(
     if is_factory_path(name):
         from edge_node.data.factory import load_factory_dataset  # imports torch: only for a factory
 
-        return load_factory_dataset(name, task)
+        return load_factory_dataset(name, task, test_fraction)
     if task != "classification":
         raise DataError(f"data set {name!r} holds classes; --task {task} needs a data factory (docs/PLUGINS.md)")
     if name not in DATASET_NAMES:

@@ -1,8 +1,10 @@
 """A user's data set from a factory ``package.module:function``: any labelled samples, not only images.
 
 The factory takes no arguments and returns ``(train, test)``, each a sequence (or iterable) of
-``(sample, label)`` pairs: a sample is a tensor (or array) of one fixed shape, a label an integer class
-in ``0..C-1`` (a Python int, a numpy integer or a 0-dim integer tensor, as ``TensorDataset`` gives), or
+``(sample, label)`` pairs, or ``(samples, None)``: then each sample goes to the test set when the digest of
+its bytes says so (:func:`edge_node.data.content_split.is_test_sample`, a share ``test_fraction``), the same
+side every time it is returned. In a pair, a sample is a tensor (or array) of one fixed shape, a label an
+integer class in ``0..C-1`` (a Python int, a numpy integer or a 0-dim integer tensor, as ``TensorDataset`` gives), or
 what another task reads (a float target, a 0/1 vector: edge_node.algorithm.tasks). A
 ``torch.utils.data.Dataset`` or a list of pairs both qualify. The class count ``C`` is the largest label
 plus one; every sample is converted once into one array, so the rest of edge-node
@@ -23,6 +25,7 @@ import numpy as np
 import torch
 
 from edge_node.algorithm.tasks import resolve_task
+from edge_node.data.content_split import is_test_sample
 from edge_node.data.datasets import Dataset, channel_stats
 from edge_node.errors import DataError
 from edge_node.plugins import load_factory, one_line
@@ -76,14 +79,28 @@ def _stack(path: str, split: str, pairs: Iterable[Any]) -> tuple[np.ndarray, np.
     return np.stack(xs), np.stack(ys)
 
 
+def _split_by_content(
+    path: str, pairs: Iterable[Any], test_fraction: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(train samples, train labels, test samples, test labels) of one set of pairs, split by each sample's bytes."""
+    x, raw = _stack(path, "(unsplit)", pairs)
+    test = np.fromiter((is_test_sample(row.tobytes(), test_fraction) for row in x), dtype=bool, count=len(x))
+    if test.all() or not test.any():
+        side = "test" if test.all() else "training"
+        raise DataError(f"data factory {path}: all {len(x)} samples fell on the {side} side of the content split "
+                        f"(test share {test_fraction:g}); return more samples, or (train, test)")  # fmt: skip
+    return x[~test], raw[~test], x[test], raw[test]
+
+
 def _is_image(x: np.ndarray) -> bool:
     return x.dtype == np.uint8 and x.ndim == 4 and x.shape[1] == 3
 
 
-def load_factory_dataset(path: str, task: str = "classification") -> Dataset:
+def load_factory_dataset(path: str, task: str = "classification", test_fraction: float = 0.2) -> Dataset:
     """Call the data factory ``path`` and turn its ``(train, test)`` into a :class:`Dataset`.
 
     ``task`` (edge_node.algorithm.tasks) reads the labels: integer classes, float targets, 0/1 vectors.
+    ``test_fraction``: the test share of a factory that returns ``(samples, None)``, split by content.
 
     Raises:
         DataError: one line for a factory that cannot be found, raises, or returns anything but two
@@ -97,8 +114,11 @@ def load_factory_dataset(path: str, task: str = "classification") -> Dataset:
         raise DataError(f"data factory {path} raised {one_line(exc)}") from None
     if not isinstance(splits, (tuple, list)) or len(splits) != 2:
         raise DataError(f"data factory {path} must return (train, test), got a {type(splits).__name__}")
-    train_x, train_raw = _stack(path, "train", splits[0])
-    test_x, test_raw = _stack(path, "test", splits[1])
+    if splits[1] is None:
+        train_x, train_raw, test_x, test_raw = _split_by_content(path, splits[0], test_fraction)
+    else:
+        train_x, train_raw = _stack(path, "train", splits[0])
+        test_x, test_raw = _stack(path, "test", splits[1])
     if train_x.shape[1:] != test_x.shape[1:]:
         raise DataError(f"data factory {path}: train samples {train_x.shape[1:]} but test {test_x.shape[1:]}")
     labels = reader.labels(train_raw, test_raw, f"data factory {path}")

@@ -37,7 +37,7 @@ def _is_image(rel: str) -> bool:
     return os.path.splitext(rel)[1].lower() in IMAGE_EXTENSIONS
 
 
-def _decode_one(blob: bytes, size: tuple[int, int] | None) -> np.ndarray:
+def decode_image(blob: bytes, size: tuple[int, int] | None) -> np.ndarray:
     """HWC uint8 RGB; ValueError when the image does not decode or has another size than ``size``."""
     with Image.open(io.BytesIO(blob)) as im:
         if size is not None and im.size != size:
@@ -52,7 +52,7 @@ def _decode_chunk(blobs: Sequence[bytes], size: tuple[int, int]) -> tuple[np.nda
     out = np.empty((len(blobs), 3, size[1], size[0]), dtype=np.uint8)
     for i, blob in enumerate(blobs):
         try:
-            out[i] = _decode_one(blob, size).transpose(2, 0, 1)
+            out[i] = decode_image(blob, size).transpose(2, 0, 1)
         except Exception as exc:  # noqa: BLE001 -- PIL raises many types; each becomes a DataError naming the file
             return None, i, f"{type(exc).__name__}: {one_line(exc)}"
     return out, -1, ""
@@ -64,7 +64,7 @@ def decode_images(tree: Tree, rels: Sequence[str], size: tuple[int, int] | None 
         return np.empty((0, 3, 0, 0), dtype=np.uint8)
     if size is None:
         try:
-            first = _decode_one(tree.read(rels[0]), None)
+            first = decode_image(tree.read(rels[0]), None)
         except Exception as exc:  # noqa: BLE001 -- see _decode_chunk
             raise DataError(f"unreadable image {tree.label}:{rels[0]}: {type(exc).__name__}: {one_line(exc)}") from exc
         size = (first.shape[1], first.shape[0])

@@ -1,11 +1,11 @@
 """The whole fleet from one machine: each node's metrics endpoint read (never written) into one table.
 
 A node is read over HTTP(S) GET ``/metrics`` (``metrics_listen``, edge_node/node/metrics.py), parsed by
-``prometheus_client``'s own parser: id, host, tier, round, phase, accuracy after local training, when its
-last round was recorded, refusals. Nothing on the node can be changed this way. Under mutual TLS the
-endpoint asks for a certificate of the fleet CA, so only fleet members (or an operator holding one)
-can read it. Where the nodes are comes from a list, an Ansible inventory, or mDNS (the host a node
-advertises, with the fleet's metrics port).
+``prometheus_client``'s own parser: id, host, tier, round, phase, accuracy after local training, its
+training and test samples, when its last round was recorded, refusals. Nothing on the node can be changed
+this way. Under mutual TLS the endpoint asks for a certificate of the fleet CA, so only fleet members (or an
+operator holding one) can read it. Where the nodes are comes from a list, an Ansible inventory, or mDNS (the
+host a node advertises, with the fleet's metrics port).
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ class NodeRow:
     metric: str = "accuracy"
     last_round_unix: float | None = None
     refusals: int | None = None
+    train_samples: int | None = None
+    test_samples: int | None = None
     healthy: bool | None = None
     read_unix: float | None = None
     error: str | None = None
@@ -172,6 +174,7 @@ def parse_metrics(endpoint: str, text: str, now: float) -> NodeRow:
     rounds = number("edge_node_rounds_done")
     last = number("edge_node_last_round_timestamp_seconds")
     healthy = number("edge_node_healthy")
+    train, test = number("edge_node_train_samples"), number("edge_node_test_samples")
     metric = labels.get("metric_after_training", {}).get("metric", "accuracy")
     after = number("metric_after_training") if "metric_after_training" in values else number("accuracy_after_training")
     return NodeRow(
@@ -179,6 +182,7 @@ def parse_metrics(endpoint: str, text: str, now: float) -> NodeRow:
         fleet=labels["edge_node_build_info"].get("fleet"),
         tier=number("edge_node_tier_density_ratio"), rounds_done=None if rounds is None else int(rounds), phase=phase,
         acc_after=after, metric=metric, last_round_unix=last if last else None, refusals=int(refusals),
+        train_samples=None if train is None else int(train), test_samples=None if test is None else int(test),
         healthy=None if healthy is None else healthy == 1, read_unix=now,
     )  # fmt: skip
 
@@ -193,7 +197,7 @@ def read_fleet(endpoints: Iterable[str], tls: Tls | None = None) -> list[NodeRow
     return sorted(rows, key=lambda r: (r.node_id is None, r.node_id or "", r.endpoint))
 
 
-COLUMNS = ("ID", "HOST", "TIER", "ROUND", "PHASE", "METRIC", "LAST ROUND", "REFUSALS")
+COLUMNS = ("ID", "HOST", "TIER", "ROUND", "PHASE", "METRIC", "SAMPLES", "LAST ROUND", "REFUSALS")
 
 
 def _metric_cell(row: NodeRow) -> str:
@@ -208,14 +212,21 @@ def _metric_cell(row: NodeRow) -> str:
 def row_cells(row: NodeRow, now: float) -> tuple[str, ...]:
     """The table's cells of one row (``-`` where unknown; an unreadable node says why)."""
     if row.error:
-        return ("?", row.endpoint, "-", "-", row.error, "-", "-", "-")
+        return ("?", row.endpoint, "-", "-", row.error, "-", "-", "-", "-")
     ago = "-" if row.last_round_unix is None else f"{max(now - row.last_round_unix, 0):.0f} s ago"
     phase = (row.phase or "-") + ("" if row.healthy in (True, None) else " (NOT healthy)")
     return (
         row.node_id or "?", row.endpoint, "-" if row.tier is None else f"{row.tier:g}",
         "-" if row.rounds_done is None else f"{row.rounds_done} done", phase,
-        _metric_cell(row), ago, str(row.refusals),
+        _metric_cell(row), _samples_cell(row), ago, str(row.refusals),
     )  # fmt: skip
+
+
+def _samples_cell(row: NodeRow) -> str:
+    """``600/120``: training / test samples now (``-`` for a node that does not say)."""
+    if row.train_samples is None or row.test_samples is None:
+        return "-"
+    return f"{row.train_samples}/{row.test_samples}"
 
 
 def format_table(rows: list[NodeRow], now: float) -> str:

@@ -25,6 +25,7 @@ from edge_node.errors import ConfigError, DataError, ModelError
 from edge_node.models import check_model_name
 from edge_node.net.discovery.static import parse_peers
 from edge_node.net.server import ServerLimits
+from edge_node.plugins import is_factory_path
 from edge_node.protocol import NODE_ID_PATTERN, TIER_DENSITIES, check_density, check_fleet_id, is_valid_node_id
 from edge_node.task_names import check_task_name
 from edge_node.tomlconf import key
@@ -37,6 +38,9 @@ DISCOVERY_MODES = ("mdns", "static", "both")
 DEVICES = ("cpu", "cuda")
 VALUE_TYPES = ("float32", "float16", "bfloat16")
 PRIVACY_CHOICES = ("none", "dp-sgd")
+DATA_REFRESH_MODES = ("off", "round")
+DEFAULT_MAX_TRAIN_SAMPLES = 20_000  # data_refresh round: the newest this many (a CIFAR-sized image: ~3 KB each)
+DEFAULT_MAX_TEST_SAMPLES = 5_000
 
 
 def client_index_of(node_id: str) -> int:
@@ -96,6 +100,24 @@ class NodeConfig:
     data_dir: Path | None = key(None, "Where --dataset's files are.")
     partition: str = key(DEFAULTS.partition, "How --dataset is split among --num-clients: dir:ALPHA or path:K.")
     num_clients: int = key(1, "Clients --dataset is split among (1: all of it is this node's).")
+    data_refresh: str = key(
+        "off",
+        "round: re-read --data (or call the data factory again) at each round boundary and train on what is there "
+        "now, decoding only new or changed files; needs the fleet's classes (a factory: num_classes). off: read "
+        "once at start, so that runs are reproducible.",
+        choices=DATA_REFRESH_MODES,
+    )
+    data_test_fraction: float = key(
+        0.2,
+        "Test share of a flat data folder (<class>/*, with data_refresh round) and of a data factory that returns "
+        "(samples, None): a sample's side follows a hash of its bytes and never moves.",
+    )
+    max_train_samples: int = key(
+        DEFAULT_MAX_TRAIN_SAMPLES,
+        "With data_refresh round: train on the newest N samples (by file mtime; a factory's last N), so memory "
+        "does not grow with the folder. 0: all.",
+    )
+    max_test_samples: int = key(DEFAULT_MAX_TEST_SAMPLES, "With data_refresh round: test on the newest N. 0: all.")
     # State, network, discovery.
     state_dir: Path = key(DEFAULT_STATE_DIR, "Checkpoint, rounds.jsonl, energy.jsonl, status socket, model.onnx.")
     listen: str = key(f"0.0.0.0:{DEFAULT_PORT}", "HOST:PORT of the peer gRPC service (port 0: any free port).")
@@ -190,6 +212,7 @@ class NodeConfig:
                               "a data folder holds image classes")  # fmt: skip
         parse_partition(self.partition)
         _at_least("num_clients", self.num_clients, 1)
+        self._check_data_refresh()
         if self.client_index is not None and not 0 <= self.client_index < max(self.num_clients, 2**31):
             raise ConfigError(f"client_index={self.client_index} must be >= 0")
         if self.data is None and self.num_clients > 1 and self.client_index is None:
@@ -255,6 +278,41 @@ class NodeConfig:
             DPConfig(self.dp_clip, 1.0)  # checks dp_clip
             if self.regrow == "gradient":
                 raise ConfigError("privacy dp-sgd needs regrow = random: gradient regrowth reads a batch without noise")
+
+    def _check_data_refresh(self) -> None:
+        """``data_refresh`` and its bounds: it re-reads the node's own data, into a model of fixed outputs."""
+        if self.data_refresh not in DATA_REFRESH_MODES:
+            raise ConfigError(f"data_refresh={self.data_refresh!r} must be one of {', '.join(DATA_REFRESH_MODES)}")
+        fraction = self.data_test_fraction
+        if not (isinstance(fraction, (int, float)) and math.isfinite(fraction) and 0 < fraction < 1):
+            raise ConfigError(f"data_test_fraction={fraction!r} must be a share between 0 and 1 (exclusive)")
+        _at_least("max_train_samples", self.max_train_samples, 0)
+        _at_least("max_test_samples", self.max_test_samples, 0)
+        if self.data_refresh == "off":
+            for name, value, default in (
+                ("max_train_samples", self.max_train_samples, DEFAULT_MAX_TRAIN_SAMPLES),
+                ("max_test_samples", self.max_test_samples, DEFAULT_MAX_TEST_SAMPLES),
+            ):
+                if value != default:
+                    raise ConfigError(f'{name}={value} bounds data that is re-read: it needs data_refresh = "round"')
+            return
+        factory = self.data is None and is_factory_path(self.dataset)
+        if self.data is None and not factory:
+            raise ConfigError(
+                f'data_refresh = "round" re-reads the node\'s own data (data = FOLDER, or dataset = '
+                f'"package.module:function"); dataset = {self.dataset!r} is a built-in set\'s slice'
+            )
+        if factory and self.num_clients > 1:
+            raise ConfigError(f'data_refresh = "round" re-reads the node\'s own data: a data factory with '
+                              f"num_clients={self.num_clients} is a slice of a shared set")  # fmt: skip
+        if self.data is not None and not self.classes:
+            raise ConfigError('data_refresh = "round" needs the fleet\'s classes (classes = ["cat", "dog", ...]): a '
+                              "new class folder must not change the model's outputs")  # fmt: skip
+        if factory and not self.classes and self.num_classes is None:
+            raise ConfigError('data_refresh = "round" with a data factory needs num_classes (or classes): a new label '
+                              "must not change the model's outputs")  # fmt: skip
+        if self.privacy == "dp-sgd":
+            raise ConfigError('privacy dp-sgd accounts for a fixed set of samples: data_refresh = "round" excludes it')
 
     def _check_start(self) -> None:
         """Normalise ``init_weights`` and ``trainable`` (the file and globs are checked against the model at start)."""

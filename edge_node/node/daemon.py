@@ -64,8 +64,9 @@ from edge_node.net.server import ModelSnapshot, check_fd_limit
 from edge_node.node import capacity
 from edge_node.node.barrier import wait_for_round
 from edge_node.node.config import NodeConfig
+from edge_node.node.data_refresh import DataRefresh, open_local_data
 from edge_node.node.export import ONNX_FILE, keep_onnx
-from edge_node.node.local_data import LocalData, load_local_data
+from edge_node.node.local_data import LocalData
 from edge_node.node.local_model import node_model
 from edge_node.node.lockstep import Lockstep
 from edge_node.node.memory import release_free_memory
@@ -135,6 +136,8 @@ class Node:
         self._lock = StateDirLock(config.state_dir)
         self._closers: list[Any] = []  # started services, stopped in reverse order
         self._interruptible = False  # inside a compute-only section: a signal raises Stopped there
+        self.data_refresh: DataRefresh | None = None  # data_refresh round: re-reads the data before each later round
+        self._rounds_begun = 0  # rounds this run has begun: the first trains on the data read at start
         self.tracker = PeerTracker(numpy_generator(config.seed, Stream.PEERS, self.client_index, 2**31 - 1))
 
     # -- signals ------------------------------------------------------------------------------------
@@ -209,7 +212,8 @@ class Node:
             resolve_interfaces(list(config.interfaces) or None)  # ConfigError naming a bad interface, now
         self.status_server = StatusServer(config.state_dir, self.status)  # checks the socket path's length
         with self.interruptible():
-            self.local: LocalData = load_local_data(config, self.client_index, self.device)
+            self.local: LocalData
+            self.local, self.data_refresh = open_local_data(config, self.client_index, self.device)
         release_free_memory()  # the whole data set it was sliced from, decoded
         compile_decoder()  # about half a second of numba now, not in the first round's pulls
         if config.privacy == "dp-sgd":
@@ -447,6 +451,11 @@ class Node:
     def run_round(self, t: int) -> None:
         """Run round ``t`` (= rounds done); on success the node has published snapshot ``t + 1``."""
         self.beat()
+        if self.data_refresh is not None and self._rounds_begun:
+            with self.interruptible():  # data_refresh round: what the folder (or factory) holds now
+                self.local = self.data_refresh.refresh()
+            self.beat()
+        self._rounds_begun += 1
         self.phase = "communicate"
         with self.accountant.phase("communicate"):
             if self.lockstep is not None:
@@ -501,6 +510,9 @@ class Node:
             "discovery_refusals": self.discovery_refusals(),
             "train_loss": trained.stats.mean_loss,
             "samples": data.num_train,
+            "test_samples": data.num_test,
+            "samples_arrived": self.data_refresh.arrived if self.data_refresh is not None else 0,
+            "data_refused": self.data_refresh.take_refused() if self.data_refresh is not None else {},
             "lr": trained.lr,
             "seconds": energy["seconds"],
             "joules": energy["joules"],
@@ -583,6 +595,18 @@ class Node:
         value = score(self.model, self._tick(batches), self.params.task)
         release_free_memory()
         return value
+
+    def _data_status(self) -> dict[str, Any]:
+        """The local data's part of the status: samples now, the last re-read's new ones, refusals since start."""
+        local = getattr(self, "local", None)
+        refresh = self.data_refresh
+        return {
+            "data_refresh": self.config.data_refresh,
+            "train_samples": local.data.num_train if local is not None else None,
+            "test_samples": local.data.num_test if local is not None else None,
+            "samples_arrived": refresh.arrived if refresh is not None else 0,
+            "data_refused": refresh.refused_total if refresh is not None else {},
+        }
 
     def discovery_refusals(self) -> dict[str, int]:
         """What discovery refused since start (other fleet, architecture, protocol, address, ...), by reason."""
@@ -700,6 +724,7 @@ class Node:
             "streams_unfinished_total": self.server_state.unfinished_streams() if hasattr(self, "server_state") else 0,
             "discovery_refusals": self.discovery_refusals(),
             "privacy": self.budget.to_json(self.rounds_done) if self.budget is not None else None,
+            **self._data_status(),
             "rounds_this_run": totals.rounds_run,
             "energy_j_this_run": round(totals.energy_j, 3),
             "energy_label": totals.energy_label,

@@ -39,6 +39,12 @@ def _remap(dataset: Dataset, classes: tuple[str, ...]) -> tuple[np.ndarray, np.n
     return table[dataset.train_y], table[dataset.test_y]
 
 
+def describe(where: str, data: ClientData, num_classes: int, task: str) -> str:
+    """One line for the log and status: where the data is, how many samples of each side, the outputs."""
+    outputs = f"{num_classes} classes" if task == "classification" else f"{task}, {num_classes} outputs"
+    return f"{where}: {data.num_train} training / {data.num_test} test samples, {outputs}"
+
+
 def load_local_data(config: NodeConfig, client_index: int, device: torch.device) -> LocalData:
     """This node's training and test samples on ``device``, and the fleet's class count.
 
@@ -65,7 +71,8 @@ def load_local_data(config: NodeConfig, client_index: int, device: torch.device)
         data = ClientData.from_indices(pool, np.arange(len(train_y)), np.arange(len(test_y)))
         where = f"{config.data} ({dataset.name})"
     else:
-        dataset = load_dataset(config.dataset, config.data_dir, task=config.task)
+        dataset = load_dataset(config.dataset, config.data_dir, task=config.task,
+                               test_fraction=config.data_test_fraction)  # fmt: skip
         num_classes = config.num_classes or dataset.num_outputs
         if num_classes != dataset.num_outputs:
             raise ConfigError(f"num_classes={num_classes} but {config.dataset} has {dataset.num_outputs} outputs")
@@ -81,7 +88,6 @@ def load_local_data(config: NodeConfig, client_index: int, device: torch.device)
         data = ClientData.from_indices(ImagePool.from_dataset(dataset, device), train_idx, test_idx).compact()
     if data.num_train == 0 or data.num_test == 0:
         raise DataError(f"{where}: {data.num_train} training and {data.num_test} test samples; a node needs both")
-    outputs = f"{num_classes} classes" if config.task == "classification" else f"{config.task}, {num_classes} outputs"
-    description = f"{where}: {data.num_train} training / {data.num_test} test samples, {outputs}"
+    description = describe(where, data, num_classes, config.task)
     _LOGGER.info("local data: %s", description)
     return LocalData(data, num_classes, description)

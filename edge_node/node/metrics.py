@@ -4,10 +4,11 @@ Two sources, so that the daemon needs only a hook per round:
 
 - each round's record (the one appended to ``rounds.jsonl``), through :meth:`NodeMetrics.observe_round`:
   rounds, round and phase durations, accuracy before and after local training, peers asked, answered
-  and refused by reason, energy by phase; and, through :meth:`NodeMetrics.export_failed`, rounds whose
-  ``model.onnx`` could not be written;
+  and refused by reason, energy by phase, samples that arrived; and, through
+  :meth:`NodeMetrics.export_failed`, rounds whose ``model.onnx`` could not be written;
 - the status snapshot (what ``edge-node status`` shows), read at every scrape: phase, rounds done,
-  tier and density, bytes in and out, server and discovery refusals by reason, build info.
+  tier and density, training and test samples, bytes in and out, server, discovery and data refusals by
+  reason, build info.
 
 Names and units follow Prometheus' conventions (``_total`` counters, ``_seconds``, ``_bytes``, ``_joules``,
 ``_ratio``). No label takes a value per peer: a fleet of any size gives each node the same series.
@@ -62,6 +63,8 @@ class _StatusCollector(Collector):
             ("edge_node_healthy", "healthy", "1 while the node's main loop is alive and it is not stopping."),
             ("edge_node_uptime_seconds", "uptime_s", "Seconds since this daemon started."),
             ("edge_node_peers_known", "peers_known", "Peers discovery lists now."),
+            ("edge_node_train_samples", "train_samples", "Training samples the node trains on now."),
+            ("edge_node_test_samples", "test_samples", "Test samples the node evaluates on now."),
         ):
             value = status.get(key)
             if key == "peers_known":
@@ -82,6 +85,12 @@ class _StatusCollector(Collector):
         for name, key, text in (
             ("edge_node_server_refusals", "server_refusals", "Requests the node's gRPC server refused, by reason."),
             ("edge_node_discovery_refusals", "discovery_refusals", "Advertisements discovery ignored, by reason."),
+            (
+                "edge_node_data_refused",
+                "data_refused",
+                "Data files the node skipped (undecodable, wrong_size, unknown_class, ...) and re-reads it could not "
+                "use (folder_missing, no_samples, factory_error), by reason (data_refresh round).",
+            ),
         ):
             family = CounterMetricFamily(name, text, labels=["reason"])
             for reason, count in sorted((status.get(key) or {}).items()):
@@ -142,6 +151,10 @@ class NodeMetrics:
             "edge_node_energy_estimated_joules", "ESTIMATED energy (CPU time x a power model, no meter) by phase.",
             ["phase", "source"], registry=reg,
         )  # fmt: skip
+        self.arrived = Counter(
+            "edge_node_samples_arrived", "Samples that arrived in the node's data between rounds (data_refresh round).",
+            registry=reg,
+        )  # fmt: skip
         self.export_failures = Counter(
             "edge_node_export_failures", "Rounds whose model.onnx could not be written (export_onnx; the previous "
             "file stays, training goes on).", registry=reg,
@@ -168,6 +181,7 @@ class NodeMetrics:
                     self.accuracy.labels(stage=stage).set(float(record[key]))
                 self.task_metric.labels(stage=stage, metric=metric, direction=direction).set(float(record[key]))
         self.last_round.set(float(record.get("time_unix") or 0.0))
+        self.arrived.inc(int(record.get("samples_arrived") or 0))
         self.asked.inc(len(record.get("peers_asked") or []))
         self.answered.inc(len(record.get("peers_answered") or []))
         for reason, count in (record.get("refusals") or {}).items():

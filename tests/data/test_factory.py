@@ -67,3 +67,17 @@ def test_a_broken_data_factory_is_one_line(name, expected):
     with pytest.raises(DataError) as exc:
         load_dataset(name)
     assert expected in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+
+
+def test_a_factory_without_a_split_is_split_by_content_and_refused_when_one_side_is_empty(monkeypatch):
+    from edge_node.data.content_split import is_test_sample
+    from edge_node.data.factory import load_factory_dataset
+    from tests import plugin_factories
+
+    monkeypatch.setitem(plugin_factories.GROWING, "rows", 60)
+    ds = load_factory_dataset("tests.plugin_factories:growing_blobs", test_fraction=0.25)
+    assert len(ds.train_y) + len(ds.test_y) == 60 and all(is_test_sample(x.tobytes(), 0.25) for x in ds.test_x)
+    assert not any(is_test_sample(x.tobytes(), 0.25) for x in ds.train_x)
+    monkeypatch.setitem(plugin_factories.GROWING, "rows", 1)
+    with pytest.raises(DataError, match=r"all 1 samples fell on the .* side of the content split"):
+        load_factory_dataset("tests.plugin_factories:growing_blobs")

@@ -37,7 +37,7 @@ def test_three_nodes_scraped_by_prometheus_shown_by_the_fleet_view_and_reported(
             assert all(r["rounds_done"] >= 1 and r["tier"] == 0.6 and 0 <= r["acc_after"] <= 1 for r in rows), rows
             table = run_cli(["fleet", "--nodes", ",".join(targets)], timeout_s=60)
             lines = table.stdout.splitlines()
-            header = ["ID", "HOST", "TIER", "ROUND", "PHASE", "METRIC", "LAST", "ROUND", "REFUSALS"]
+            header = ["ID", "HOST", "TIER", "ROUND", "PHASE", "METRIC", "SAMPLES", "LAST", "ROUND", "REFUSALS"]
             assert table.returncode == 0 and lines[0].split() == header, table.stdout
             assert [line.split()[0] for line in lines[1:]] == ids
         fleet.stop()
