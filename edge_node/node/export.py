@@ -158,13 +158,15 @@ def write_onnx(
     return write_module_onnx(path, with_weights(model, weights, buffers), input_shape)
 
 
-def write_module_onnx(path: Path, scratch: nn.Module, input_shape: tuple[int, ...]) -> int:
+def write_module_onnx(
+    path: Path, scratch: nn.Module, input_shape: tuple[int, ...], names: tuple[str, str] = (INPUT_NAME, OUTPUT_NAME)
+) -> int:
     """``scratch`` (a CPU module in eval mode, e.g. from :func:`with_weights`) as ONNX at ``path``, atomically;
-    returns its size. Raises as :func:`write_onnx`."""
+    returns its size. ``names``: the graph's input and output. Raises as :func:`write_onnx`."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        export_module(scratch, tmp, tuple(input_shape))
+        export_module(scratch, tmp, tuple(input_shape), names)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)

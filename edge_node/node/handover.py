@@ -32,12 +32,11 @@ from torch import nn
 
 from edge_node.algorithm.tasks import Task
 from edge_node.data.batches import ClientData
-from edge_node.errors import EdgeNodeError, HandoverError, StorageError
+from edge_node.errors import EdgeNodeError, HandoverError
 from edge_node.handover import FORMAT_VERSION, PAIR_ONNX, incoming, publish, read_pair
 from edge_node.node.config import NodeConfig
-from edge_node.node.export import ONNX_FILE, export_module, reason_line, with_weights, write_module_onnx
+from edge_node.node.export import ONNX_FILE, reason_line, with_weights, write_module_onnx
 from edge_node.node.local_data import LocalData
-from edge_node.storage import describe_failure
 from edge_node.version import __version__
 
 _LOGGER = logging.getLogger(__name__)
@@ -190,10 +189,7 @@ class Handover:
         threads = max(1, torch.get_num_threads())
         scratch = with_weights(self.model, weights, buffers)  # the node's BatchNorm statistics, not the built ones
         with incoming(self.state_dir) as pending:
-            try:
-                export_module(self.raw.wrap(scratch), pending / PAIR_ONNX, self.raw.shape, (INPUT_NAME, OUTPUT_NAME))
-            except OSError as exc:
-                raise StorageError(describe_failure(pending / PAIR_ONNX, exc)) from exc
+            write_module_onnx(pending / PAIR_ONNX, self.raw.wrap(scratch), self.raw.shape, (INPUT_NAME, OUTPUT_NAME))
             metrics, samples = onnx_metrics(_session(pending / PAIR_ONNX, threads), raw_test_batches(data), self.task)
             value = metrics[self.task.metric]
             incumbent = self._rescore(data, threads) if self.mode == "best" else None
