@@ -8,9 +8,10 @@ of the ONNX bytes, :data:`FORMAT_VERSION`). Each pair has its own folder (``hand
 (``.incoming-*``), fsynced, renamed to its name, and only then is the pointer replaced by an atomic rename
 (:func:`publish`): a reader that follows the pointer sees the old pair or the new one, never a mix and
 never a half-written file. Files are never rewritten in place, so an application holding an old
-``model.onnx`` open keeps reading the bytes it opened. The last ``keep`` pairs stay; the one the pointer
-names is never deleted. A reader that lost a race with the pruning (it read the pointer, then its folder
-went) reads the pointer again (:func:`read_pair`).
+``model.onnx`` open keeps reading the bytes it opened. The last ``keep`` pairs stay (at least
+:data:`MIN_KEEP`); the one the pointer names is never deleted. A reader that lost a race with the pruning (it
+read the pointer, then two more pairs were handed over before it opened its files) reads the pointer again
+(:func:`read_pair`).
 
 This module needs neither torch nor onnxruntime: an application reads pairs with it (the inference side is
 :mod:`edge_node.handover_model`), the node writes them with it (:mod:`edge_node.node.handover`).
@@ -43,7 +44,8 @@ PAIR_INFO = "model.json"
 FORMAT_VERSION = 1  # model.json's and current.json's "format"; a reader refuses a newer one
 HANDOVER_MODES = ("best", "latest")
 DEFAULT_KEEP = 3
-READ_ATTEMPTS = 5  # a reader re-reads the pointer this often when its folder was pruned under it
+MIN_KEEP = 2  # the current pair and the one before: a reader that has just read the pointer still finds its pair
+READ_ATTEMPTS = 20  # a reader re-reads the pointer this often when its folder was pruned under it
 _FOLDER = re.compile(r"^r\d{6,}-[0-9a-f]{12}(-\d+)?$")
 _INCOMING = ".incoming-"
 
@@ -155,7 +157,7 @@ def prune(root: Path, keep: int, current: str) -> None:
     """Delete all but the newest ``keep`` pair folders, never ``current``; a folder that cannot be deleted stays
     (logged): an application may hold its files open, which on Linux does not stop the deletion."""
     folders = pair_folders(root)
-    for old in folders[: max(0, len(folders) - keep)]:
+    for old in folders[: max(0, len(folders) - max(keep, MIN_KEEP))]:
         if old.name == current:
             continue
         try:

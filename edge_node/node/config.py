@@ -22,7 +22,7 @@ from edge_node.data import check_dataset_name, parse_partition
 from edge_node.defaults import DEFAULTS
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
-from edge_node.handover import DEFAULT_KEEP, HANDOVER_MODES
+from edge_node.handover import DEFAULT_KEEP, HANDOVER_MODES, MIN_KEEP
 from edge_node.models import check_model_name
 from edge_node.net.discovery.static import parse_peers
 from edge_node.net.server import ServerLimits
@@ -174,7 +174,9 @@ class NodeConfig:
         "--handover-tolerance) or latest (every round's).",
         choices=HANDOVER_MODES,
     )
-    handover_keep: int = key(DEFAULT_KEEP, "Handed-over models kept in STATE_DIR/handover/ (the current one always).")
+    handover_keep: int = key(
+        DEFAULT_KEEP, f"Handed-over models kept in STATE_DIR/handover/, the current one always (at least {MIN_KEEP})."
+    )
     handover_tolerance: float | None = key(
         None,
         "How much worse (in the task metric's units) a round's model may score and still be handed over under "
@@ -258,7 +260,7 @@ class NodeConfig:
             raise ConfigError(f"energy_backend={self.energy_backend!r} must be one of {', '.join(BACKENDS)}")
         if self.handover not in HANDOVER_MODES:
             raise ConfigError(f"handover={self.handover!r} must be one of {', '.join(HANDOVER_MODES)}")
-        _at_least("handover_keep", self.handover_keep, 1)
+        _at_least("handover_keep", self.handover_keep, MIN_KEEP)
         if self.handover_tolerance is not None and not (
             math.isfinite(self.handover_tolerance) and self.handover_tolerance >= 0
         ):
