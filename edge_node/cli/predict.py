@@ -24,9 +24,9 @@ from edge_node.cli._node_options import state_dir_of
 def predict(
     inputs: tuple[Path, ...], state_dir: Path | None, config_file: Path | None, top: int, resize: bool, as_json: bool
 ) -> None:
-    """Run the model the node handed over on INPUTS: image files (PNG, JPEG, ... via Pillow) or .npy arrays.
+    """Run the model a node handed over (STATE_DIR/handover/) on image files or .npy arrays.
 
-    Reads STATE_DIR/handover/current.json and the pair it names (onnxruntime, the raw input model.json
+    INPUTS: image files (PNG, JPEG, ... via Pillow) or .npy arrays. Reads STATE_DIR/handover/current.json and the pair it names (onnxruntime, the raw input model.json
     describes: images as float32 in [0, 1], CHW; a .npy array holds one sample or a batch). Prints the model's
     round and, per sample, the top classes with their probabilities (classification), the labels with
     probability above 0.5 (multilabel) or the predicted values (regression). An input of another shape, dtype
