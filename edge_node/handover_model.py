@@ -51,6 +51,34 @@ def _load(state_dir: Path, threads: int | None) -> _Loaded:
     return _Loaded(pair, _session(pair, threads))
 
 
+def class_names(info: dict[str, Any]) -> list[str]:
+    """A name per output of the model ``info`` (model.json) describes: its ``class_names``, else the indices."""
+    names = info.get("class_names")
+    width = int(info["output"]["shape"][-1])
+    return [str(n) for n in names] if names else [str(i) for i in range(width)]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A batch's outputs and the ``model.json`` of the model that gave them."""
+
+    outputs: np.ndarray  # [batch, outputs]: logits (classification, multilabel) or values (regression)
+    info: dict[str, Any]
+
+    @property
+    def round(self) -> int:
+        return int(self.info["round"])
+
+    def top(self, k: int = 3) -> list[list[tuple[str, float]]]:
+        """Per sample, the ``k`` most probable classes (softmax of the logits) with their probabilities."""
+        logits = self.outputs.astype(np.float64)
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        names = class_names(self.info)
+        order = np.argsort(-probs, axis=1)[:, :k]
+        return [[(names[j], float(p[j])) for j in row] for row, p in zip(order, probs, strict=True)]
+
+
 class HandedOverModel:
     """The model a node handed over in ``state_dir`` (through ``handover/current.json``), ready for inference.
 
@@ -87,9 +115,7 @@ class HandedOverModel:
     @property
     def class_names(self) -> list[str]:
         """A name per output: model.json's ``class_names``, else the output indices as text."""
-        names = self.info.get("class_names")
-        width = int(self.info["output"]["shape"][-1])
-        return [str(n) for n in names] if names else [str(i) for i in range(width)]
+        return class_names(self.info)
 
     def describe(self) -> str:
         """One line: round, node, task metric on its test set, folder."""
@@ -116,21 +142,21 @@ class HandedOverModel:
         """
         return check_input(x, self.info, where)
 
-    def predict(self, x: Any, where: str = "input") -> np.ndarray:
-        """The model's outputs (logits of a classification, values of a regression) for a sample or a batch."""
+    def run(self, x: Any, where: str = "input") -> Prediction:
+        """The outputs for a sample or a batch with the ``model.json`` of the model that gave them (one model,
+        even when :meth:`reload_if_changed` swaps it meanwhile in another thread)."""
         loaded = self._loaded
         batch = check_input(x, loaded.pair.info, where)
         name = loaded.pair.info["input"]["name"]
-        return np.asarray(loaded.session.run(None, {name: batch})[0])
+        return Prediction(np.asarray(loaded.session.run(None, {name: batch})[0]), loaded.pair.info)
+
+    def predict(self, x: Any, where: str = "input") -> np.ndarray:
+        """The model's outputs (logits of a classification, values of a regression) for a sample or a batch."""
+        return self.run(x, where).outputs
 
     def top(self, x: Any, k: int = 3, where: str = "input") -> list[list[tuple[str, float]]]:
         """Per sample, the ``k`` most probable classes (softmax of the logits) with their probabilities."""
-        logits = self.predict(x, where).astype(np.float64)
-        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-        probs /= probs.sum(axis=1, keepdims=True)
-        names = self.class_names
-        order = np.argsort(-probs, axis=1)[:, :k]
-        return [[(names[j], float(p[j])) for j in row] for row, p in zip(order, probs, strict=True)]
+        return self.run(x, where).top(k)
 
     # -- following the node -------------------------------------------------------------------------
     def reload_if_changed(self) -> bool:

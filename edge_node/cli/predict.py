@@ -26,23 +26,24 @@ def predict(
 ) -> None:
     """Run the model a node handed over (STATE_DIR/handover/) on image files or .npy arrays.
 
-    INPUTS: image files (PNG, JPEG, ... via Pillow) or .npy arrays. Reads STATE_DIR/handover/current.json and the pair it names (onnxruntime, the raw input model.json
-    describes: images as float32 in [0, 1], CHW; a .npy array holds one sample or a batch). Prints the model's
-    round and, per sample, the top classes with their probabilities (classification), the labels with
-    probability above 0.5 (multilabel) or the predicted values (regression). An input of another shape, dtype
-    or size is one line, exit 2.
+    INPUTS: image files (PNG, JPEG, ... via Pillow) or .npy arrays (one sample or a batch). Follows
+    STATE_DIR/handover/current.json to the pair it names and runs it in onnxruntime on the raw input its
+    model.json describes (images: float32 in [0, 1], CHW). Prints the model's round and, per sample, the top
+    classes with their probabilities (classification), the labels with probability above 0.5 (multilabel) or
+    the predicted values (regression). An input of another shape, dtype or size is one line, exit 2.
     """
-    from edge_node.handover_model import load_handover, read_input
+    from edge_node.handover_model import class_names, load_handover, read_input
 
     model = load_handover(state_dir_of(state_dir, config_file))
     batches = [(path, read_input(path, model.info, resize=resize)) for path in inputs]  # all checked first
     if not as_json:
         click.echo(model.describe())
+    names = class_names(model.info)
     for path, batch in batches:
         outputs = model.predict(batch, str(path))
         for i, row in enumerate(outputs):
             name = str(path) if len(outputs) == 1 else f"{path}[{i}]"
-            answer = _answer(model.info, model.class_names, row, top)
+            answer = _answer(model.info, names, row, top)
             if as_json:
                 click.echo(json.dumps({"input": name, "round": model.round, **answer}))
             else:
