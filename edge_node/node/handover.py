@@ -171,23 +171,28 @@ class Handover:
         self, round_done: int, weights: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor],
         data: ClientData,
     ) -> str | None:  # fmt: skip
-        """Hand over the model after ``round_done`` rounds if the policy takes it; returns the new pair's folder
-        name, or None (kept the old one, or failed: one warning, ``on_failure()``; training goes on)."""
+        """Hand over the model after ``round_done`` rounds if the policy takes it, then write the compatibility
+        ``model.onnx`` (the latest round's, whatever the policy). Returns the new pair's folder name, or None (the
+        old one kept, or a failure: one warning, ``on_failure()``; training goes on)."""
         try:
-            return self._hand_over(round_done, weights, buffers, data)
+            scratch = with_weights(self.model, weights, buffers)  # the node's BatchNorm statistics, not the built ones
+            name = self._hand_over(round_done, scratch, data)
         except Exception as exc:  # whatever it is, training goes on; the previous pair stays readable
-            reason = str(exc) if isinstance(exc, EdgeNodeError) else reason_line(exc)
-            _LOGGER.warning("model after round %d not handed over: %s; the one handed over before stays, training "
-                            "goes on", round_done, reason)  # fmt: skip
-            self.on_failure()
+            self._failed(f"model after round {round_done} not handed over", exc, "the one handed over before stays")
             return None
+        try:
+            write_module_onnx(self.state_dir / ONNX_FILE, scratch, self.raw.shape)
+        except Exception as exc:
+            self._failed(f"{self.state_dir / ONNX_FILE} (normalised input) not updated", exc, "the handed-over model is unaffected")
+        return name
 
-    def _hand_over(
-        self, round_done: int, weights: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor],
-        data: ClientData,
-    ) -> str | None:  # fmt: skip
+    def _failed(self, what: str, exc: Exception, kept: str) -> None:
+        reason = str(exc) if isinstance(exc, EdgeNodeError) else reason_line(exc)
+        _LOGGER.warning("%s: %s; %s, training goes on", what, reason, kept)
+        self.on_failure()
+
+    def _hand_over(self, round_done: int, scratch: nn.Module, data: ClientData) -> str | None:
         threads = max(1, torch.get_num_threads())
-        scratch = with_weights(self.model, weights, buffers)  # the node's BatchNorm statistics, not the built ones
         with incoming(self.state_dir) as pending:
             write_module_onnx(pending / PAIR_ONNX, self.raw.wrap(scratch), self.raw.shape, (INPUT_NAME, OUTPUT_NAME))
             metrics, samples = onnx_metrics(_session(pending / PAIR_ONNX, threads), raw_test_batches(data), self.task)
@@ -197,12 +202,8 @@ class Handover:
             slack = tolerance(fraction=self.task.metric_is_fraction, test_samples=samples, incumbent=reference,
                               given=self.tolerance)  # fmt: skip
             taken = hands_over(self.mode, value, incumbent, higher_is_better=self.task.higher_is_better, slack=slack)
-            if taken:
-                info = self._info(round_done, metrics, samples)
-                name: str | None = publish(pending, info, round_done=round_done, keep=self.keep)
-            else:
-                name = None
-        write_module_onnx(self.state_dir / ONNX_FILE, scratch, self.raw.shape)  # the compatibility file: the latest
+            name = publish(pending, self._info(round_done, metrics, samples), round_done=round_done, keep=self.keep) \
+                if taken else None  # fmt: skip
         shown = _shown(self.task, value)
         if name is None:
             assert incumbent is not None

@@ -257,3 +257,41 @@ def test_a_regression_model_is_scored_by_its_error(tmp_path):
     assert info["metric"] == "mae" and info["metric_value"] == 0.0 and info["metric_higher_is_better"] is False
     off = {"1.weight": torch.tensor([[1.0, 0, 0, 0]]), "1.bias": torch.ones(1)}
     assert node.after_round(2, off, {}, data) is None  # MAE 1 against 0: kept
+
+
+def test_a_daemon_on_a_full_disk_keeps_the_old_pair_and_trains_on(tmp_path, monkeypatch, caplog):
+    """Round 1 is handed over; the disk is full while round 2's pair is written: one warning, one count, round 1's
+    pair stays readable, and the node completes its rounds (checkpoint and records written)."""
+    from edge_node.node.config import NodeConfig
+    from edge_node.node.daemon import Node
+
+    config = NodeConfig(
+        node_id="n0", fleet="lab", num_clients=2, client_index=0, capacity="0.6", discovery="static",
+        peers=("ghost@127.0.0.1:1",), listen="127.0.0.1:0", state_dir=tmp_path / "state", insecure=True, threads=1,
+        epochs=1, batch_size=16, energy_backend="estimate", model="tests.plugin_factories:tiny_mlp",
+        dataset="tests.plugin_factories:blobs", handover="latest",
+    )  # fmt: skip
+    node = Node(config)
+    caplog.set_level(logging.WARNING, logger="edge_node.node.handover")
+    try:
+        node.startup()
+        node.run_round(0)
+        first = read_pair(config.state_dir)
+        assert first is not None and first.info["round"] == 1 and first.info["node_id"] == "n0"
+
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr("edge_node.handover.os.rename", full)
+        node.run_round(1)
+        assert node.rounds_done == 2
+        assert node.metrics.registry.get_sample_value("edge_node_export_failures_total") == 1.0
+        handed = node.metrics.registry.get_sample_value("edge_node_handover_rounds_total", {"outcome": "handed_over"})
+        assert handed == 1.0
+    finally:
+        node.shutdown()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "edge_node.node.handover"]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0], warnings
+    pair = read_pair(config.state_dir)
+    assert pair is not None and pair.folder.name == first.folder.name and pair.onnx == first.onnx
+    assert (config.state_dir / ONNX_FILE).is_file()  # the compatibility file: written, the rename of the pair failed
