@@ -183,7 +183,8 @@ class Handover:
         try:
             write_module_onnx(self.state_dir / ONNX_FILE, scratch, self.raw.shape)
         except Exception as exc:
-            self._failed(f"{self.state_dir / ONNX_FILE} (normalised input) not updated", exc, "the handed-over model is unaffected")
+            compat = self.state_dir / ONNX_FILE
+            self._failed(f"{compat} (normalised input) not updated", exc, "the handed-over model is unaffected")
         return name
 
     def _failed(self, what: str, exc: Exception, kept: str) -> None:
