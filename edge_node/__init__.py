@@ -6,7 +6,8 @@ The public API (docs/API.md), importable from here; names are loaded on first us
 - :func:`run_simulation` (:class:`SimConfig`) runs N clients in one process; :func:`run_node`
   (:class:`NodeConfig`, :class:`Node`) runs one device's daemon; :func:`read_records` reads the per-round
   records either writes; :func:`load_trained` returns the trained model of a node's state dir or of a
-  simulation's client.
+  simulation's client; :func:`load_handover` (:class:`HandedOverModel`) runs the model a node handed over to
+  the device's applications (onnxruntime, no torch), and follows the node when it hands over a newer one.
 - :class:`Task` is the base of a learning task of your own (``--task package.module:function``; the built-in
   ones are classification, regression and multilabel).
 - :func:`build_checked_model` / :func:`load_dataset` build a model (built-in or a user's factory) and load a
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from edge_node.algorithm.tasks import Task
     from edge_node.api import load_trained, read_records, run_node, run_simulation
     from edge_node.data import Dataset, load_dataset
+    from edge_node.handover_model import HandedOverModel, load_handover
     from edge_node.models import build_checked_model
     from edge_node.node.config import NodeConfig
     from edge_node.node.daemon import Node
@@ -37,12 +39,14 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "Dataset": "edge_node.data",
+    "HandedOverModel": "edge_node.handover_model",
     "Node": "edge_node.node.daemon",
     "NodeConfig": "edge_node.node.config",
     "SimConfig": "edge_node.sim.config",
     "Task": "edge_node.algorithm.tasks",
     "build_checked_model": "edge_node.models",
     "load_dataset": "edge_node.data",
+    "load_handover": "edge_node.handover_model",
     "load_trained": "edge_node.api",
     "read_records": "edge_node.api",
     "run_node": "edge_node.api",
@@ -52,6 +56,7 @@ _LAZY = {
 __all__ = [
     "Dataset",
     "EdgeNodeError",
+    "HandedOverModel",
     "Node",
     "NodeConfig",
     "SimConfig",
@@ -59,6 +64,7 @@ __all__ = [
     "__version__",
     "build_checked_model",
     "load_dataset",
+    "load_handover",
     "load_trained",
     "read_records",
     "run_node",

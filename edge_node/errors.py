@@ -69,3 +69,7 @@ class StorageError(EdgeNodeError):
 
 class ListenError(EdgeNodeError):
     """A server cannot listen on its address (in use, or not an address of this host)."""
+
+
+class HandoverError(EdgeNodeError):
+    """The model a node handed over (``STATE_DIR/handover/``) is absent, unreadable, or refuses an input."""

@@ -322,3 +322,16 @@ def test_graphs_check_smoke_run_on_the_cpu_and_its_refusal_without_cuda(tmp_path
     proc = subprocess.run([sys.executable, str(BENCH / "graphs_check.py"), "--skip-sim"], capture_output=True,
                           text=True, timeout=120, env=env)  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.strip().startswith("graphs_check: CUDA is not available"), proc.stderr
+
+
+def test_handover_latency_bench_prints_both_runtimes_and_the_time_to_readable(tmp_path: Path):
+    out = tmp_path / "handover.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "handover_latency.py"), "--calls", "20", "--rounds", "1", "--test-samples", "20",
+         "--threads", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(out.read_text())
+    assert figures["onnxruntime_p50_ms"] > 0 and figures["torch_p99_ms"] > 0
+    assert figures["round_end_to_readable_s_best"] > 0 and "torch / onnxruntime at p50" in proc.stdout

@@ -53,6 +53,8 @@ LAYERS = [
         "defaults",
         "torch_threads",
         "records",  # the round-record schema: read and written by node, sim and fleet
+        "handover",  # the handed-over model on disk: written by the node, read by applications (no torch)
+        "handover_model",  # an application's onnxruntime view of it
     },
     {"algorithm"},
     {"models", "pooling", "data"},

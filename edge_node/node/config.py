@@ -22,6 +22,7 @@ from edge_node.data import check_dataset_name, parse_partition
 from edge_node.defaults import DEFAULTS
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
+from edge_node.handover import DEFAULT_KEEP, HANDOVER_MODES, MIN_KEEP
 from edge_node.models import check_model_name
 from edge_node.net.discovery.static import parse_peers
 from edge_node.net.server import ServerLimits
@@ -119,7 +120,10 @@ class NodeConfig:
     )
     max_test_samples: int = key(DEFAULT_MAX_TEST_SAMPLES, "With data_refresh round: test on the newest N. 0: all.")
     # State, network, discovery.
-    state_dir: Path = key(DEFAULT_STATE_DIR, "Checkpoint, rounds.jsonl, energy.jsonl, status socket, model.onnx.")
+    state_dir: Path = key(
+        DEFAULT_STATE_DIR,
+        "Checkpoint, rounds.jsonl, energy.jsonl, status socket, handover/ (the model for applications).",
+    )
     listen: str = key(f"0.0.0.0:{DEFAULT_PORT}", "HOST:PORT of the peer gRPC service (port 0: any free port).")
     discovery: str = key("mdns", "mdns, static (--peers) or both.")
     interfaces: tuple[str, ...] = key((), "mDNS interfaces, names or addresses [default: those with a default route].")
@@ -179,7 +183,27 @@ class NodeConfig:
     # Measurement and outputs.
     energy_backend: str = key("auto", "Energy meter: auto, nvml, rapl, jetson, rpi5 or estimate.")
     value_type: str = key("float32", "How published values travel: float32, float16 or bfloat16.")
-    export_onnx: bool = key(True, "Keep the latest personalized model as model.onnx.")
+    export_onnx: bool = key(
+        True,
+        "Hand the personalized model to the device's application after each round: STATE_DIR/handover/ (ONNX of "
+        "raw input + model.json; see --handover) and model.onnx (normalised input; kept for one release). "
+        "false: nothing is written.",
+    )
+    handover: str = key(
+        "best",
+        "Which round's model STATE_DIR/handover/ holds: best (a round's model replaces it only when it scores no "
+        "worse on the node's current test set than the handed-over one, re-scored there, minus "
+        "--handover-tolerance) or latest (every round's).",
+        choices=HANDOVER_MODES,
+    )
+    handover_keep: int = key(
+        DEFAULT_KEEP, f"Handed-over models kept in STATE_DIR/handover/, the current one always (at least {MIN_KEEP})."
+    )
+    handover_tolerance: float | None = key(
+        None,
+        "How much worse (in the task metric's units) a round's model may score and still be handed over under "
+        "handover = best [default: one test sample's worth: 1/n for accuracy, MAE/n for an error].",
+    )
     privacy: str = key(
         "none",
         "dp-sgd: train with per-sample clipping and Gaussian noise so that what the node publishes is "
@@ -257,6 +281,13 @@ class NodeConfig:
             _at_least("threads", self.threads, 1)
         if self.energy_backend not in BACKENDS:
             raise ConfigError(f"energy_backend={self.energy_backend!r} must be one of {', '.join(BACKENDS)}")
+        if self.handover not in HANDOVER_MODES:
+            raise ConfigError(f"handover={self.handover!r} must be one of {', '.join(HANDOVER_MODES)}")
+        _at_least("handover_keep", self.handover_keep, MIN_KEEP)
+        if self.handover_tolerance is not None and not (
+            math.isfinite(self.handover_tolerance) and self.handover_tolerance >= 0
+        ):
+            raise ConfigError(f"handover_tolerance={self.handover_tolerance} must be a number >= 0")
         if self.value_type not in VALUE_TYPES:
             raise ConfigError(f"value_type={self.value_type!r} must be one of {', '.join(VALUE_TYPES)}")
         tls = [self.tls_ca, self.tls_cert, self.tls_key]

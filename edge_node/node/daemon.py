@@ -10,7 +10,8 @@ Each round (no global barrier: every node keeps its own round counter)::
                  train, accuracy after, update the mask; heartbeat, stop checks and energy phases
                  reach it as callbacks
     then         append the round's record to rounds.jsonl, checkpoint atomically, publish the
-                 snapshot (served to peers, advertised over mDNS), write status.json and model.onnx
+                 snapshot (served to peers, advertised over mDNS), write status.json, hand the model over
+                 (``node/handover.py``: STATE_DIR/handover/ and model.onnx)
 
 A node that finds nobody trains locally and keeps looking. A node whose peers are ahead continues at
 the upper median of its own and its accepted snapshots' rounds (``catch_up``), so late joiners are not
@@ -65,7 +66,7 @@ from edge_node.node import capacity
 from edge_node.node.barrier import wait_for_round
 from edge_node.node.config import NodeConfig
 from edge_node.node.data_refresh import DataRefresh, open_local_data
-from edge_node.node.export import ONNX_FILE, keep_onnx
+from edge_node.node.handover import node_handover
 from edge_node.node.local_data import LocalData
 from edge_node.node.local_model import node_model
 from edge_node.node.lockstep import Lockstep
@@ -233,6 +234,8 @@ class Node:
             self.spec = self.spec.with_buffers(dict(model.named_buffers()))
         self.params = self.params.fitted(model)  # a BatchNorm model trains whole batches
         self.model = model.to(self.device)
+        self.handover = node_handover(config, model, self.spec.arch_id, self.local, self.params.task,
+                                      self.metrics.export_failed, self.metrics.handover_outcome)  # fmt: skip
         init_weights = read_weights(self.model)
         identity = Identity(self.node_id, config.fleet, self.spec.arch_id, config.seed, self.client_index)
         self.checkpoint_path = config.state_dir / CHECKPOINT_FILE
@@ -549,10 +552,9 @@ class Node:
         totals.diverged_in_a_row = 0
         self.phase = "idle"
         write_status_file(self.config.state_dir, self.status())
-        if self.config.export_onnx:
-            self.beat()  # a failed export is one warning and a counted metric; training goes on
-            keep_onnx(self.config.state_dir / ONNX_FILE, self.model, new_state.weights, data.pool.input_shape,
-                      self.metrics.export_failed)  # fmt: skip
+        if self.handover is not None:  # export_onnx: the model for the device's application (handover/, model.onnx)
+            self.beat()  # a failed handover is one warning and a counted metric; training goes on
+            self.handover.after_round(next_round, new_state.weights, new_state.buffers, data)
         release_free_memory()  # pulled models, the aggregate, the export
         self.beat()
         refused_text = f", refused {_count_kinds(refused)}" if refused else ""

@@ -1,25 +1,25 @@
 """The personalized model as ONNX (masked weights), checked with onnxruntime against torch.
 
-The daemon keeps the latest one as ``model.onnx`` in its state directory (written atomically), so a
-local application can run inference with onnxruntime without torch; ``edge-node export`` writes one on
-demand and prints how far onnxruntime's outputs are from torch's on the node's test data.
+The daemon hands its model to the device's application after each round (``edge_node.node.handover``:
+``STATE_DIR/handover/``, raw input, and the compatibility file ``STATE_DIR/model.onnx`` of normalised input);
+``edge-node export`` writes one on demand and prints how far onnxruntime's outputs are from torch's on the
+node's test data.
 
 A model is checked once, where a command will export it (``start`` with ``export_onnx``, ``export``):
 :func:`onnx_problem` exports it to a temporary directory and runs onnxruntime on a zero batch, so a
 model the exporter cannot take is refused in one line before anything is written. A failure later, in a
-running daemon's round (:func:`keep_onnx`), is one warning and a counted metric: an export never stops
-a node.
+running daemon's round (``edge_node.node.handover``), is one warning and a counted metric: an export never
+stops a node.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 import os
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +29,9 @@ import torch
 from torch import nn
 
 from edge_node.algorithm.training import Batch
-from edge_node.errors import EdgeNodeError, ModelError, StorageError
+from edge_node.errors import ModelError, StorageError
 from edge_node.plugins import one_line
 from edge_node.storage import describe_failure
-
-_LOGGER = logging.getLogger(__name__)
 
 ONNX_FILE = "model.onnx"
 OPSET = 17
@@ -81,13 +79,13 @@ def with_weights(
     return scratch
 
 
-def _reason(exc: BaseException) -> str:
+def reason_line(exc: BaseException) -> str:
     """An exporter's or onnxruntime's failure as one short line."""
     text = one_line(exc)
     return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 3] + "..."
 
 
-class _ExportFailed(Exception):
+class ExportFailed(Exception):
     """The exporter or onnxruntime refused the model; the message is the reason, on one line."""
 
 
@@ -112,14 +110,18 @@ def _stdout_silenced() -> Iterator[None]:
         os.close(devnull)
 
 
-def _export(scratch: nn.Module, path: Path, input_shape: tuple[int, ...]) -> None:
-    """torch's ONNX exporter on ``scratch`` (a CPU copy in eval mode), to ``path``, dynamic batch size.
+def export_module(
+    scratch: nn.Module, path: Path, input_shape: tuple[int, ...], names: tuple[str, str] = (INPUT_NAME, OUTPUT_NAME)
+) -> None:
+    """torch's ONNX exporter on ``scratch`` (a CPU copy in eval mode), to ``path``, dynamic batch size; ``names``:
+    the graph's input and output names.
 
     Raises:
         OSError: ``path`` cannot be written.
-        _ExportFailed: the exporter refused the model (an op it has no ONNX form for, a forward it cannot
+        ExportFailed: the exporter refused the model (an op it has no ONNX form for, a forward it cannot
             trace, a BatchNorm layer without running statistics given one sample, ...).
     """
+    input_name, output_name = names
     with warnings.catch_warnings(), _stdout_silenced():
         warnings.simplefilter("ignore")  # the exporter's tracer warnings are no news to the node's log
         try:
@@ -128,15 +130,15 @@ def _export(scratch: nn.Module, path: Path, input_shape: tuple[int, ...]) -> Non
                 (torch.zeros(1, *input_shape),),
                 str(path),
                 dynamo=False,  # the TorchScript exporter needs no onnxscript and is exact for these models
-                input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
-                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+                input_names=[input_name],
+                output_names=[output_name],
+                dynamic_axes={input_name: {0: "batch"}, output_name: {0: "batch"}},
                 opset_version=OPSET,
             )
         except OSError:
             raise
         except Exception as exc:  # the exporter raises RuntimeError, ValueError, its own errors, a user's forward's
-            raise _ExportFailed(_reason(exc)) from None
+            raise ExportFailed(reason_line(exc)) from None
 
 
 def write_onnx(
@@ -153,11 +155,18 @@ def write_onnx(
         ModelError: the exporter refused the model (nothing written).
         StorageError: the file cannot be written (the previous one stays).
     """
-    scratch = with_weights(model, weights, buffers)
+    return write_module_onnx(path, with_weights(model, weights, buffers), input_shape)
+
+
+def write_module_onnx(
+    path: Path, scratch: nn.Module, input_shape: tuple[int, ...], names: tuple[str, str] = (INPUT_NAME, OUTPUT_NAME)
+) -> int:
+    """``scratch`` (a CPU module in eval mode, e.g. from :func:`with_weights`) as ONNX at ``path``, atomically;
+    returns its size. ``names``: the graph's input and output. Raises as :func:`write_onnx`."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        _export(scratch, tmp, tuple(input_shape))
+        export_module(scratch, tmp, tuple(input_shape), names)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -165,7 +174,7 @@ def write_onnx(
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise StorageError(describe_failure(path, exc)) from exc
-    except _ExportFailed as exc:
+    except ExportFailed as exc:
         tmp.unlink(missing_ok=True)
         raise ModelError(f"the model cannot be exported to ONNX ({exc})") from None
     except BaseException:
@@ -190,41 +199,21 @@ def onnx_problem(model: nn.Module, input_shape: tuple[int, ...]) -> str | None:
     with tempfile.TemporaryDirectory(prefix="edge-node-onnx-check-") as scratch_dir:
         path = Path(scratch_dir) / ONNX_FILE
         try:
-            _export(scratch, path, shape)
+            export_module(scratch, path, shape)
         except OSError as exc:
             raise StorageError(describe_failure(path, exc)) from exc
-        except _ExportFailed as exc:
+        except ExportFailed as exc:
             return str(exc)
         try:
             session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
             got = session.run([OUTPUT_NAME], {INPUT_NAME: np.zeros((1, *shape), dtype=np.float32)})[0]
         except Exception as exc:  # onnxruntime's own errors (an op or a type it lacks)
-            return f"onnxruntime: {_reason(exc)}"
+            return f"onnxruntime: {reason_line(exc)}"
     with torch.no_grad():
         expected = scratch(torch.zeros(1, *shape))
     if tuple(got.shape) != tuple(expected.shape):
         return f"onnxruntime gives outputs of shape {tuple(got.shape)}, torch {tuple(expected.shape)}"
     return None
-
-
-def keep_onnx(
-    path: Path,
-    model: nn.Module,
-    weights: Mapping[str, torch.Tensor],
-    input_shape: tuple[int, ...],
-    on_failure: Callable[[], None],
-) -> bool:
-    """The daemon's per-round ``model.onnx``: :func:`write_onnx`, whose failure (the exporter's, a full
-    disk) is one warning and ``on_failure()`` (a metric), never an exception; the previous file stays.
-    Returns whether it was written."""
-    try:
-        write_onnx(path, model, weights, input_shape)
-        return True
-    except Exception as exc:  # whatever it is, training goes on without this round's export
-        reason = str(exc) if isinstance(exc, EdgeNodeError) else _reason(exc)
-        _LOGGER.warning("%s not updated this round: %s; training goes on", path, reason)
-        on_failure()
-        return False
 
 
 def check_onnx(

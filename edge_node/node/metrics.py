@@ -156,15 +156,24 @@ class NodeMetrics:
             registry=reg,
         )  # fmt: skip
         self.export_failures = Counter(
-            "edge_node_export_failures", "Rounds whose model.onnx could not be written (export_onnx; the previous "
-            "file stays, training goes on).", registry=reg,
+            "edge_node_export_failures", "Rounds whose model could not be handed over or written as model.onnx "
+            "(export_onnx: the exporter, a full disk; the pair handed over before stays, training goes on).",
+            registry=reg,
+        )  # fmt: skip
+        self.handovers = Counter(
+            "edge_node_handover_rounds", "Rounds whose model was handed over (outcome handed_over) or not, the one "
+            "handed over before scoring better (kept; handover = best).", ["outcome"], registry=reg,
         )  # fmt: skip
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
     def export_failed(self) -> None:
-        """Count a round whose ONNX export failed (edge_node.node.export.keep_onnx)."""
+        """Count a round whose handover failed (edge_node.node.handover)."""
         self.export_failures.inc()
+
+    def handover_outcome(self, outcome: str) -> None:
+        """Count a round's handover: "handed_over" or "kept" (edge_node.node.handover)."""
+        self.handovers.labels(outcome=outcome).inc()
 
     def observe_round(self, record: dict[str, Any]) -> None:
         """Count a completed round from its ``rounds.jsonl`` record."""

@@ -189,14 +189,15 @@ def test_a_daemon_whose_export_fails_warns_counts_and_goes_on(tmp_path, monkeypa
     logs one warning; ``edge_node_export_failures_total`` counts them; no model.onnx appears."""
     monkeypatch.setattr("edge_node.node.local_model.onnx_problem", lambda model, shape: None)
     config = _node_config(tmp_path / "state", f"{X}:fft_mlp")
-    caplog.set_level(logging.WARNING, logger="edge_node.node.export")
+    caplog.set_level(logging.WARNING, logger="edge_node.node.handover")
     node = _rounds(config, 2)
     assert node.rounds_done == 2
-    warnings = [r.getMessage() for r in caplog.records if r.name == "edge_node.node.export"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "edge_node.node.handover"]
     assert len(warnings) == 2 and "cannot be exported to ONNX" in warnings[0] and "\n" not in warnings[0], warnings
     assert node.metrics.registry.get_sample_value("edge_node_export_failures_total") == 2.0
     assert not (config.state_dir / ONNX_FILE).exists()
     assert not list(config.state_dir.glob("*.tmp"))
+    assert not list((config.state_dir / "handover").iterdir())  # no pair, no pointer, no half-written folder
 
 
 def test_without_export_onnx_a_model_that_cannot_be_exported_trains_with_one_warning(tmp_path, caplog):
@@ -208,3 +209,4 @@ def test_without_export_onnx_a_model_that_cannot_be_exported_trains_with_one_war
     assert len(warnings) == 1, warnings
     assert "'aten::fft_rfft'" in warnings[0] and "export_onnx = false, so this node runs without" in warnings[0]
     assert not (config.state_dir / ONNX_FILE).exists()
+    assert not (config.state_dir / "handover").exists()  # export_onnx = false: nothing written
