@@ -51,7 +51,7 @@ def capacity(as_json: bool, config_file: Path | None, **flags: Any) -> None:
     from edge_node.node.local_model import node_model
 
     config = load_node_config(config_file, flags)
-    device = cap.runtime_device(config)  # --threads and --device as the daemon applies them
+    device, _ = cap.runtime_device(config)  # --threads and --device as the daemon applies them
     local = load_local_data(config, config.resolved_client_index, device)
     _, spec = node_model(config, local)
     decision = cap.measure(config, local, spec, device)

@@ -70,7 +70,7 @@ from edge_node.data.batches import ClientData
 from edge_node.errors import ConfigError
 from edge_node.models import build_model
 from edge_node.node.limits import Limits, ceil_cpus, own_limits
-from edge_node.torch_threads import apply_threads
+from edge_node.torch_threads import ThreadGovernor, apply_threads
 from edge_node.wire import ModelSpec, ValueType, encoded_model_size
 
 if TYPE_CHECKING:
@@ -397,16 +397,17 @@ def kept_from_checkpoint(density: float, configured_density: float | None) -> Ca
     return CapacityDecision(density, tier_name(density), "checkpoint", why, None, ())
 
 
-def runtime_device(config: NodeConfig) -> torch.device:
-    """Apply the node's torch settings (``threads``) and check its device, as ``edge-node start`` runs.
+def runtime_device(config: NodeConfig) -> tuple[torch.device, ThreadGovernor | None]:
+    """Apply the node's torch settings (``threads``: fixed, or the thread policy, returned for the training
+    loop to tick) and check its device, as ``edge-node start`` runs.
 
     Raises:
         ConfigError: ``device = "cuda"`` where torch sees no CUDA device.
     """
-    apply_threads(config.threads)
+    governor = apply_threads(config.threads)
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' asked for but torch.cuda.is_available() is False")
-    return torch.device(config.device)
+    return torch.device(config.device), governor
 
 
 def _timing_dp(config: NodeConfig) -> DPConfig | None:

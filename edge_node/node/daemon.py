@@ -90,6 +90,7 @@ from edge_node.records import ROUNDS_LOG, node_entry, task_fields
 from edge_node.seeding import Stream, numpy_generator
 from edge_node.storage import append_line, truncate_jsonl
 from edge_node.task_names import format_metric
+from edge_node.torch_threads import ThreadGovernor, tick
 from edge_node.version import __version__
 from edge_node.wire import DecodedModel, ValueType, compile_decoder
 
@@ -128,6 +129,7 @@ class Node:
         self.client_index = config.resolved_client_index
         self.params: DisPFLParams = config.dispfl_params()
         self.budget: PrivacyBudget | None = None  # set once the local data is known (privacy dp-sgd)
+        self.governor: ThreadGovernor | None = None  # the thread policy (set at start-up; None: fixed threads)
         self.phase = "starting"
         self.rounds_done = 0
         self.port: int | None = None
@@ -170,10 +172,12 @@ class Node:
         self._heartbeat = time.monotonic()
 
     def _tick(self, batches: Iterable[Batch]) -> Iterator[Batch]:
-        """``batches``, beating the heartbeat and checking for a stop before each."""
+        """``batches``, beating the heartbeat and checking for a stop before each; the thread policy looks at the
+        machine's load between them."""
         for batch in batches:
             self._check_stop()
             self.beat()
+            tick(self.governor)
             yield batch
 
     # -- life ---------------------------------------------------------------------------------------
@@ -195,7 +199,7 @@ class Node:
         """
         config = self.config
         config.check_runnable()
-        self.device = capacity.runtime_device(config)
+        self.device, self.governor = capacity.runtime_device(config)
         self.tls = self._load_tls()
         check_listen_free(config.listen)  # fail fast, before the data is loaded
         check_fd_limit(config.server_limits())  # raises the soft fd limit; ConfigError if it cannot fit

@@ -113,7 +113,7 @@ def run_simulation(
     of clients and computes every record; only the writer (process 0) reads the checkpoint (and sends it to
     the others), writes the run directory and calls the callbacks.
     """
-    apply_threads(config.threads)  # before the first step, as a daemon does (edge_node.torch_threads)
+    governor = apply_threads(config.threads)  # before the first step, as a daemon does (edge_node.torch_threads)
     device = resolve_device(config.device)
     model = build_checked_model(config.model, dataset.num_outputs, dataset.input_shape, config.seed)
     config.check_model(model)
@@ -179,6 +179,7 @@ def run_simulation(
         on_client=on_client,
         shard=shard,
         graphs=_graphs_factory(config, model, (params.batch_size, *pool.input_shape), params),
+        governor=governor,
     )
     state = method.initial_state(ctx) if saved is None else method.restore(ctx, saved)
     if saved is not None:

@@ -39,6 +39,7 @@ from edge_node.data.batches import Batch, ClientData
 from edge_node.energy import EnergyAccountant
 from edge_node.errors import TrainingDiverged
 from edge_node.sim.shard import SINGLE, Shard
+from edge_node.torch_threads import ThreadGovernor, tick
 from edge_node.wire import ModelSpec, ValueType, encoded_model_size
 
 if TYPE_CHECKING:
@@ -200,6 +201,8 @@ class SimContext:
     shard: Shard = SINGLE  # which clients this process trains (all of them without torchrun)
     # The run's captured training step (--cuda-graphs), built on first call; None: eager steps.
     graphs: Callable[[], StepReplay] | None = None
+    # The thread policy (edge_node.torch_threads), ticked between training batches; None: a fixed count.
+    governor: ThreadGovernor | None = None
     densities: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -294,12 +297,19 @@ class SimContext:
             yield
             self.sync()
 
+    def train_batches(self, i: int, epochs: int, generator: torch.Generator) -> Iterator[Batch]:
+        """Client ``i``'s training batches (``ClientData.train_batches`` at the run's batch size); the thread
+        policy looks at the machine's load between them."""
+        for batch in self.data[i].train_batches(epochs, generator, self.params.batch_size):
+            tick(self.governor)
+            yield batch
+
     def hooks(self, i: int, **more: Any) -> RoundHooks:
         """Client ``i``'s :class:`RoundHooks`: its batches, its test accuracy, the run's energy phases."""
-        data, batch_size, eval_batch_size = self.data[i], self.params.batch_size, self.config.eval_batch_size
+        data, eval_batch_size = self.data[i], self.config.eval_batch_size
 
         def batches(epochs: int, generator: torch.Generator) -> Iterator[Batch]:
-            return data.train_batches(epochs, generator, batch_size)
+            return self.train_batches(i, epochs, generator)
 
         if data.pool.device.type == "cuda":  # the CPU waits on the GPU meanwhile: draw the mask update's scores
             more.setdefault("ahead", run_ahead)

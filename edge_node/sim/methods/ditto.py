@@ -85,7 +85,7 @@ def _client_update(
     global_steps, personal_steps = split_steps(
         params.epochs * steps_per_epoch(data.num_train, params.batch_size), config.ditto_personal_share
     )
-    stream = data.train_batches(params.epochs, torch_generator(config.seed, Stream.TRAIN, i, t), params.batch_size)
+    stream = ctx.train_batches(i, params.epochs, torch_generator(config.seed, Stream.TRAIN, i, t))
     sgd = params.sgd(t)
     load_weights(ctx.model, received.weights)
     global_stats = train_masked(ctx.model, received.train_mask, islice(stream, global_steps), sgd)

@@ -64,7 +64,7 @@ def _fine_tuned_accuracy(ctx: SimContext, t: int, i: int, server: ClientState) -
     data, params = ctx.data[i], ctx.params
     generator = torch_generator(ctx.config.seed, Stream.FINETUNE, i, t)
     load_weights(ctx.model, server.weights)
-    batches = data.train_batches(params.epochs, generator, params.batch_size)
+    batches = ctx.train_batches(i, params.epochs, generator)
     train_masked(ctx.model, server.train_mask, batches, params.sgd(t))
     return score(ctx.model, data, ctx.config.eval_batch_size, ctx.params.task)
 

@@ -103,7 +103,7 @@ def _client_round(
     steps = samples = 0
     loss_sum = 0.0
     for epoch in range(params.epochs):
-        stats = train_masked(ctx.model, mask, data.train_batches(1, generator, params.batch_size), sgd)
+        stats = train_masked(ctx.model, mask, ctx.train_batches(i, 1, generator), sgd)
         steps, samples, loss_sum = (
             steps + stats.steps,
             samples + stats.samples,
