@@ -92,9 +92,10 @@ def preset_note(command: str, dataset: str, given: Collection[str]) -> str:
     return f'# {DEMO_PRESET} (dataset "{DEMO_DATASET}", README "Demo settings"): {values}'
 
 
-def neighbours_of(others: int) -> int:
-    """The default neighbours of a client with ``others`` peers to pick from: the table's, at most all of them."""
-    return max(1, min(DEFAULTS.neighbours, others))
+def neighbours_of(others: int, neighbours: int = DEFAULTS.neighbours) -> int:
+    """The default ``neighbours`` (the table's, or a preset's) of a client with ``others`` peers to pick from:
+    at most all of them."""
+    return max(1, min(neighbours, others))
 
 
 def threads_of(processes: int) -> int | None:

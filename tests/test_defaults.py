@@ -63,6 +63,11 @@ def test_the_demo_preset_fills_only_what_is_not_given(command, tmp_path: Path):
     assert preset_note(command, "demo", set(demo)) == "" and preset_note(command, OFF_DEMO, set()) == ""
 
 
+def test_the_preset_neighbours_are_at_most_the_other_clients(tmp_path: Path):
+    assert SimConfig(output=tmp_path, clients=2).neighbours == 1  # the preset's 2: one client has only one other
+    assert SimConfig(output=tmp_path, clients=3).neighbours == PRESETS["simulate"]["neighbours"]
+
+
 def test_simulate_threads_is_checked_and_resumable(tmp_path: Path):
     assert SimConfig(threads=2, output=tmp_path).threads == 2
     with pytest.raises(ConfigError, match=r"threads=0 must be at least 1"):

@@ -326,12 +326,12 @@ class SimConfig:
     def _fill_defaults(self) -> None:
         """Set the settings left None whose default depends on the data set: the demo preset's on the demo set,
         else the shared table's (neighbours: at most the other clients)."""
-        shared = {"neighbours": neighbours_of(self.clients - 1), "epochs": DEFAULTS.epochs,
-                  "batch_size": DEFAULTS.batch_size}  # fmt: skip
         demo = preset(COMMAND, self.dataset)
+        shared = {**{"epochs": DEFAULTS.epochs, "batch_size": DEFAULTS.batch_size}, **demo}
+        shared["neighbours"] = neighbours_of(self.clients - 1, shared.get("neighbours", DEFAULTS.neighbours))
         for name, value in shared.items():
             if getattr(self, name) is None:
-                object.__setattr__(self, name, demo.get(name, value))
+                object.__setattr__(self, name, value)
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
             raise ConfigError(f"threads={self.threads!r} must be at least 1")
 
