@@ -8,9 +8,10 @@ cores. Torch's own default (one thread per core) is what made a round 4x slower 
 OpenMP's threads wait for the one that lost its core at every parallel region (docs/RESULTS.md, "A device
 shared with its application"); on one thread fewer the round costs what the lost core was worth.
 
-What torch reads only as it loads cannot be set here: the OpenMP wait policy (``OMP_WAIT_POLICY``, whether
-idle workers spin) and ``OMP_NUM_THREADS``. The command line sets the wait policy before torch loads
-(:func:`set_wait_policy`); a program using the Python API sets it in its environment.
+The OpenMP wait policy stays OpenMP's own (spin a while, then sleep): ``OMP_WAIT_POLICY=PASSIVE`` made an
+idle machine's demo round 1.23x slower here (docs/RESULTS.md), and with threads that follow the free cores
+no worker waits long for a core another program holds. It is read only as torch loads: a user who wants
+another gives it in the environment.
 """
 
 from __future__ import annotations
@@ -153,13 +154,6 @@ def tick(governor: ThreadGovernor | None) -> None:
     """``governor.tick()`` where there is one (a run with a fixed thread count has none)."""
     if governor is not None:
         governor.tick()
-
-
-def set_wait_policy(environ: dict[str, str] | None = None) -> None:
-    """OpenMP workers that sleep instead of spinning while they wait (``OMP_WAIT_POLICY=PASSIVE``), unless the
-    environment says otherwise: called by the command line before torch loads."""
-    env = os.environ if environ is None else environ
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _torch_threads() -> int:

@@ -19,7 +19,6 @@ from edge_node.errors import (
     TrainingDiverged,
 )
 from edge_node.exit_codes import ExitCode
-from edge_node.torch_threads import set_wait_policy
 from edge_node.version import __version__
 
 # Subcommand name -> module that defines it (a click command of the same name registered on ``app``).
@@ -157,7 +156,6 @@ def _exit_with(message: str, code: ExitCode) -> NoReturn:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, map errors to the documented exit codes."""
-    set_wait_policy()  # read by OpenMP as torch loads: before any command imports it
     try:
         result = app.main(args=argv, prog_name="edge-node", standalone_mode=False)
     except click.exceptions.Exit as exc:
