@@ -51,6 +51,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     global _SESSION_THREADS
     _SESSION_THREADS = torch.get_num_threads()
+    # A fixed thread count for every run the tests start, in process and in subprocesses: tests compare runs
+    # bit for bit (a resumed run with one that was not stopped), and the thread policy (edge_node.torch_threads)
+    # would follow the machine's load. The policy's own tests build it directly.
+    os.environ.setdefault("OMP_NUM_THREADS", str(_SESSION_THREADS))
 
 
 @pytest.fixture(autouse=True)

@@ -101,3 +101,31 @@ def test_a_program_spinning_on_one_of_two_cores_takes_a_thread_away() -> None:
     finally:
         spinner.kill()
         spinner.wait()
+
+
+class CountingGovernor:
+    """Stands in for the thread policy: counts the ticks a run makes."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    def tick(self) -> int:
+        self.ticks += 1
+        return 1
+
+
+@pytest.mark.parametrize("method", ["dispfl", "fedavg"])
+def test_a_simulation_without_a_fixed_count_ticks_the_policy_before_every_training_batch(
+    method: str, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    from edge_node.data import load_dataset
+    from edge_node.sim import runner
+    from edge_node.sim.config import SimConfig
+
+    governor = CountingGovernor()
+    monkeypatch.setattr(runner, "apply_threads", lambda threads: governor)
+    config = SimConfig(method=method, clients=2, neighbours=1, fedavg_clients=2, rounds=1, epochs=1,
+                       samples_per_client=40, batch_size=20, progress=False, energy_backend="estimate",
+                       output=tmp_path / method)  # fmt: skip
+    runner.run_simulation(config, load_dataset("demo"))
+    assert governor.ticks >= 2 * 2  # 2 clients x (at least) 2 batches of 20 of their training samples
