@@ -29,7 +29,7 @@ def test_every_key_is_a_flag_with_its_help(command, cls):
         assert option.default is None and option.help, field.name  # a given flag wins over the file
         if field.metadata.get("choices"):
             assert isinstance(option.type, click.Choice) and tuple(option.type.choices) == field.metadata["choices"]
-    assert "--threads" in options["threads"].opts and "set before training" in (options["threads"].help or "")
+    assert "--threads" in options["threads"].opts and "the thread policy" in (options["threads"].help or "")
 
 
 class _Stop(Exception):
