@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_node.errors import HandoverError, StorageError
-from edge_node.storage import atomic_write_text, describe_failure
+from edge_node.storage import atomic_write_text, describe_failure, fsync_path
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -69,14 +69,6 @@ def sha256_of(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -127,11 +119,11 @@ def publish(pending: Path, info: Mapping[str, Any], *, round_done: int, keep: in
             handle.write(json.dumps(full, indent=2) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-        _fsync(onnx)
-        _fsync(pending)
+        fsync_path(onnx)
+        fsync_path(pending)
         name = _folder_name(root, round_done, sha)
         os.rename(pending, root / name)
-        _fsync(root)
+        fsync_path(root)
     except OSError as exc:
         raise StorageError(describe_failure(pending, exc)) from exc
     pointer = {"format": FORMAT_VERSION, "folder": name, "round": round_done, "onnx_sha256": sha}

@@ -37,8 +37,9 @@ def describe_failure(path: Path, exc: BaseException) -> str:
     return f"cannot write {path}: {cause}"
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """Flush a file's or a directory's data (a directory: the names renamed into it) to disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -59,7 +60,7 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_path(path.parent)
     except (OSError, RuntimeError) as exc:  # torch.save reports a short write as RuntimeError
         tmp.unlink(missing_ok=True)
         if _interrupted(exc):  # Ctrl-C inside torch.save surfaces as its zip writer's RuntimeError

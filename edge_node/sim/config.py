@@ -327,7 +327,7 @@ class SimConfig:
         """Set the settings left None whose default depends on the data set: the demo preset's on the demo set,
         else the shared table's (neighbours: at most the other clients)."""
         demo = preset(COMMAND, self.dataset)
-        shared = {**{"epochs": DEFAULTS.epochs, "batch_size": DEFAULTS.batch_size}, **demo}
+        shared = {"epochs": DEFAULTS.epochs, "batch_size": DEFAULTS.batch_size, **demo}
         shared["neighbours"] = neighbours_of(self.clients - 1, shared.get("neighbours", DEFAULTS.neighbours))
         for name, value in shared.items():
             if getattr(self, name) is None:
