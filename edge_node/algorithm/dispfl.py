@@ -33,7 +33,15 @@ from torch import nn
 from edge_node.algorithm.aggregation import aggregate, aggregate_buffers
 from edge_node.algorithm.dp import DPConfig, dp_noise_generator
 from edge_node.algorithm.frozen import frozen_names
-from edge_node.algorithm.masks import MASK_METHODS, check_density, init_masks, mask_density
+from edge_node.algorithm.masks import (
+    MASK_METHODS,
+    active_counts,
+    check_density,
+    erk_densities,
+    init_masks,
+    mask_density,
+    uniform_densities,
+)
 from edge_node.algorithm.norm_stats import (
     DEFAULT_NORM_STATS,
     NORM_STATS,
@@ -42,7 +50,13 @@ from edge_node.algorithm.norm_stats import (
     read_buffers,
     trainable,
 )
-from edge_node.algorithm.prune_regrow import REGROW_RULES, draw_regrow_scores, random_regrow_plan, update_masks
+from edge_node.algorithm.prune_regrow import (
+    REGROW_RULES,
+    draw_regrow_scores,
+    random_regrow_plan,
+    retier_masks,
+    update_masks,
+)
 from edge_node.algorithm.robust import StatsOf, model_stats, screen_peer_buffers, screen_peer_models
 from edge_node.algorithm.schedules import learning_rate, prune_rate
 from edge_node.algorithm.tasks import CLASSIFICATION, Task, resolve_task
@@ -317,6 +331,28 @@ def regrow_scores(
     on another thread (one host read here; the job touches only a CPU generator)."""
     plan = random_regrow_plan(train_mask, params.prune_rate(round_index))
     return lambda: draw_regrow_scores(plan, torch_generator(seed, Stream.REGROW, client, round_index))
+
+
+def retier(
+    state: ClientState, density: float, round_index: int, *, seed: int, client: int, mask_init: str = "erk",
+    frozen: Collection[str] = (),
+) -> ClientState:  # fmt: skip
+    """``state`` moved to another tier's ``density`` at a round boundary (``capacity = "auto"`` re-measured).
+
+    The mask the next aggregation lands on (``next_mask``) takes the per-tensor active counts :func:`start` gives
+    that density (ERK, or uniform under ``mask_init = "uniform"``): a sparser tier prunes each tensor's smallest
+    ``|w|``, a denser one regrows random positions (``Stream.RETIER``), which start at 0 and are filled by the
+    aggregation, as the mask update's regrowth is. ``train_mask`` (what was published with the weights) is
+    kept; the next round trains and publishes on the moved mask. ``frozen`` parameters stay dense.
+    """
+    density = check_density(density)
+    trained = {name: w for name, w in state.weights.items() if name not in frozen}
+    shapes = {name: tuple(w.shape) for name, w in trained.items()}
+    rule = uniform_densities if mask_init == "uniform" else erk_densities
+    counts = active_counts(shapes, rule(shapes, density))
+    generator = torch_generator(seed, Stream.RETIER, client, round_index)
+    next_mask = retier_masks(state.weights, state.next_mask, counts, generator)
+    return replace(state, next_mask=next_mask, density=density)
 
 
 def published(

@@ -160,3 +160,29 @@ def update_masks(
         )
         for name, mask in masks.items()
     }
+
+
+def retier_masks(
+    weights: Mapping[str, torch.Tensor],
+    masks: Mapping[str, torch.Tensor],
+    counts: Mapping[str, int],
+    generator: torch.Generator,
+) -> dict[str, torch.Tensor]:
+    """``masks`` moved to the per-tensor active ``counts`` of another tier: a tensor with too many active positions
+    drops its smallest ``|w|`` (:func:`drop_smallest`), one with too few regrows positions drawn uniformly at random
+    among its inactive ones (in ``masks``' order, from the CPU ``generator``), as the mask update regrows. Tensors not
+    in ``counts`` are kept as they are; inputs are untouched."""
+    moved: dict[str, torch.Tensor] = {}
+    for name, mask in masks.items():
+        target = counts.get(name)
+        active = int(mask.sum())
+        if target is None or target == active:
+            moved[name] = mask.clone()
+        elif target < active:
+            moved[name] = drop_smallest(weights[name], mask, active - target)
+        else:
+            flat = mask.reshape(-1).clone()
+            score = torch.rand(flat.numel(), generator=generator).to(mask.device).masked_fill(flat, float("-inf"))
+            flat[select_k(score, target - active, largest=True)] = True
+            moved[name] = flat.view_as(mask)
+    return moved

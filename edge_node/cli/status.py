@@ -36,7 +36,8 @@ def format_status(status: dict[str, Any]) -> str:
         ("peers known", ", ".join(status.get("peers_known") or []) or "none"),
         ("bytes in", f"{status.get('bytes_in_total', 0) / 1e6:.2f} MB this run"),
         ("energy", f"{status.get('energy_j_this_run', 0):.4g} J this run ({status.get('energy_label') or '-'})"),
-        ("capacity", _capacity(status.get("capacity"))),
+        ("capacity", _capacity(status.get("capacity"), status.get("tier_moves"))),
+        ("data", _data(status)),
         ("privacy", _privacy(status.get("privacy"))),
         ("refused", _refusals(status)),
     ]
@@ -66,10 +67,26 @@ def _privacy(budget: Any) -> str:
     )
 
 
-def _capacity(decision: Any) -> str:
+def _capacity(decision: Any, moves: Any) -> str:
+    """How the tier was decided, and capacity auto's moves since start."""
     if not isinstance(decision, dict):
         return "-"
-    return f"{decision.get('source')}: {decision.get('decided_by')}"
+    moved = {k: v for k, v in moves.items() if v} if isinstance(moves, dict) else {}
+    tail = "; moved " + ", ".join(f"{k} {v}x" for k, v in sorted(moved.items())) if moved else ""
+    return f"{decision.get('source')}: {decision.get('decided_by')}{tail}"
+
+
+def _data(status: dict[str, Any]) -> str:
+    """Training and test samples now; with data_refresh round, the last re-read's new ones and the files refused."""
+    train, test = status.get("train_samples"), status.get("test_samples")
+    if train is None or test is None:
+        return "-"
+    text = f"{train} training, {test} test samples"
+    if status.get("data_refresh") == "round":
+        refused = status.get("data_refused") or {}
+        skipped = ", ".join(f"{k} {v}" for k, v in sorted(refused.items())) or "none"
+        text += f"; re-read every round: {status.get('samples_arrived', 0)} arrived last, refused {skipped}"
+    return text
 
 
 def _refusals(status: dict[str, Any]) -> str:

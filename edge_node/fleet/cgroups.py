@@ -164,6 +164,15 @@ class DeviceGroup:
         script = f"{setup} || {failed}; {join}"
         return ["ip", "netns", "exec", namespace, "sh", "-c", script, "edge-node-cgroup", *files, "--", *argv]
 
+    def set_cpu(self, cpu: float | None) -> None:
+        """Change the group's CPU quota now (None: no quota), as an operator changes a running container's."""
+        if cpu is not None and cpu < MIN_CPU:
+            raise ConfigError(f"cpu={cpu:g} must be at least {MIN_CPU:g} of a CPU")
+        if self.version == 2:
+            _write(self.dirs[0] / "cpu.max", f"{'max' if cpu is None else cpu_quota_us(cpu)} {CFS_PERIOD_US}")
+        else:
+            _write(self.dirs[0] / "cpu.cfs_quota_us", "-1" if cpu is None else str(cpu_quota_us(cpu)))
+
     def oom_kills(self) -> int:
         """How often the kernel's OOM killer killed a process of this group (0 when it cannot say)."""
         name, key = ("memory.events", "oom_kill") if self.version == 2 else ("memory.oom_control", "oom_kill")

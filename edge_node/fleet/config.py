@@ -164,6 +164,9 @@ class FleetConfig:
             "batch_size": self.batch_size,
             "lr": self.lr,
             "capacity": self.capacity,
+            # The fleet's nodes share this machine: each would see the others' rounds as another program's load
+            # and move tiers with them; a loopback node keeps the tier it measured at start.
+            "capacity_recheck_rounds": 0,
             "threads": self.threads,
             "pull_timeout_s": self.pull_timeout_s,
             "round_budget_s": self.round_budget_s,

@@ -42,6 +42,7 @@ class NodeRow:
     node_id: str | None = None
     fleet: str | None = None
     tier: float | None = None
+    tier_moves: int | None = None  # capacity auto's moves since start (None: a node that does not say)
     rounds_done: int | None = None
     phase: str | None = None
     acc_after: float | None = None  # the task's headline metric after local training (accuracy, mae, ...)
@@ -161,6 +162,8 @@ def parse_metrics(endpoint: str, text: str, now: float) -> NodeRow:
             elif sample.name == "edge_node_task_metric" and sample.labels.get("stage") == "after_training":
                 values["metric_after_training"] = sample.value
                 labels["metric_after_training"] = dict(sample.labels)
+            elif sample.name == "edge_node_tier_moves_total":  # one sample per direction: their sum
+                values[sample.name] = values.get(sample.name, 0.0) + sample.value
             else:
                 values[sample.name] = sample.value
                 labels[sample.name] = dict(sample.labels)
@@ -172,6 +175,7 @@ def parse_metrics(endpoint: str, text: str, now: float) -> NodeRow:
         return value if value is not None and math.isfinite(value) else None
 
     rounds = number("edge_node_rounds_done")
+    moves = number("edge_node_tier_moves_total")
     last = number("edge_node_last_round_timestamp_seconds")
     healthy = number("edge_node_healthy")
     train, test = number("edge_node_train_samples"), number("edge_node_test_samples")
@@ -180,7 +184,8 @@ def parse_metrics(endpoint: str, text: str, now: float) -> NodeRow:
     return NodeRow(
         endpoint=endpoint, node_id=labels["edge_node_build_info"].get("node_id"),
         fleet=labels["edge_node_build_info"].get("fleet"),
-        tier=number("edge_node_tier_density_ratio"), rounds_done=None if rounds is None else int(rounds), phase=phase,
+        tier=number("edge_node_tier_density_ratio"), tier_moves=None if moves is None else int(moves),
+        rounds_done=None if rounds is None else int(rounds), phase=phase,
         acc_after=after, metric=metric, last_round_unix=last if last else None, refusals=int(refusals),
         train_samples=None if train is None else int(train), test_samples=None if test is None else int(test),
         healthy=None if healthy is None else healthy == 1, read_unix=now,
@@ -216,10 +221,17 @@ def row_cells(row: NodeRow, now: float) -> tuple[str, ...]:
     ago = "-" if row.last_round_unix is None else f"{max(now - row.last_round_unix, 0):.0f} s ago"
     phase = (row.phase or "-") + ("" if row.healthy in (True, None) else " (NOT healthy)")
     return (
-        row.node_id or "?", row.endpoint, "-" if row.tier is None else f"{row.tier:g}",
+        row.node_id or "?", row.endpoint, _tier_cell(row),
         "-" if row.rounds_done is None else f"{row.rounds_done} done", phase,
         _metric_cell(row), _samples_cell(row), ago, str(row.refusals),
     )  # fmt: skip
+
+
+def _tier_cell(row: NodeRow) -> str:
+    """``0.6``, or ``0.2 (moved 1x)`` after capacity auto moved the node (``-`` for a node that does not say)."""
+    if row.tier is None:
+        return "-"
+    return f"{row.tier:g}" + (f" (moved {row.tier_moves}x)" if row.tier_moves else "")
 
 
 def _samples_cell(row: NodeRow) -> str:

@@ -1,6 +1,8 @@
 """``--capacity auto``: measure this device and pick its DisPFL setting (ii) tier (density 0.2 .. 1.0).
 
-What is measured, once at start (logged, and shown by ``edge-node capacity``):
+What is measured at start (logged, and shown by ``edge-node capacity``); while the node runs,
+:mod:`edge_node.node.capacity_watch` measures again from the node's own rounds when the CPU it can get
+changes for a sustained period, and moves it to the tier that fits (:func:`from_round`):
 
 * sustained training throughput of the configured model: real masked-SGD steps on the node's own
   training batches, after two warm-up steps of ``WARMUP_SAMPLES`` samples, in a window of
@@ -34,7 +36,7 @@ fit, the node takes 0.2 and says which constraint it breaks.
 
 ``edge-node capacity`` and ``edge-node start --capacity auto`` measure through the same function,
 :func:`measure`, with the node's settings (threads, device, fleet seed, data slice). A node resuming
-from a checkpoint does not measure: its mask fixes its tier (:func:`kept_from_checkpoint`).
+from a checkpoint does not probe at start: its mask holds its tier (:func:`kept_from_checkpoint`).
 """
 
 from __future__ import annotations
@@ -126,7 +128,9 @@ class TierCheck:
 class CapacityDecision:
     density: float
     tier: str
-    source: str  # "measured" (auto), "configured" (--capacity D) or "checkpoint" (resumed: the mask's tier)
+    # "measured" (auto, at start), "remeasured" (auto, after the free CPU changed), "configured" (--capacity D) or
+    # "checkpoint" (resumed: the mask's tier)
+    source: str
     decided_by: str  # one line: why this tier and not the one above
     measurements: Measurements | None
     checks: tuple[TierCheck, ...]
@@ -268,11 +272,6 @@ def probe(
         samples += int(y[:step_samples].shape[0])
     elapsed = time.perf_counter() - started
     activation = max(0, _rss() - rss_before)
-    speed, detail = link_speed(interfaces)
-    accelerator = torch.cuda.get_device_name(device) if device.type == "cuda" else "none"
-    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    available, limits = available_memory()
-    cpus = len(affinity) if limits.cpus is None else min(len(affinity), ceil_cpus(limits.cpus))
     return Measurements(
         train_samples_per_s=samples / elapsed if elapsed > 0 else float("inf"),
         probe_steps=steps,
@@ -281,16 +280,40 @@ def probe(
         warmup_s=round(warmup_s, 3),
         probe_total_s=round(time.perf_counter() - started_total, 3),
         activation_bytes=activation,
-        available_memory_bytes=available,
-        cpu_count=cpus,
-        torch_threads=torch.get_num_threads(),
-        accelerator=accelerator,
-        link_mbit_s=speed,
-        link_detail=detail,
-        cpu_limit=limits.cpus,
-        memory_limit_bytes=limits.memory_limit_bytes,
-        limits_detail=f"{limits.cpu_detail}; {limits.memory_detail}",
+        **_device_readings(interfaces, device),
     )
+
+
+def _device_readings(interfaces: Sequence[str], device: torch.device) -> dict[str, Any]:
+    """The measurements that cost no training: memory, CPUs and cgroup limits, accelerator, link speed."""
+    speed, detail = link_speed(interfaces)
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    available, limits = available_memory()
+    return {
+        "available_memory_bytes": available,
+        "cpu_count": len(affinity) if limits.cpus is None else min(len(affinity), ceil_cpus(limits.cpus)),
+        "torch_threads": torch.get_num_threads(),
+        "accelerator": torch.cuda.get_device_name(device) if device.type == "cuda" else "none",
+        "link_mbit_s": speed,
+        "link_detail": detail,
+        "cpu_limit": limits.cpus,
+        "memory_limit_bytes": limits.memory_limit_bytes,
+        "limits_detail": f"{limits.cpu_detail}; {limits.memory_detail}",
+    }
+
+
+def from_round(
+    train_samples_per_s: float, interfaces: Sequence[str], device: torch.device, previous: Measurements | None
+) -> Measurements:
+    """The device measured again while the node runs: the training throughput of a whole round just run (its
+    samples over its training seconds: what the round budget holds), and memory, CPUs, limits and link read
+    now. The probe's fields are 0 (no probe ran); the activations are the start-up probe's (0 when the node
+    resumed without one: memory is the same at every tier, and was checked at the first start)."""
+    return Measurements(
+        train_samples_per_s=train_samples_per_s, probe_steps=0, probe_s=0.0, probe_batch_size=0, warmup_s=0.0,
+        probe_total_s=0.0, activation_bytes=previous.activation_bytes if previous is not None else 0,
+        **_device_readings(interfaces, device),
+    )  # fmt: skip
 
 
 def model_bytes_at(spec: ModelSpec, density: float, value_type: ValueType = ValueType.FLOAT32) -> int:
@@ -324,8 +347,10 @@ def choose_tier(
     neighbours: int,
     round_budget_s: float,
     value_type: ValueType = ValueType.FLOAT32,
+    source: str = "measured",
 ) -> CapacityDecision:
-    """Apply the module's rule to ``measured``; the decision says which constraint decided."""
+    """Apply the module's rule to ``measured``; the decision says which constraint decided (``source``: "measured"
+    at start, "remeasured" while running)."""
     memory = round_memory_bytes(spec, neighbours, measured.activation_bytes)
     budget_memory = measured.available_memory_bytes * (1 - MEMORY_HEADROOM)
     train_s = epochs * samples / measured.train_samples_per_s
@@ -355,7 +380,7 @@ def choose_tier(
     else:
         above = checks[checks.index(chosen) - 1]
         decided = f"density {above.density:g} breaks: {above.failed}"
-    return CapacityDecision(chosen.density, tier_name(chosen.density), "measured", decided, measured, tuple(checks))
+    return CapacityDecision(chosen.density, tier_name(chosen.density), source, decided, measured, tuple(checks))
 
 
 def check_memory(decision: CapacityDecision, model: str) -> None:
@@ -391,8 +416,8 @@ def kept_from_checkpoint(density: float, configured_density: float | None) -> Ca
     """The decision of a node resuming from a checkpoint: its mask fixes the tier, nothing is measured."""
     why = (
         f"kept from the checkpoint (= --capacity {configured_density:g})" if configured_density is not None else
-        "kept from the checkpoint: a mask cannot change tier, so it is not measured again (edge-node capacity"
-        " shows what this device would pick now; move the state dir away to start over at that tier)"
+        "kept from the checkpoint: not probed at start (capacity auto measures again from the node's rounds when its"
+        " free CPU changes; edge-node capacity shows what this device would pick now)"
     )  # fmt: skip
     return CapacityDecision(density, tier_name(density), "checkpoint", why, None, ())
 

@@ -149,6 +149,11 @@ class NodeConfig:
     capacity: str | float = key(
         DEFAULTS.capacity, "auto (measure; picks a tier 0.2 .. 1.0) or a fixed density in (0, 1]."
     )
+    capacity_recheck_rounds: int = key(
+        2,
+        "capacity auto: measure again, and move to the tier that fits, when the CPU the node can get (its quota less "
+        "other programs' load) changes by a quarter or more for this many rounds in a row. 0: only at start.",
+    )
     # Training.
     epochs: int = key(DEFAULTS.epochs, "Local epochs per round.")
     batch_size: int = key(DEFAULTS.batch_size, "Training batch size.")
@@ -263,6 +268,7 @@ class NodeConfig:
         if not math.isfinite(self.round_budget_s) or self.round_budget_s <= 0:
             raise ConfigError(f"round_budget_s={self.round_budget_s} must be a positive number of seconds")
         self.fixed_density  # noqa: B018 -- checks `capacity`
+        _at_least("capacity_recheck_rounds", self.capacity_recheck_rounds, 0)
         listed = parse_peers(list(self.peers)) if self.peers else []  # ConfigError naming a bad entry
         if self.lockstep and (
             self.client_index is None or self.discovery != "static" or not all(p.node_id for p in listed)

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from edge_node.algorithm import read_weights, tier_name
-from edge_node.algorithm.dispfl import ClientRound, DisPFLParams, RoundHooks, client_round, published, start
+from edge_node.algorithm.dispfl import ClientRound, DisPFLParams, RoundHooks, client_round, published, retier, start
 from edge_node.algorithm.norm_stats import batch_normalised, has_running_stats
 from edge_node.algorithm.tasks import score
 from edge_node.algorithm.training import Batch
@@ -64,6 +64,7 @@ from edge_node.net.discovery import Discovery, MdnsDiscovery, StaticDiscovery, r
 from edge_node.net.server import ModelSnapshot, check_fd_limit
 from edge_node.node import capacity
 from edge_node.node.barrier import wait_for_round
+from edge_node.node.capacity_watch import CapacityWatch, TierMove
 from edge_node.node.config import NodeConfig
 from edge_node.node.data_refresh import DataRefresh, open_local_data
 from edge_node.node.handover import node_handover
@@ -141,6 +142,9 @@ class Node:
         self._interruptible = False  # inside a compute-only section: a signal raises Stopped there
         self.data_refresh: DataRefresh | None = None  # data_refresh round: re-reads the data before each later round
         self._rounds_begun = 0  # rounds this run has begun: the first trains on the data read at start
+        self.capacity_watch: CapacityWatch | None = None  # capacity auto: re-decides the tier as the free CPU changes
+        self._tier_move: TierMove | None = None  # decided after the last round, applied at the next one's start
+        self._tier_moves = {"down": 0, "up": 0}
         self.tracker = PeerTracker(numpy_generator(config.seed, Stream.PEERS, self.client_index, 2**31 - 1))
 
     # -- signals ------------------------------------------------------------------------------------
@@ -256,6 +260,8 @@ class Node:
         self.identity = identity
         self.density = self.state.density
         self.tier = tier_name(self.density)
+        if config.fixed_density is None and config.capacity_recheck_rounds:
+            self.capacity_watch = CapacityWatch(self.tier, self._remeasure, sustain=config.capacity_recheck_rounds)
         try:
             meter = open_meter(config.energy_backend)  # after the data: its "no meter" warning is no error's noise
         except ValueError as exc:
@@ -419,6 +425,31 @@ class Node:
         )  # fmt: skip
         return decision
 
+    def _remeasure(self, train_samples_per_s: float) -> capacity.CapacityDecision:
+        """The rule's decision on this device as it is now, around a round's measured training throughput."""
+        config = self.config
+        measured = capacity.from_round(train_samples_per_s, config.interfaces, self.device,
+                                       self.capacity.measurements)  # fmt: skip
+        return capacity.choose_tier(
+            measured, self.spec, epochs=config.epochs, samples=self.local.data.num_train, neighbours=config.neighbours,
+            round_budget_s=config.round_budget_s, value_type=ValueType.parse(config.value_type), source="remeasured",
+        )  # fmt: skip
+
+    def _move_tier(self, t: int) -> dict[str, Any] | None:
+        """Apply the tier move decided after the last round (at this round boundary, before any pull: under
+        lock-step the boundary the fleet shares); what the round's record says of it."""
+        move, self._tier_move = self._tier_move, None
+        if move is None:
+            return None
+        self.state = retier(
+            self.state, move.decision.density, t, seed=self.config.seed, client=self.client_index,
+            mask_init=self.config.mask_init, frozen=self.params.frozen,
+        )  # fmt: skip
+        self.density, self.tier, self.capacity = self.state.density, move.after, move.decision
+        self._tier_moves[move.direction] += 1
+        _LOGGER.info("%s: tier %s -> %s (%s)", round_label(t), move.before, move.after, move.cause)
+        return move.to_json()
+
     def _start_server(self) -> None:
         config = self.config
         self.server_state = PeerServer(
@@ -463,6 +494,9 @@ class Node:
                 self.local = self.data_refresh.refresh()
             self.beat()
         self._rounds_begun += 1
+        tier_move = self._move_tier(t)
+        if self.capacity_watch is not None:
+            self.capacity_watch.round_began()
         self.phase = "communicate"
         with self.accountant.phase("communicate"):
             if self.lockstep is not None:
@@ -531,6 +565,8 @@ class Node:
             record["norm_stats"] = self.config.norm_stats
         if self.budget is not None:
             record.update(self.budget.to_json(next_round))
+        if tier_move is not None:
+            record["tier_move"] = tier_move
         if next_round > t + 1:
             record["caught_up_from"], record["caught_up_to"] = t + 1, next_round
             _LOGGER.info("%s: peers are ahead; continuing at %s instead of %s", round_label(t), round_label(next_round),
@@ -541,6 +577,8 @@ class Node:
             record["ahead_not_followed"] = ahead  # far ahead of the median of the round's models: not followed
         append_line(self.rounds_log, json.dumps(record))
         self.metrics.observe_round(record)
+        if self.capacity_watch is not None:  # applied at the next round's start
+            self._tier_move = self.capacity_watch.round_ended(t, trained.stats.samples, energy["seconds"]["train"])
         self.beat()
         save_checkpoint(self.checkpoint_path, Checkpoint(self.identity, next_round, new_state))
         self.state, self.rounds_done = new_state, next_round
@@ -659,7 +697,7 @@ class Node:
             )
         )  # fmt: skip
         for discovery in getattr(self, "discoveries", []):
-            discovery.update(round=self.rounds_done)
+            discovery.update(round=self.rounds_done, density=self.density, tier=self.tier)
 
     # -- peers --------------------------------------------------------------------------------------
     def _pull(
@@ -715,6 +753,7 @@ class Node:
             "tier": getattr(self, "tier", None),
             "density": getattr(self, "density", None),
             "capacity": self.capacity.to_json() if hasattr(self, "capacity") else None,
+            "tier_moves": dict(self._tier_moves),
             "rounds_done": self.rounds_done,
             "rounds_planned": self.config.rounds or None,
             "phase": self.phase,

@@ -96,6 +96,13 @@ class _StatusCollector(Collector):
             for reason, count in sorted((status.get(key) or {}).items()):
                 family.add_metric([str(reason)], float(count))
             yield family
+        moves = CounterMetricFamily(
+            "edge_node_tier_moves", "Tier moves of capacity auto after a sustained change of free CPU, by direction.",
+            labels=["direction"],
+        )  # fmt: skip
+        for direction, count in sorted((status.get("tier_moves") or {}).items()):
+            moves.add_metric([str(direction)], float(count))
+        yield moves
 
 
 def one_hot(name: str, text: str, label: str, states: tuple[str, ...], current: Any) -> GaugeMetricFamily:

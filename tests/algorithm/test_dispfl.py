@@ -15,6 +15,7 @@ from edge_node.algorithm.dispfl import (
     aggregate_peers,
     client_round,
     published,
+    retier,
     start,
     train_local,
     update_mask,
@@ -236,3 +237,38 @@ def test_jobs_run_ahead_on_one_thread_hand_back_their_result_or_error():
         wait()
     ran_on = {run_ahead(threading.get_ident)() for _ in range(3)}
     assert len(ran_on) == 1 and threading.get_ident() not in ran_on  # one worker thread, not this one
+
+
+def test_retier_moves_the_next_mask_to_another_tiers_counts_and_keeps_what_was_published(init):
+    """capacity auto's move at a round boundary: down prunes the smallest |w|, up regrows random positions (zero
+    until the next aggregation); the counts are the ones start() gives the new density; train_mask stays."""
+    state = start(init, 0.6, seed=1, client=0)
+    down = retier(state, 0.2, 4, seed=1, client=0)
+    assert _nnz(down.next_mask) == _nnz(start(init, 0.2, seed=1, client=0).train_mask) and down.density == 0.2
+    assert down.train_mask is state.train_mask and down.weights is state.weights  # published with the weights
+    for name, mask in down.next_mask.items():
+        assert not (mask & ~state.next_mask[name]).any()  # only pruned
+        kept, dropped = state.weights[name][mask].abs(), state.weights[name][state.next_mask[name] & ~mask].abs()
+        if kept.numel() and dropped.numel():
+            assert dropped.max() <= kept.min()  # the smallest magnitudes went
+    up = retier(down, 1.0, 5, seed=1, client=0)
+    assert all(bool(m.all()) for m in up.next_mask.values()) and up.density == 1.0
+    mid = retier(down, 0.6, 5, seed=1, client=0)
+    assert _nnz(mid.next_mask) == _nnz(state.next_mask)
+    assert all(not (down.next_mask[k] & ~mid.next_mask[k]).any() for k in init)  # only regrown
+    again = retier(down, 0.6, 5, seed=1, client=0)
+    assert all(torch.equal(mid.next_mask[k], again.next_mask[k]) for k in init)  # seeded by (client, round)
+    aggregated = aggregate_peers(mid, [])
+    assert aggregated.mask_density == pytest.approx(0.6, abs=0.01)  # the next round trains on the new tier
+    with pytest.raises(ConfigError, match="density=0"):
+        retier(state, 0.0, 4, seed=1, client=0)
+
+
+def test_retier_leaves_frozen_parameters_dense(init):
+    frozen = {next(iter(init))}
+    state = start(init, 0.6, seed=1, client=0, frozen=frozen)
+    down = retier(state, 0.2, 1, seed=1, client=0, frozen=frozen)
+    assert all(bool(down.next_mask[name].all()) for name in frozen)
+    assert _nnz({k: v for k, v in down.next_mask.items() if k not in frozen}) == _nnz(
+        {k: v for k, v in start(init, 0.2, seed=1, client=0, frozen=frozen).train_mask.items() if k not in frozen}
+    )

@@ -36,3 +36,14 @@ def test_a_peer_that_never_answered_shows_no_round_none():
     assert "ok, its snapshot: 3 rounds done" in lines["a"]
     assert lines["b"].split(None, 1)[1] == "unreachable, backoff 2.5 s"
     assert lines["c"].split(None, 1)[1] == "not asked yet"
+
+
+def test_status_text_shows_the_samples_and_the_tier_moves():
+    text = format_status({**LIVE, "train_samples": 600, "test_samples": 120, "data_refresh": "round",
+                          "samples_arrived": 6, "data_refused": {"undecodable": 1},
+                          "capacity": {"source": "remeasured", "decided_by": "density 1 breaks: round 9 s > 5 s"},
+                          "tier_moves": {"down": 1, "up": 0}})  # fmt: skip
+    assert "600 training, 120 test samples; re-read every round: 6 arrived last, refused undecodable 1" in text
+    assert "remeasured: density 1 breaks: round 9 s > 5 s; moved down 1x" in text
+    plain = format_status({**LIVE, "train_samples": 600, "test_samples": 120}).splitlines()
+    assert [line.split(None, 1)[1] for line in plain if line.startswith("data ")] == ["600 training, 120 test samples"]

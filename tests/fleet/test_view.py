@@ -7,9 +7,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from edge_node.errors import ConfigError
-from edge_node.fleet.view import inventory_endpoints, parse_endpoints, read_node
+from edge_node.fleet.view import inventory_endpoints, parse_endpoints, parse_metrics, read_node, row_cells
 from edge_node.node.metrics import NodeMetrics
 from tests.daemons import run_cli
 from tests.run_dirs import node_record
@@ -68,3 +69,16 @@ def test_under_mutual_tls_only_a_fleet_certificate_reads_the_metrics(tls: Path):
         assert shown.returncode == 0 and '"node_id": "pi-1"' in shown.stdout, shown.stderr
     finally:
         metrics.close()
+
+
+def test_a_node_that_moved_tiers_says_so_in_its_row():
+    """capacity auto's moves (edge_node_tier_moves_total, one series per direction) show beside the tier."""
+    metrics = NodeMetrics(lambda: {**STATUS, "tier": "0.2", "tier_moves": {"down": 2, "up": 1}})
+    try:
+        text = generate_latest(metrics.registry).decode()
+    finally:
+        metrics.close()
+    row = parse_metrics("pi:9478", text, 0.0)
+    assert (row.tier, row.tier_moves) == (0.2, 3) and row_cells(row, 0.0)[2] == "0.2 (moved 3x)"
+    still = parse_metrics("pi:9478", generate_latest(NodeMetrics(lambda: STATUS).registry).decode(), 0.0)
+    assert row_cells(still, 0.0)[2] == "0.4"

@@ -275,7 +275,7 @@ def test_status_text_shows_how_the_tier_was_decided_and_what_was_refused():
         "server_refusals": {"busy": 1}, "discovery_refusals": {"other_fleet": 2, "bad_address": 1},
     }  # fmt: skip
     lines = format_status(status).splitlines()
-    assert "capacity     checkpoint: kept from the checkpoint: a mask cannot change tier" in "\n".join(lines)
+    assert "capacity     checkpoint: kept from the checkpoint: not probed at start" in "\n".join(lines)
     assert "refused      server busy 1; discovery bad_address 1, other_fleet 2" in lines
 
 

@@ -120,7 +120,7 @@ def test_a_restart_with_capacity_auto_keeps_the_checkpoints_tier_and_says_so(tmp
         again = nodes.start("solo", tmp_path / "s", [*args, "--capacity", "auto", "--rounds", "2"])
         assert again.wait(ROUND_TIMEOUT_S) == 0, again.log()
     log = again.log(200)
-    assert "tier 0.4 (kept from the checkpoint: a mask cannot change tier, so it is not measured again" in log, log
+    assert "tier 0.4 (kept from the checkpoint: not probed at start" in log, log
     status = json.loads((again.state_dir / "status.json").read_text())
     assert status["tier"] == "0.4" and status["capacity"]["source"] == "checkpoint"
     assert status["capacity"]["density"] == 0.4 and status["capacity"]["measurements"] is None  # no probe for nothing
