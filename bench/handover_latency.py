@@ -8,16 +8,24 @@ to the new model readable, under ``latest`` and under ``best`` (which also re-sc
 Then ``--calls`` single-sample predictions through ``load_handover`` (onnxruntime, the raw [0, 1] input, the
 normalisation inside the graph) and through the torch module (normalisation and model, eager,
 ``torch.no_grad``), interleaved, on ``--threads`` threads each: p50 and p99 in milliseconds and their ratio.
+With ``--beside-training``, the onnxruntime calls are timed again while an ``edge-node start`` node trains on
+the same machine (the demo set, client 0 of 4, the daemon's own epochs and batch, the thread policy, no peers:
+it pauses 1 s between rounds of about 10 s), after its first round: how much a training node slows the
+application, against the idle figures of the same run.
 
     .venv/bin/python bench/handover_latency.py                    # cnn, 2 threads, 1000 calls
     .venv/bin/python bench/handover_latency.py --model resnet18 --calls 200 --json out.json
+    .venv/bin/python bench/handover_latency.py --beside-training
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +52,40 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
+TRAINING_NODE = ["--fleet", "bench", "--num-clients", "4", "--client-index", "0", "--capacity", "1.0",
+                 "--discovery", "static", "--peers", "127.0.0.1:1", "--insecure", "--no-export-onnx",
+                 "--energy-backend", "estimate", "--listen", "127.0.0.1:0"]  # fmt: skip
+
+
+def _onnx_latencies(served: object, sample: np.ndarray, calls: int) -> list[float]:
+    """Milliseconds of ``calls`` single-sample predictions."""
+    out = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        served.predict(sample)  # type: ignore[attr-defined]
+        out.append(1000 * (time.perf_counter() - started))
+    return out
+
+
+def _beside_training(served: object, sample: np.ndarray, calls: int, scratch: Path) -> list[float]:
+    """The latencies while a node trains beside them (started here, stopped after)."""
+    state = scratch / "node"
+    cmd = [str(Path(sys.executable).with_name("edge-node")), "start", *TRAINING_NODE, "--state-dir", str(state)]
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    node = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        records = state / "rounds.jsonl"
+        while not (records.exists() and records.read_text().strip()):  # past start-up: rounds follow each other
+            if node.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the training node ended or did not finish a round in 600 s")
+            time.sleep(0.5)
+        return _onnx_latencies(served, sample, calls)
+    finally:
+        node.send_signal(signal.SIGTERM)
+        node.wait(60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="cnn")
@@ -51,6 +93,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=1000, help="single-sample predictions per runtime")
     parser.add_argument("--test-samples", type=int, default=200, help="the node's local test set, scored per round")
     parser.add_argument("--rounds", type=int, default=5, help="handovers timed per policy")
+    parser.add_argument("--beside-training", action="store_true", help="also time predictions beside a training node")
     parser.add_argument("--json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -91,15 +134,24 @@ def main() -> None:
             with torch.no_grad():
                 eager(sample)
             torch_ms.append(1000 * (time.perf_counter() - started))
-    for name, values in (("onnxruntime", onnx_ms), ("torch", torch_ms)):
-        figures[f"{name}_p50_ms"] = _percentile(values, 50)
-        figures[f"{name}_p99_ms"] = _percentile(values, 99)
+        training_ms = _beside_training(served, sample_np, args.calls, Path(scratch)) if args.beside_training else []
+    for name, values in (("onnxruntime", onnx_ms), ("torch", torch_ms), ("onnxruntime_beside_training", training_ms)):
+        if values:
+            figures[f"{name}_p50_ms"] = _percentile(values, 50)
+            figures[f"{name}_p99_ms"] = _percentile(values, 99)
     figures["p50_ratio_torch_over_onnxruntime"] = figures["torch_p50_ms"] / figures["onnxruntime_p50_ms"]  # type: ignore[operator]
     figures["commit"], figures["machine"] = commit(), machine()
     print(f"{args.model}, {args.threads} threads, single-sample predictions ({args.calls} each, interleaved):")
     for name in ("onnxruntime", "torch"):
         print(f"  {name:12s} p50 {figures[f'{name}_p50_ms']:.3f} ms  p99 {figures[f'{name}_p99_ms']:.3f} ms")
     print(f"  torch / onnxruntime at p50: {figures['p50_ratio_torch_over_onnxruntime']:.2f}x")
+    if training_ms:
+        p50, p99 = _percentile(training_ms, 50), _percentile(training_ms, 99)
+        idle50, idle99 = _percentile(onnx_ms, 50), _percentile(onnx_ms, 99)
+        print(
+            f"  onnxruntime beside a training node: p50 {p50:.3f} ms ({p50 / idle50:.2f}x idle), "
+            f"p99 {p99:.3f} ms ({p99 / idle99:.2f}x idle)"
+        )
     print(f"round end -> new model readable ({args.test_samples} test samples scored; median of {args.rounds}):")
     for mode in ("latest", "best"):
         print(f"  handover {mode:6s} {figures[f'round_end_to_readable_s_{mode}']:.3f} s")

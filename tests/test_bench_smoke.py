@@ -335,3 +335,17 @@ def test_handover_latency_bench_prints_both_runtimes_and_the_time_to_readable(tm
     figures = json.loads(out.read_text())
     assert figures["onnxruntime_p50_ms"] > 0 and figures["torch_p99_ms"] > 0
     assert figures["round_end_to_readable_s_best"] > 0 and "torch / onnxruntime at p50" in proc.stdout
+
+
+def test_data_folder_bench_reads_a_folder_larger_than_its_bound(tmp_path: Path):
+    out = tmp_path / "folder.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "data_folder.py"), "--files", "400", "--arrive", "50", "--max-train", "100",
+         "--max-test", "20", "--dir", str(tmp_path / "d"), "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    first, again, arrived = json.loads(out.read_text())["reads"]
+    assert (first["listed"], first["train"], first["test"], first["decoded"]) == (400, 100, 20, 120), first
+    assert again["decoded"] == 0 and arrived["listed"] == 450 and 0 < arrived["decoded"] <= 50, (again, arrived)
+    assert not (tmp_path / "d" / "data").exists() and "| arrived |" in proc.stdout

@@ -138,7 +138,9 @@ class DataRefresh:
         )  # fmt: skip
         data = ClientData.from_indices(pool, np.arange(len(y[0])), np.arange(len(y[1])))
         self.arrived = 0 if first else arrived
-        local = LocalData(data, self.num_classes, describe(f"{where}{kept}", data, self.num_classes, self.config.task))
+        names = tuple(self.config.classes) if self.config.task == "classification" else None
+        local = LocalData(data, self.num_classes, describe(f"{where}{kept}", data, self.num_classes, self.config.task),
+                          names)  # fmt: skip
         if first or arrived:
             _LOGGER.info("local data%s: %s%s", "" if first else " re-read", local.description,
                          "" if first else f", {arrived} new")  # fmt: skip

@@ -283,7 +283,7 @@ def node_handover(config: NodeConfig, model: nn.Module, arch_id: str, local: Loc
         "fleet": config.fleet,
         "arch_id": arch_id,
         "output": {"name": OUTPUT_NAME, "shape": ["batch", local.num_classes]},
-        "class_names": list(config.classes) if config.classes and task.name == "classification" else None,
+        "class_names": list(local.class_names) if local.class_names and task.name == "classification" else None,
     }
     return Handover(
         config.state_dir, model, raw, task, about, mode=config.handover, keep=config.handover_keep,

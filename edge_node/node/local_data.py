@@ -28,6 +28,7 @@ class LocalData:
     data: ClientData  # this node's samples only
     num_classes: int  # the model's output size: the fleet's class count, or a task's target width
     description: str  # one line for the log and status
+    class_names: tuple[str, ...] | None = None  # the model's outputs by name (classification), where known
 
 
 def _remap(dataset: Dataset, classes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -90,4 +91,6 @@ def load_local_data(config: NodeConfig, client_index: int, device: torch.device)
         raise DataError(f"{where}: {data.num_train} training and {data.num_test} test samples; a node needs both")
     description = describe(where, data, num_classes, config.task)
     _LOGGER.info("local data: %s", description)
-    return LocalData(data, num_classes, description)
+    names = tuple(config.classes) or tuple(dataset.class_names)
+    named = config.task == "classification" and len(names) == num_classes
+    return LocalData(data, num_classes, description, names if named else None)

@@ -166,6 +166,11 @@ def test_export_onnx_agrees_with_torch(tmp_path):
     session = onnxruntime.InferenceSession(str(node.state_dir / "model.onnx"), providers=["CPUExecutionProvider"])
     logits = session.run(None, {"images": torch.zeros(3, 3, 32, 32).numpy()})[0]
     assert logits.shape == (3, 10)
+    from edge_node.data.demo import DEMO_CLASSES
+    from edge_node.handover import read_pair
+
+    pair = read_pair(node.state_dir)  # the handed-over pair names the data set's classes (no `classes` given)
+    assert pair is not None and pair.info["class_names"] == list(DEMO_CLASSES) and pair.info["round"] == 1, pair
     clash = run_cli(["export", "--onnx", str(tmp_path / "x.onnx"), "--state-dir", str(node.state_dir), "--fleet", "b"])
     assert clash.returncode == int(ExitCode.BAD_INPUT) and "fleet 'test' (this node: 'b')" in clash.stderr
     assert not (tmp_path / "x.onnx").exists()
