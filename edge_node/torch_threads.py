@@ -67,10 +67,13 @@ def sample_cpu(cores: Collection[int]) -> CpuSample:
     return CpuSample(time.monotonic(), busy, own.user + own.system)
 
 
-def threads_for(cores: int, others_busy: float, most: int) -> int:
-    """Threads for ``cores`` usable cores of which other programs keep ``others_busy`` cores busy: the free
-    cores, rounded to the nearest whole core, at least one and at most ``most``."""
-    return max(1, min(most, math.floor(cores - others_busy + 0.5)))
+def threads_for(cores: int, others_busy: float, most: int, quota: float | None = None) -> int:
+    """Threads for ``cores`` usable cores of which other programs keep ``others_busy`` cores busy, under a CPU
+    ``quota`` (CPUs a cgroup allows; None: none): the free cores, no more than the quota, rounded to the nearest
+    whole core, at least one and at most ``most``. Threads beyond a quota only wait for each other while the
+    group is throttled."""
+    free = cores - others_busy if quota is None else min(cores - others_busy, quota)
+    return max(1, min(most, math.floor(free + 0.5)))
 
 
 class ThreadGovernor:
@@ -91,6 +94,7 @@ class ThreadGovernor:
         sustain: int = SUSTAINED_SAMPLES,
         sample: Callable[[Collection[int]], CpuSample] = sample_cpu,
         apply: Callable[[int], None] | None = None,
+        quota: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.cores = tuple(cores) if cores is not None else usable_cores()
         # At most torch's own default (its count of cores: physical ones where it tells them apart).
@@ -99,6 +103,7 @@ class ThreadGovernor:
         self.sustain = sustain
         self._sample = sample
         self._apply = apply or _set_torch_threads
+        self._quota = quota  # the CPU quota now (the daemon reads its cgroup's: edge_node.node.limits)
         self.threads = self.most
         self.changes = 0  # thread-count changes since start
         self._apply(self.threads)
@@ -114,7 +119,8 @@ class ThreadGovernor:
         span = now.at_s - self._last.at_s
         others = max(0.0, (now.busy_s - self._last.busy_s) - (now.own_s - self._last.own_s)) / span if span > 0 else 0.0
         self._last = now
-        wanted = threads_for(len(self.cores), others, self.most)
+        quota = self._quota()
+        wanted = threads_for(len(self.cores), others, self.most, quota)
         if wanted == self.threads:
             self._wanted, self._wanted_in_a_row = None, 0
             return self.threads
@@ -122,8 +128,8 @@ class ThreadGovernor:
         self._wanted = wanted
         if self._wanted_in_a_row >= self.sustain:
             _LOGGER.info(
-                "torch threads %d -> %d: other programs keep %.1f of this process's %d cores busy",
-                self.threads, wanted, others, len(self.cores),
+                "torch threads %d -> %d: other programs keep %.1f of this process's %d cores busy%s",
+                self.threads, wanted, others, len(self.cores), "" if quota is None else f", CPU quota {quota:g}",
             )  # fmt: skip
             self.threads, self._wanted, self._wanted_in_a_row = wanted, None, 0
             self.changes += 1
@@ -140,14 +146,15 @@ def explicit_threads(threads: int | None) -> int | None:
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-def apply_threads(threads: int | None) -> ThreadGovernor | None:
+def apply_threads(threads: int | None, quota: Callable[[], float | None] | None = None) -> ThreadGovernor | None:
     """Set torch's threads for a run: a fixed count (``explicit_threads``) once, else start the thread policy,
-    whose ``tick()`` the caller runs between training batches."""
+    whose ``tick()`` the caller runs between training batches (``quota``: reads the CPU quota the process runs
+    under, which caps the threads)."""
     fixed = explicit_threads(threads)
     if fixed is not None:
         _set_torch_threads(fixed)
         return None
-    return ThreadGovernor()
+    return ThreadGovernor(quota=quota) if quota is not None else ThreadGovernor()
 
 
 def tick(governor: ThreadGovernor | None) -> None:

@@ -19,6 +19,24 @@ def test_threads_are_the_free_cores_rounded_at_least_one_at_most_the_cap() -> No
     assert threads_for(2, 1.0, 2) == 1
     assert threads_for(2, 2.0, 2) == 1  # never none
     assert threads_for(8, 0.0, 4) == 4  # never above torch's own count
+    assert threads_for(2, 0.0, 2, quota=0.25) == 1  # a cgroup quota of a quarter core: one thread
+    assert threads_for(4, 0.0, 4, quota=2.0) == 2 and threads_for(4, 3.0, 4, quota=2.0) == 1
+
+
+def test_a_cgroup_quota_set_while_running_caps_the_threads() -> None:
+    cpu, quota = FakeCpu(), [None]
+    governor = ThreadGovernor(2, cores=(0, 1), every_s=0.0, sample=cpu.sample, apply=cpu.applied.append,
+                              quota=lambda: quota[0])  # fmt: skip
+    quota[0] = 0.5
+    for _ in range(2):
+        cpu.step(others=0.0, own=0.5)
+        governor.tick()
+    assert governor.threads == 1 and cpu.applied == [2, 1]
+    quota[0] = None
+    for _ in range(2):
+        cpu.step(others=0.0, own=1.0)
+        governor.tick()
+    assert governor.threads == 2 and cpu.applied == [2, 1, 2]
 
 
 class FakeCpu:

@@ -429,7 +429,7 @@ def runtime_device(config: NodeConfig) -> tuple[torch.device, ThreadGovernor | N
     Raises:
         ConfigError: ``device = "cuda"`` where torch sees no CUDA device.
     """
-    governor = apply_threads(config.threads)
+    governor = apply_threads(config.threads, quota=lambda: own_limits().cpus)  # a container's quota caps the threads
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' asked for but torch.cuda.is_available() is False")
     return torch.device(config.device), governor
