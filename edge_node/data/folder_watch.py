@@ -192,9 +192,10 @@ class FolderWatch:
             if not folder.is_dir(follow_symlinks=True) or folder.name.startswith("."):
                 continue
             rel_dir = f"{split_dir}/{folder.name}" if split_dir else folder.name
-            files = [f for f in _scan(Path(folder.path)) if not f.name.startswith(".") and _is_file(f)]
+            # Streamed, never a list: a class folder of a million files costs the listing no memory of its own.
+            files = (f for f in _entries(Path(folder.path)) if not f.name.startswith(".") and _is_file(f))
             if folder.name not in self.classes:
-                self._count_folder("unknown_class", rel_dir, len(files), refused, logged,
+                self._count_folder("unknown_class", rel_dir, sum(1 for _ in files), refused, logged,
                                    f"class folder {folder.name!r} is not among the fleet's classes")  # fmt: skip
                 continue
             label = self.classes.index(folder.name)
@@ -364,6 +365,15 @@ def _scan(path: Path) -> list[os.DirEntry[str]]:
             return list(it)
     except OSError:
         return []
+
+
+def _entries(path: Path) -> Iterator[os.DirEntry[str]]:
+    """The entries of a folder one by one; they end where the folder is gone or unreadable, also midway."""
+    try:
+        with os.scandir(path) as it:
+            yield from it
+    except OSError:
+        return
 
 
 def _is_file(entry: os.DirEntry[str]) -> bool:
