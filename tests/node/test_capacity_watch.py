@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -10,8 +11,11 @@ import pytest
 from edge_node.fleet import cgroups as _cgroups
 from edge_node.fleet.fleet import free_ports
 from edge_node.node.capacity import CapacityDecision, configured
-from edge_node.node.capacity_watch import CapacityWatch, CpuWindow, FreeCpu, changed
+from edge_node.node.capacity_watch import CapacityWatch, CpuWindow, FreeCpu, TierMove, changed
+from edge_node.node.config import NodeConfig
+from edge_node.node.daemon import Node
 from edge_node.node.limits import Limits
+from edge_node.records import read_records
 from edge_node.torch_threads import CpuSample
 from tests.daemons import QUICK, NodeProcesses
 
@@ -123,3 +127,61 @@ def _wait_for_move(node, to: str, timeout_s: float) -> dict:
         time.sleep(0.2)
     raise AssertionError(f"no move to tier {to} after {timeout_s} s: {[r['tier'] for r in node.completed()]}\n"
                          f"{node.log(60)}")  # fmt: skip
+
+
+class _MovesOnce:
+    """A watch that decides one move, to ``to``, after round ``after``."""
+
+    def __init__(self, after: int, to: float) -> None:
+        self.after, self.to = after, to
+
+    def round_began(self) -> None:
+        pass
+
+    def round_ended(self, round_index: int, samples: int, train_s: float) -> TierMove | None:
+        if round_index != self.after:
+            return None
+        return TierMove(round_index, "0.6", f"{self.to:g}", "forced by the test", configured(self.to))
+
+
+def test_under_lockstep_a_move_takes_effect_at_the_fleets_round_boundary_and_peers_take_the_new_density(tmp_path):
+    """Two lock-step nodes in this process; node a moves 0.6 -> 0.2 after round 0. Its round 1 trains on the
+    new tier, its snapshot of round 2 carries it, and b (which waits for a's snapshot of each round) takes it:
+    the fleet goes on in step, nothing refused."""
+    ports = free_ports(2)
+    peers = (f"a@127.0.0.1:{ports[0]}", f"b@127.0.0.1:{ports[1]}")
+    nodes = [
+        Node(NodeConfig(
+            node_id=name, fleet="test", num_clients=2, client_index=i, capacity="0.6", discovery="static",
+            peers=peers, listen=f"127.0.0.1:{ports[i]}", state_dir=tmp_path / name, insecure=True, threads=1,
+            epochs=1, energy_backend="estimate", export_onnx=False, lockstep=True, neighbours=1, rounds=3,
+            round_budget_s=60,
+        ))
+        for i, name in enumerate(("a", "b"))
+    ]  # fmt: skip
+    errors: list[BaseException] = []
+
+    def run(node: Node, watch: object | None) -> None:
+        try:
+            node.startup()
+            if watch is not None:
+                node.capacity_watch = watch  # type: ignore[assignment]
+            node.main_loop()
+        except BaseException as exc:  # noqa: BLE001 -- reported by the test
+            errors.append(exc)
+        finally:
+            node.shutdown()
+
+    threads = [threading.Thread(target=run, args=(nodes[0], _MovesOnce(0, 0.2))),
+               threading.Thread(target=run, args=(nodes[1], None))]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    a, b = (read_records(tmp_path / name) for name in ("a", "b"))
+    assert [r["tier"] for r in a] == ["0.6", "0.2", "0.2"] and "tier_move" not in a[0]
+    assert a[1]["tier_move"]["to"] == "0.2" and a[1]["density"] == pytest.approx(0.2, abs=0.01)
+    assert [r["round"] for r in a] == [r["round"] for r in b] == [0, 1, 2]
+    assert all(r["peers_answered"] == ["a"] and not r["peers_refused"] for r in b), b  # every round, a's snapshot
+    assert all(r["peers_answered"] == ["b"] for r in a), a
