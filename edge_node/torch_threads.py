@@ -67,6 +67,15 @@ def sample_cpu(cores: Collection[int]) -> CpuSample:
     return CpuSample(time.monotonic(), busy, own.user + own.system)
 
 
+def load_of_others(before: CpuSample, after: CpuSample) -> float:
+    """Cores other programs kept busy between two samples: the usable cores' busy time less this process's own
+    (our threads spinning count as ours), per second; 0 over no time."""
+    span = after.at_s - before.at_s
+    if span <= 0:
+        return 0.0
+    return max(0.0, (after.busy_s - before.busy_s) - (after.own_s - before.own_s)) / span
+
+
 def threads_for(cores: int, others_busy: float, most: int, quota: float | None = None) -> int:
     """Threads for ``cores`` usable cores of which other programs keep ``others_busy`` cores busy, under a CPU
     ``quota`` (CPUs a cgroup allows; None: none): the free cores, no more than the quota, rounded to the nearest
@@ -116,8 +125,7 @@ class ThreadGovernor:
         if time.monotonic() - self._last.at_s < self.every_s:
             return self.threads
         now = self._sample(self.cores)
-        span = now.at_s - self._last.at_s
-        others = max(0.0, (now.busy_s - self._last.busy_s) - (now.own_s - self._last.own_s)) / span if span > 0 else 0.0
+        others = load_of_others(self._last, now)
         self._last = now
         quota = self._quota()
         wanted = threads_for(len(self.cores), others, self.most, quota)

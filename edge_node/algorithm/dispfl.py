@@ -33,15 +33,7 @@ from torch import nn
 from edge_node.algorithm.aggregation import aggregate, aggregate_buffers
 from edge_node.algorithm.dp import DPConfig, dp_noise_generator
 from edge_node.algorithm.frozen import frozen_names
-from edge_node.algorithm.masks import (
-    MASK_METHODS,
-    active_counts,
-    check_density,
-    erk_densities,
-    init_masks,
-    mask_density,
-    uniform_densities,
-)
+from edge_node.algorithm.masks import MASK_METHODS, check_density, init_masks, mask_counts, mask_density
 from edge_node.algorithm.norm_stats import (
     DEFAULT_NORM_STATS,
     NORM_STATS,
@@ -347,9 +339,7 @@ def retier(
     """
     density = check_density(density)
     trained = {name: w for name, w in state.weights.items() if name not in frozen}
-    shapes = {name: tuple(w.shape) for name, w in trained.items()}
-    rule = uniform_densities if mask_init == "uniform" else erk_densities
-    counts = active_counts(shapes, rule(shapes, density))
+    counts = mask_counts({name: tuple(w.shape) for name, w in trained.items()}, density, mask_init)
     generator = torch_generator(seed, Stream.RETIER, client, round_index)
     next_mask = retier_masks(state.weights, state.next_mask, counts, generator)
     return replace(state, next_mask=next_mask, density=density)

@@ -96,6 +96,13 @@ def magnitude_mask(weight: torch.Tensor, active: int) -> torch.Tensor:
     return mask.view(weight.shape)
 
 
+def mask_counts(shapes: Mapping[str, Shape], density: float, method: str = "erk") -> dict[str, int]:
+    """Active positions per tensor at whole-model ``density``: ``uniform``'s densities, else ERK's (``erk`` and
+    ``magnitude``)."""
+    rule = uniform_densities if method == "uniform" else erk_densities
+    return active_counts(shapes, rule(shapes, density))
+
+
 def init_masks(
     weights: Mapping[str, torch.Tensor],
     density: float,
@@ -111,8 +118,7 @@ def init_masks(
     if method not in MASK_METHODS:
         raise ConfigError(f"mask method {method!r} must be one of {', '.join(MASK_METHODS)}")
     shapes = {name: tuple(w.shape) for name, w in weights.items()}
-    densities = uniform_densities(shapes, density) if method == "uniform" else erk_densities(shapes, density)
-    counts = active_counts(shapes, densities)
+    counts = mask_counts(shapes, density, method)
     if method == "magnitude":
         return {name: magnitude_mask(weights[name], counts[name]) for name in weights}
     return {name: random_mask(shapes[name], counts[name], generator).to(weights[name].device) for name in weights}

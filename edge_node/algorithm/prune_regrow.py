@@ -113,10 +113,13 @@ def _update_tensor(
     else:
         assert random_score is not None, "the plan drew no score for a tensor that regrows"
         score = random_score.to(weight.device)
-    score = score.masked_fill(new_mask, float("-inf"))
-    grown = select_k(score, k, largest=True)
-    new_mask[grown] = True
-    return new_mask.view_as(mask)
+    return _grow(new_mask, score, k).view_as(mask)
+
+
+def _grow(flat_mask: torch.Tensor, score: torch.Tensor, k: int) -> torch.Tensor:
+    """``flat_mask`` (changed in place) with the ``k`` inactive positions of largest ``score`` made active."""
+    flat_mask[select_k(score.masked_fill(flat_mask, float("-inf")), k, largest=True)] = True
+    return flat_mask
 
 
 def update_masks(
@@ -181,8 +184,6 @@ def retier_masks(
         elif target < active:
             moved[name] = drop_smallest(weights[name], mask, active - target)
         else:
-            flat = mask.reshape(-1).clone()
-            score = torch.rand(flat.numel(), generator=generator).to(mask.device).masked_fill(flat, float("-inf"))
-            flat[select_k(score, target - active, largest=True)] = True
-            moved[name] = flat.view_as(mask)
+            score = torch.rand(mask.numel(), generator=generator).to(mask.device)
+            moved[name] = _grow(mask.reshape(-1).clone(), score, target - active).view_as(mask)
     return moved

@@ -188,7 +188,7 @@ class FolderWatch:
         here, once per file: a folder's count only grows (``logged`` None: a look that neither counts nor logs).
         """
         base = self.root / split_dir if split_dir else self.root
-        for folder in _scan(base):
+        for folder in _entries(base):
             if not folder.is_dir(follow_symlinks=True) or folder.name.startswith("."):
                 continue
             rel_dir = f"{split_dir}/{folder.name}" if split_dir else folder.name
@@ -358,17 +358,9 @@ def read_file(path: Path) -> tuple[bytes, os.stat_result, os.stat_result]:
     return blob, before, os.stat(path)
 
 
-def _scan(path: Path) -> list[os.DirEntry[str]]:
-    """The entries of a folder; none when it is gone or unreadable (a folder may vanish during a read)."""
-    try:
-        with os.scandir(path) as it:
-            return list(it)
-    except OSError:
-        return []
-
-
 def _entries(path: Path) -> Iterator[os.DirEntry[str]]:
-    """The entries of a folder one by one; they end where the folder is gone or unreadable, also midway."""
+    """The entries of a folder one by one; none, or no more, where it is gone or unreadable (a folder may vanish
+    during a read)."""
     try:
         with os.scandir(path) as it:
             yield from it

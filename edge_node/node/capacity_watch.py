@@ -33,7 +33,7 @@ from typing import Any
 
 from edge_node.node.capacity import CapacityDecision
 from edge_node.node.limits import Limits, own_limits
-from edge_node.torch_threads import CpuSample, sample_cpu, usable_cores
+from edge_node.torch_threads import CpuSample, load_of_others, sample_cpu, usable_cores
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -81,8 +81,7 @@ class CpuWindow:
         first, now = self._first, self._sample(self.cores)
         if first is None or now.at_s <= first.at_s:
             return None
-        span = now.at_s - first.at_s
-        others = max(0.0, (now.busy_s - first.busy_s) - (now.own_s - first.own_s)) / span
+        others = load_of_others(first, now)
         quota = self._limits().cpus
         cores = len(self.cores)
         allowed = float(cores) if quota is None else min(float(cores), quota)
