@@ -20,6 +20,8 @@ the same seed, and
 
 from __future__ import annotations
 
+import inspect
+import math
 import re
 from collections.abc import Callable, Sequence
 
@@ -34,16 +36,34 @@ from edge_node.pooling import MaxPool2x2, max_pool2x2
 GN_GROUPS = 32  # GroupNorm(32, C), as in DisPFL's reference models
 
 
+def width_channels(channels: int, width: float, groups: int | None = None) -> int:
+    """A hidden layer's channels at ``width`` (HeteroFL's nested sub-networks): ``ceil(width * channels)``, rounded
+    up to whole GroupNorm groups where the layer has ``groups`` of them (the channels per group stay fixed, so
+    the narrow layer's groups are the full layer's first groups). At least one channel (one group)."""
+    kept = max(1, math.ceil(width * channels - 1e-9))
+    if groups is None:
+        return min(channels, kept)
+    per_group = channels // groups
+    return min(channels, math.ceil(kept / per_group) * per_group)
+
+
+def _norm(channels: int, full_channels: int) -> nn.GroupNorm:
+    """GroupNorm over ``channels`` of a layer that has ``full_channels`` at full width: GN_GROUPS groups at full
+    width, the same channels per group at any width."""
+    return nn.GroupNorm(channels // (full_channels // GN_GROUPS), channels)
+
+
 class CNN(nn.Module):
     """The 2-conv CNN of FedAvg/DisPFL (the default for small devices and tests)."""
 
-    def __init__(self, num_classes: int = 10) -> None:
+    def __init__(self, num_classes: int = 10, width: float = 1.0) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 5)  # 32 -> 28, pool -> 14
-        self.conv2 = nn.Conv2d(64, 64, 5)  # 14 -> 10, pool -> 5
-        self.fc1 = nn.Linear(64 * 5 * 5, 384)
-        self.fc2 = nn.Linear(384, 192)
-        self.fc3 = nn.Linear(192, num_classes)
+        c1, c2, h1, h2 = (width_channels(c, width) for c in (64, 64, 384, 192))  # 64, 64, 384, 192 at width 1
+        self.conv1 = nn.Conv2d(3, c1, 5)  # 32 -> 28, pool -> 14
+        self.conv2 = nn.Conv2d(c1, c2, 5)  # 14 -> 10, pool -> 5
+        self.fc1 = nn.Linear(c2 * 5 * 5, h1)  # channel-major flatten: c2's prefix is a prefix of the 1600 inputs
+        self.fc2 = nn.Linear(h1, h2)
+        self.fc3 = nn.Linear(h2, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # ReLU after the pool, not before: the same values and gradients bit for bit (pooling.py says why)
@@ -57,17 +77,17 @@ class CNN(nn.Module):
 
 
 class BasicBlock(nn.Module):
-    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+    def __init__(self, in_planes: int, planes: int, stride: int, full_planes: int | None = None) -> None:
         super().__init__()
+        full = planes if full_planes is None else full_planes  # the block's planes at full width
         self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
-        self.norm1 = nn.GroupNorm(GN_GROUPS, planes)
+        self.norm1 = _norm(planes, full)
         self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
-        self.norm2 = nn.GroupNorm(GN_GROUPS, planes)
+        self.norm2 = _norm(planes, full)
         self.shortcut = nn.Sequential()
         if stride != 1 or in_planes != planes:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), nn.GroupNorm(GN_GROUPS, planes)
-            )
+            projection = nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False)
+            self.shortcut = nn.Sequential(projection, _norm(planes, full))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.norm1(self.conv1(x)))
@@ -78,17 +98,20 @@ class BasicBlock(nn.Module):
 class ResNet18(nn.Module):
     """CIFAR ResNet-18: 3x3 stem, no max-pool, BasicBlocks [2,2,2,2], GroupNorm."""
 
-    def __init__(self, num_classes: int = 10) -> None:
+    def __init__(self, num_classes: int = 10, width: float = 1.0) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False)
-        self.norm1 = nn.GroupNorm(GN_GROUPS, 64)
+        stem = width_channels(64, width, GN_GROUPS)
+        self.conv1 = nn.Conv2d(3, stem, 3, stride=1, padding=1, bias=False)
+        self.norm1 = _norm(stem, 64)
         layers: list[nn.Sequential] = []
-        in_planes = 64
-        for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-            layers.append(nn.Sequential(BasicBlock(in_planes, planes, stride), BasicBlock(planes, planes, 1)))
+        in_planes = stem
+        for full, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            planes = width_channels(full, width, GN_GROUPS)
+            blocks = BasicBlock(in_planes, planes, stride, full), BasicBlock(planes, planes, 1, full)
+            layers.append(nn.Sequential(*blocks))
             in_planes = planes
         self.layer1, self.layer2, self.layer3, self.layer4 = layers
-        self.linear = nn.Linear(512, num_classes)
+        self.linear = nn.Linear(in_planes, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.norm1(self.conv1(x)))
@@ -106,7 +129,7 @@ class VGG11(nn.Module):
     Where a block is pooled, the pool comes before its ReLU (the same values and gradients, on a quarter of
     the elements; the parameter-holding modules keep their indices, so state-dict names are unchanged)."""
 
-    def __init__(self, num_classes: int = 10) -> None:
+    def __init__(self, num_classes: int = 10, width: float = 1.0) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         channels = 3
@@ -115,16 +138,17 @@ class VGG11(nn.Module):
                 layers.insert(-1, MaxPool2x2())  # before the block's ReLU
             else:
                 assert isinstance(item, int)
-                layers += [nn.Conv2d(channels, item, 3, padding=1), nn.GroupNorm(GN_GROUPS, item), nn.ReLU()]
-                channels = item
+                narrow = width_channels(item, width, GN_GROUPS)
+                layers += [nn.Conv2d(channels, narrow, 3, padding=1), _norm(narrow, item), nn.ReLU()]
+                channels = narrow
         self.features = nn.Sequential(*layers)
-        self.classifier = nn.Linear(512, num_classes)
+        self.classifier = nn.Linear(channels, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.flatten(self.features(x), 1))  # (b, 512, 1, 1) -> (b, 512)
 
 
-MODELS: dict[str, Callable[[int], nn.Module]] = {"cnn": CNN, "resnet18": ResNet18, "vgg11": VGG11}
+MODELS: dict[str, Callable[..., nn.Module]] = {"cnn": CNN, "resnet18": ResNet18, "vgg11": VGG11}  # (classes, width=)
 MODEL_NAMES = tuple(MODELS)
 ENTRY_POINT_GROUP = "edge_node.models"  # installed packages register model factories under this group
 DEFAULT_INPUT_SHAPE = (3, 32, 32)  # the built-in models' CIFAR images
@@ -143,7 +167,7 @@ def model_factory(name: str) -> ModelFactory:
     """
     if name in MODELS:
         builtin = MODELS[name]
-        return lambda num_classes, _input_shape: builtin(num_classes)
+        return lambda num_classes, _input_shape, width=1.0: builtin(num_classes, width=width)
     if is_factory_path(name):
         return load_factory(name, "model factory", ModelError)
     found = load_entry_point(ENTRY_POINT_GROUP, name, "model", ModelError)
@@ -174,26 +198,48 @@ def arch_name(name: str) -> str:
     return _ARCH_CHARS.sub(".", name)[-_ARCH_NAME_MAX:] or "model"
 
 
+def accepts_width(factory: Callable[..., object]) -> bool:
+    """Whether ``factory`` opts in to width tiers: it takes a ``width`` keyword (or any keyword)."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: it cannot say
+        return False
+    return any(p.name == "width" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 def build_model(
-    name: str, num_classes: int = 10, *, seed: int | None = None, input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE
+    name: str,
+    num_classes: int = 10,
+    *,
+    seed: int | None = None,
+    input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE,
+    width: float = 1.0,
 ) -> nn.Module:
     """Build a model by name; with ``seed`` its initial weights are reproducible.
 
     The seed is applied inside ``torch.random.fork_rng`` so library code never changes the caller's
     global RNG state (every client of a fleet must start from the same weights). A user's factory gets
-    ``(num_classes, input_shape)``; what it raises or returns instead of a module is a ModelError.
+    ``(num_classes, input_shape)``, and ``width=`` below 1 (a width tier's narrow model, which only a factory
+    that accepts ``width`` can build); what it raises or returns instead of a module is a ModelError.
     """
     factory = model_factory(name)
     if num_classes < 1:  # a classifier's labels were checked for 2 classes; a regression may have one output
         raise ModelError(f"num_classes={num_classes} must be at least 1 (the model's outputs)")
+    if not (isinstance(width, (int, float)) and 0.0 < width <= 1.0):
+        raise ModelError(f"width={width!r} must be in (0, 1]")
+    narrow = width < 1.0
+    if narrow and not accepts_width(factory):
+        raise ModelError(f"model {name} does not accept a width argument: width tiers need factory(num_classes, "
+                         "input_shape, width=...) building nested narrower models (docs/PLUGINS.md)")  # fmt: skip
     shape = tuple(int(d) for d in input_shape)
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)
         try:
-            built = factory(num_classes, shape)
+            built = factory(num_classes, shape, width=width) if narrow else factory(num_classes, shape)
         except Exception as exc:  # the user's factory failed: one line, not its traceback
-            raise ModelError(f"model {name}: factory({num_classes}, {shape}) raised {one_line(exc)}") from None
+            at = f", width={width:g}" if narrow else ""
+            raise ModelError(f"model {name}: factory({num_classes}, {shape}{at}) raised {one_line(exc)}") from None
     if not isinstance(built, nn.Module):
         raise ModelError(f"model {name}: factory returned a {type(built).__name__}, not a torch.nn.Module")
     return built
@@ -267,5 +313,27 @@ def build_checked_model(name: str, num_classes: int, input_shape: Sequence[int],
     return built
 
 
+def parameter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Each parameter's shape, by name, in the model's order."""
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def build_width_model(
+    name: str, num_classes: int, input_shape: Sequence[int], width: float, seed: int = 0
+) -> nn.Module:
+    """``name``'s narrow model at ``width``, held to the width contract: every parameter's shape is a prefix of the
+    full model's (the same names, each dimension at most the full one), so its coordinates are the full model's
+    first ones (edge_node.algorithm.width). Refused with one ModelError line otherwise.
+    """
+    from edge_node.algorithm.width import prefix_problem
+
+    full = build_model(name, num_classes, seed=seed, input_shape=input_shape)
+    narrow = full if width >= 1.0 else build_model(name, num_classes, seed=seed, input_shape=input_shape, width=width)
+    problem = prefix_problem(parameter_shapes(full), parameter_shapes(narrow))
+    if problem is not None:
+        raise ModelError(f"model {name} at width {width:g} is not a nested sub-network: {problem}")
+    return narrow

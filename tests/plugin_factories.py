@@ -165,3 +165,13 @@ class RegisteredBuffer(TinyMLP):
 
 def buffer_mlp(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
     return RegisteredBuffer(math.prod(input_shape), num_classes)
+
+
+def nested_mlp(num_classes: int, input_shape: tuple[int, ...], width: float = 1.0) -> nn.Module:
+    """Opts in to width tiers: hidden units ``ceil(16 * width)``, a prefix of the full model's."""
+    return TinyMLP(math.prod(input_shape), num_classes, width=max(1, math.ceil(16 * width)))
+
+
+def unnested_mlp(num_classes: int, input_shape: tuple[int, ...], width: float = 1.0) -> nn.Module:
+    """Accepts ``width`` but grows its hidden layer as the width shrinks: not a prefix of the full model."""
+    return TinyMLP(math.prod(input_shape), num_classes, width=16 if width >= 1.0 else 20)

@@ -1,0 +1,103 @@
+"""Width tiers' coordinate space (edge_node.algorithm.width) and the built-in models' nested sub-networks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edge_node.algorithm.flops import weight_positions
+from edge_node.algorithm.width import (
+    choose_width,
+    dense_flops,
+    narrow,
+    outside_prefix,
+    prefix_masks,
+    prefix_problem,
+    widen,
+)
+from edge_node.errors import ModelError
+from edge_node.models import MODEL_NAMES, build_model, build_width_model, width_channels
+
+FULL = {"a.weight": (8, 4, 3, 3), "a.bias": (8,), "head.weight": (10, 8)}
+
+
+def test_prefix_problem_names_what_is_not_a_prefix():
+    assert prefix_problem(FULL, {"a.weight": (4, 4, 3, 3), "a.bias": (4,), "head.weight": (10, 4)}) is None
+    assert "not a prefix" in prefix_problem(FULL, {**FULL, "a.bias": (9,)})
+    assert "no channel" in prefix_problem(FULL, {**FULL, "a.bias": (0,)})
+    assert "lacks 'head.weight'" in prefix_problem(FULL, {"a.weight": (8, 4, 3, 3), "a.bias": (8,)})
+    assert "not a prefix" in prefix_problem(FULL, {**FULL, "head.weight": (10, 8, 1)})
+
+
+def test_narrow_and_widen_move_exactly_the_prefix():
+    full = {name: torch.randn(shape) for name, shape in FULL.items()}
+    shapes = {"a.weight": (3, 4, 3, 3), "a.bias": (3,), "head.weight": (10, 3)}
+    part = narrow(full, shapes)
+    assert {n: tuple(t.shape) for n, t in part.items()} == shapes
+    assert torch.equal(part["head.weight"], full["head.weight"][:, :3])
+    changed = widen(full, {n: t + 1 for n, t in part.items()})
+    masks = prefix_masks(FULL, shapes)
+    for name in FULL:
+        assert torch.equal(changed[name][masks[name]], full[name][masks[name]] + 1)
+        assert torch.equal(changed[name][~masks[name]], full[name][~masks[name]])
+        assert outside_prefix(masks[name], shapes[name]) == 0
+    assert outside_prefix(torch.ones(8, dtype=torch.bool), (3,)) == 5
+
+
+def test_choose_width_takes_the_widest_model_within_the_flops_share():
+    positions = {"a.weight": 100.0, "head.weight": 1.0}
+
+    def shapes_at(w: float) -> dict[str, tuple[int, ...]]:
+        c = max(1, -(-int(w * 8 * 1000) // 1000))  # ceil(8 w)
+        return {"a.weight": (c, 4, 3, 3), "head.weight": (10, c)}
+
+    full = dense_flops(positions, shapes_at(1.0))
+    choice = choose_width(shapes_at, positions, 0.4)
+    assert choice.flop_share <= 0.4 and choice.flop_share == dense_flops(positions, shapes_at(choice.width)) / full
+    wider = shapes_at(choice.width + 1 / 8)
+    assert dense_flops(positions, wider) / full > 0.4  # one more channel would exceed the share
+    assert choose_width(shapes_at, positions, 1.0).width == 1.0
+    tiny = choose_width(shapes_at, positions, 0.01)  # even one channel exceeds 1 %: the narrowest, its real share
+    assert shapes_at(tiny.width)["a.weight"][0] == 1 and tiny.flop_share > 0.01
+    with pytest.raises(ValueError, match="share=0"):
+        choose_width(shapes_at, positions, 0.0)
+
+
+def test_width_channels_keep_channels_per_group():
+    assert width_channels(64, 0.2) == 13
+    assert width_channels(64, 0.2, 32) == 14  # 2 channels per group: 13 -> 14 (7 groups)
+    assert width_channels(512, 0.01, 32) == 16  # never fewer than one group
+    assert width_channels(64, 1.0, 32) == 64
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_builtin_models_at_width_one_are_todays_and_narrow_ones_are_prefixes(name):
+    today = build_model(name, 10, seed=3)
+    same = build_width_model(name, 10, (3, 32, 32), 1.0, seed=3)
+    assert all(torch.equal(p, q) for p, q in zip(today.parameters(), same.parameters(), strict=True))
+    full = {n: tuple(p.shape) for n, p in today.named_parameters()}
+    positions = weight_positions(today, (3, 32, 32))
+
+    def shapes_at(w: float) -> dict[str, tuple[int, ...]]:
+        with torch.device("meta"):
+            return {n: tuple(p.shape) for n, p in build_model(name, 10, width=w).named_parameters()}
+
+    choice = choose_width(shapes_at, positions, 0.2)
+    small = build_width_model(name, 10, (3, 32, 32), choice.width)
+    assert prefix_problem(full, {n: tuple(p.shape) for n, p in small.named_parameters()}) is None
+    assert 0.1 < choice.flop_share <= 0.2
+    assert small(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    for module in small.modules():  # GroupNorm keeps the full model's channels per group
+        if isinstance(module, torch.nn.GroupNorm):
+            assert module.num_channels // module.num_groups in (2, 4, 8, 16)
+
+
+def test_a_plugin_opts_in_by_accepting_width_and_must_nest():
+    small = build_width_model("tests.plugin_factories:nested_mlp", 3, (12,), 0.5)
+    assert small.fc1.weight.shape == (8, 12)
+    with pytest.raises(ModelError, match="does not accept a width argument"):
+        build_width_model("tests.plugin_factories:tiny_mlp", 3, (12,), 0.5)
+    with pytest.raises(ModelError, match="not a nested sub-network: parameter 'fc1.weight' has shape"):
+        build_width_model("tests.plugin_factories:unnested_mlp", 3, (12,), 0.5)
+    with pytest.raises(ModelError, match=r"width=0 must be in \(0, 1\]"):
+        build_model("cnn", 10, width=0)
