@@ -155,8 +155,8 @@ DEFAULT_INPUT_SHAPE = (3, 32, 32)  # the built-in models' CIFAR images
 _ARCH_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 _ARCH_NAME_MAX = 64  # ModelSpec's limit: an arch id stays short for TXT records and stream headers
 
-# factory(num_classes, input_shape) -> nn.Module (docs/PLUGINS.md says what it must promise)
-ModelFactory = Callable[[int, tuple[int, ...]], nn.Module]
+# factory(num_classes, input_shape[, width=]) -> nn.Module (docs/PLUGINS.md says what it must promise)
+ModelFactory = Callable[..., nn.Module]
 
 
 def model_factory(name: str) -> ModelFactory:
@@ -167,7 +167,11 @@ def model_factory(name: str) -> ModelFactory:
     """
     if name in MODELS:
         builtin = MODELS[name]
-        return lambda num_classes, _input_shape, width=1.0: builtin(num_classes, width=width)
+
+        def factory(num_classes: int, _input_shape: tuple[int, ...], width: float = 1.0) -> nn.Module:
+            return builtin(num_classes, width=width)
+
+        return factory
     if is_factory_path(name):
         return load_factory(name, "model factory", ModelError)
     found = load_entry_point(ENTRY_POINT_GROUP, name, "model", ModelError)
