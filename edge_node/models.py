@@ -23,12 +23,13 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from edge_node.algorithm.norm_stats import other_buffer
+from edge_node.algorithm.width import WidthChoice, choose_width, prefix_problem
 from edge_node.errors import ModelError
 from edge_node.plugins import entry_point_names, is_factory_path, load_entry_point, load_factory, one_line
 from edge_node.pooling import MaxPool2x2, max_pool2x2
@@ -333,11 +334,25 @@ def build_width_model(
     full model's (the same names, each dimension at most the full one), so its coordinates are the full model's
     first ones (edge_node.algorithm.width). Refused with one ModelError line otherwise.
     """
-    from edge_node.algorithm.width import prefix_problem
-
     full = build_model(name, num_classes, seed=seed, input_shape=input_shape)
     narrow = full if width >= 1.0 else build_model(name, num_classes, seed=seed, input_shape=input_shape, width=width)
     problem = prefix_problem(parameter_shapes(full), parameter_shapes(narrow))
     if problem is not None:
         raise ModelError(f"model {name} at width {width:g} is not a nested sub-network: {problem}")
     return narrow
+
+
+def width_of_share(
+    name: str, num_classes: int, input_shape: Sequence[int], positions: Mapping[str, float], share: float
+) -> WidthChoice:
+    """The width of ``name``'s narrow model whose dense FLOPs are at most ``share`` of the full model's (a tier's
+    width, edge_node.algorithm.width.choose_width); candidate widths are built on the meta device (shapes only).
+
+    ``positions``: the full model's weight positions (edge_node.algorithm.flops.weight_positions).
+    """
+
+    def shapes_at(width: float) -> dict[str, tuple[int, ...]]:
+        with torch.device("meta"):
+            return parameter_shapes(build_model(name, num_classes, input_shape=input_shape, width=width))
+
+    return choose_width(shapes_at, positions, share)

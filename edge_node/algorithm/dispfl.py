@@ -63,6 +63,7 @@ from edge_node.algorithm.training import (
     read_weights,
     train_masked,
 )
+from edge_node.algorithm.width import Shapes, narrow, widen
 from edge_node.defaults import DEFAULTS
 from edge_node.errors import ConfigError, TrainingDiverged
 from edge_node.seeding import Stream, torch_generator
@@ -201,19 +202,25 @@ class TrainResult:
 
 def start(
     init_weights: TensorDict, density: float, *, seed: int, client: int, mask_init: str = "erk",
-    frozen: Collection[str] = (),
+    frozen: Collection[str] = (), within: Shapes | None = None,
 ) -> ClientState:  # fmt: skip
     """A client's state before round 0: the fleet's shared initial weights on its own random mask.
 
     Args:
         init_weights: the same for every client of a fleet (a model built from the fleet seed, or its start file).
-        density: the client's target density in (0, 1], of the trainable parameters.
+        density: the client's target density in (0, 1], of the trainable parameters (with ``within``: of its
+            narrow model's).
         seed, client: key the client's mask stream (``Stream.MASK``).
         frozen: parameters that do not train: all-true masks (dense, never pruned), outside the density.
+        within: a width tier's narrow model's parameter shapes (edge_node.algorithm.width): the mask is drawn
+            on those prefixes at ``density`` and is false outside them.
     """
     density = check_density(density)
     generator = torch_generator(seed, Stream.MASK, client)
-    if frozen:
+    if within is not None:
+        drawn = init_masks(narrow(init_weights, within), density, generator, mask_init)
+        masks = widen({name: torch.zeros_like(w, dtype=torch.bool) for name, w in init_weights.items()}, drawn)
+    elif frozen:
         trained = {name: w for name, w in init_weights.items() if name not in frozen}
         sparse = init_masks(trained, density, generator, mask_init)
         masks = {name: sparse.get(name, torch.ones_like(w, dtype=torch.bool)) for name, w in init_weights.items()}
@@ -474,12 +481,40 @@ def screen_and_aggregate(
     return aggregated, accepted, refused
 
 
+def narrow_state(state: ClientState, shapes: Shapes) -> ClientState:
+    """``state``'s prefixes of a width tier's narrow model (``shapes``): what that model trains."""
+    return ClientState(
+        narrow(state.weights, shapes), narrow(state.train_mask, shapes), narrow(state.next_mask, shapes),
+        state.density, state.buffers,
+    )  # fmt: skip
+
+
+def widen_state(full: ClientState, narrowed: ClientState) -> ClientState:
+    """``narrowed`` (a narrow model's state) written over the prefixes of ``full``, a state of full shapes that is
+    zero and masked off outside them."""
+    return ClientState(
+        widen(full.weights, narrowed.weights), widen(full.train_mask, narrowed.train_mask),
+        widen(full.next_mask, narrowed.next_mask), narrowed.density, narrowed.buffers,
+    )  # fmt: skip
+
+
+def _narrowed_to(state: ClientState, model: nn.Module) -> Shapes | None:
+    """The parameter shapes of ``model`` where it is a narrow model (a width tier) of ``state``'s, else None."""
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    return None if all(tuple(w.shape) == shapes.get(name) for name, w in state.weights.items()) else shapes
+
+
 def client_round(
     state: ClientState, offers: Sequence[Offer], model: nn.Module, round_index: int, params: DisPFLParams, *,
     seed: int, client: int, hooks: RoundHooks, screen: bool = True,
     peer_buffers: Mapping[str, TensorDict] | None = None,
 ) -> ClientRound:  # fmt: skip
     """DisPFL's client round (the module docstring): screen, aggregate, evaluate, train, evaluate, update the mask.
+
+    ``model`` may be a width tier's narrow model (edge_node.algorithm.width): the state keeps the full shapes
+    (zero and masked off outside the prefixes), which the screen and the aggregation see; evaluation, training
+    and the mask update run on the prefixes (the mask stays within them), written back before the round ends.
+    ``trained`` then holds the narrow model's state.
 
     Args:
         state: the client's state at the round's start; ``offers`` are screened against what it published.
@@ -491,18 +526,23 @@ def client_round(
     Raises:
         TrainingDiverged: local training diverged; ``state`` is unchanged and nothing should be published.
     """
+    shapes = _narrowed_to(state, model)
     early_scores = None  # the mask update's random draws, made meanwhile (what update_mask gets: no ``keep``)
     if hooks.ahead is not None and params.regrow == "random" and hooks.keep is None:
-        early_scores = hooks.ahead(regrow_scores(state.next_mask, round_index, params, seed=seed, client=client))
+        next_mask = state.next_mask if shapes is None else narrow(state.next_mask, shapes)
+        early_scores = hooks.ahead(regrow_scores(next_mask, round_index, params, seed=seed, client=client))
     with hooks.phase("aggregate"):
         buffers = dict(peer_buffers or {}) if params.norm_stats == "average" else None
         aggregated, accepted, refused = screen_and_aggregate(
             state, offers, hooks, screen=screen, frozen=params.frozen, buffers=buffers
         )
     with hooks.phase("train"):
-        done = evaluate_and_train(aggregated, model, round_index, params, seed=seed, client=client, hooks=hooks)
+        local = aggregated if shapes is None else narrow_state(aggregated, shapes)
+        done = evaluate_and_train(local, model, round_index, params, seed=seed, client=client, hooks=hooks)
         new_state = update_mask(
             done.kept, round_index, params, seed=seed, client=client, gradients=done.trained.gradients,
             random_scores=early_scores() if early_scores is not None else None,
         )  # fmt: skip
+        if shapes is not None:
+            new_state = widen_state(aggregated, new_state)
     return ClientRound(new_state, done.trained, done.acc_before, done.acc_after, accepted, refused)

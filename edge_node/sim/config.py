@@ -20,6 +20,7 @@ from edge_node.algorithm.sub_fedavg import ACC_THRESHOLD as SUBFEDAVG_ACC
 from edge_node.algorithm.sub_fedavg import DIST_THRESHOLD as SUBFEDAVG_DIST
 from edge_node.algorithm.sub_fedavg import PRUNE_RATE as SUBFEDAVG_PRUNE_RATE
 from edge_node.algorithm.topology import TOPOLOGIES, check_topology
+from edge_node.algorithm.width import TIER_MODES
 from edge_node.data import DATASET_NAMES, PartitionSpec, check_dataset_name, parse_partition_spec
 from edge_node.defaults import DEFAULTS, PRESETS, neighbours_of, preset
 from edge_node.energy.detect import BACKENDS
@@ -49,7 +50,7 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "ditto_lambda": DITTO_LAMBDA, "ditto_personal_share": DITTO_PERSONAL_SHARE,
     "subfedavg_prune_rate": SUBFEDAVG_PRUNE_RATE, "subfedavg_dist_threshold": SUBFEDAVG_DIST,
     "subfedavg_acc_threshold": SUBFEDAVG_ACC, "cuda_graphs": False, "norm_stats": DEFAULT_NORM_STATS,
-    "task": "classification", "init_weights": None, "trainable": [],
+    "task": "classification", "init_weights": None, "trainable": [], "tier_mode": "mask",
 }  # fmt: skip
 # Keys config.json holds beyond the fields (derived, written for readers; ignored when the file is read back).
 DERIVED_KEYS = frozenset({"partition_variant"})
@@ -146,6 +147,16 @@ class SimConfig:
     )
     setting: str = key(
         "i", "'ii': heterogeneous tiers 0.2..1.0, client i gets tier i mod 5 [default: {default}].", choices=SETTINGS
+    )
+    # What a client's tier buys (edge_node.algorithm.width): "mask", a DisPFL mask at the tier's density on the full
+    # model (dense kernels: bytes, not compute); "width", the tier's narrow model, whole; "both", the narrow model
+    # with a mask at ``density`` inside it.
+    tier_mode: str = key(
+        "mask",
+        "What a tier buys: mask (a mask at the tier's density, dense kernels), width (the tier's narrow model, "
+        "whose dense FLOPs are the tier's share: its compute shrinks), both (the narrow model, a mask at --density "
+        "inside it) [default: {default}].",
+        choices=TIER_MODES,
     )
     mask_init: str = key(
         DEFAULTS.mask_init,
@@ -287,6 +298,8 @@ class SimConfig:
         choice("fedp3_aggregation", AGGREGATIONS)
         choice("privacy", PRIVACY_MODES)
         choice("norm_stats", NORM_STATS)
+        choice("tier_mode", TIER_MODES)
+        self._check_tier_mode()
         if not 0 < self.fedp3_keep <= 1:
             raise ConfigError(f"fedp3_keep={self.fedp3_keep!r} must be in (0, 1]")
         if not math.isfinite(self.dp_clip) or self.dp_clip <= 0:
@@ -359,6 +372,25 @@ class SimConfig:
         if self.privacy != "none":
             raise ConfigError(f"privacy {self.privacy!r} trains every parameter; trainable (frozen layers) excludes it")
 
+    def _check_tier_mode(self) -> None:
+        """Refuse width tiers where they are not implemented (one line each)."""
+        if self.tier_mode == "mask":
+            return
+        if "tier_mode" not in self.method_spec.uses:
+            users = ", ".join(users_of("tier_mode"))
+            raise ConfigError(f"tier_mode {self.tier_mode} is not implemented for method {self.method} (only {users})")
+        if self.tier_mode == "both" and self.setting != "ii":
+            raise ConfigError("tier_mode both takes the width from a client's tier and the mask from --density: it "
+                              "needs setting ii (tiers); with setting i use tier_mode width")  # fmt: skip
+        if self.trainable:
+            raise ConfigError(f"tier_mode {self.tier_mode} trains narrow models of every layer; trainable (frozen "
+                              "layers) is refused with it")  # fmt: skip
+        if self.privacy != "none":
+            raise ConfigError(f"tier_mode {self.tier_mode} with privacy {self.privacy!r} is not implemented")
+        if self.cuda_graphs:
+            raise ConfigError(f"cuda_graphs captures one model's step; tier_mode {self.tier_mode} trains one model "
+                              "per width: leave cuda_graphs off")  # fmt: skip
+
     def _check_cuda_graphs(self) -> None:
         """ConfigError unless a run with ``cuda_graphs`` can capture its step (whole batches of plain SGD on CUDA)."""
         if not self.cuda_graphs:
@@ -389,6 +421,9 @@ class SimConfig:
                                   f"(only {averaging}); use norm_stats local")  # fmt: skip
         if not batch_normalised(model):
             return
+        if self.tier_mode != "mask":
+            raise ConfigError(f"tier_mode {self.tier_mode} cannot train model {self.model}: a narrow model's BatchNorm "
+                              "statistics are not the full model's; use GroupNorm or tier_mode mask")  # fmt: skip
         if self.privacy != "none":
             raise ConfigError(f"privacy {self.privacy!r} cannot train model {self.model}: DP-SGD's per-sample "
                               "gradients are undefined for BatchNorm layers; use GroupNorm or LayerNorm")  # fmt: skip

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from edge_node.algorithm import dense_nnz, forward_flops, read_weights, weight_positions
 from edge_node.algorithm.dispfl import DisPFLParams
+from edge_node.algorithm.flops import WeightPositions
 from edge_node.algorithm.graphed import GraphedStep
 from edge_node.algorithm.norm_stats import has_running_stats
 from edge_node.algorithm.training import StepReplay
@@ -40,7 +41,7 @@ from edge_node.data.batches import ClientData, ImagePool
 from edge_node.energy import EnergyAccountant, modelled_energy, open_meter
 from edge_node.energy.base import Meter
 from edge_node.errors import CheckpointError, ConfigError
-from edge_node.models import arch_name, build_checked_model
+from edge_node.models import arch_name, build_checked_model, build_width_model, width_of_share
 from edge_node.pretrained import prepare_start, wire_spec
 from edge_node.records import ROUNDS_LOG, SIM_KEYS, client_id, node_entry, node_means, task_fields
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
@@ -166,13 +167,14 @@ def run_simulation(
     init_weights = read_weights(model)
     pool = ImagePool.from_dataset(dataset, device)
     data = [ClientData.from_indices(pool, tr, te) for tr, te in zip(train_parts, test_parts, strict=True)]
+    positions = weight_positions(model, pool.input_shape)
     ctx = SimContext(
         config=config,
         params=params,
         model=model,
         data=data,
         init_weights=init_weights,
-        positions=weight_positions(model, pool.input_shape),
+        positions=positions,
         dense=dense_nnz(model),
         spec=_travelling(wire_spec(arch_name(config.model), dataset.num_outputs, model, model_start), model, params),
         accountant=accountant,
@@ -181,6 +183,7 @@ def run_simulation(
         graphs=_graphs_factory(config, model, (params.batch_size, *pool.input_shape), params),
         governor=governor,
     )
+    ctx.narrow_models = _narrow_models(config, dataset, positions, sorted(set(ctx.densities)), device)
     state = method.initial_state(ctx) if saved is None else method.restore(ctx, saved)
     if saved is not None:
         _LOGGER.info("resuming %s from round %d", out, start_round)
@@ -278,6 +281,25 @@ def _clients_info(
             for tr, te in zip(train_parts, test_parts, strict=True)
         ],
     }
+
+
+def _narrow_models(config: SimConfig, dataset: Dataset, positions: WeightPositions | None, tiers: list[float],
+                   device: torch.device) -> dict[float, torch.nn.Module]:  # fmt: skip
+    """Each tier's narrow model under width tiers (its width from dense FLOPs, edge_node.algorithm.width), by the
+    tier's density; {} under tier_mode mask. ConfigError where the model's FLOPs cannot be counted."""
+    if config.tier_mode == "mask":
+        return {}
+    if positions is None:
+        raise ConfigError(f"tier_mode {config.tier_mode}: the FLOPs of model {config.model} cannot be counted, so no "
+                          "width can be chosen for a tier; use tier_mode mask")  # fmt: skip
+    out = {}
+    for tier in tiers:
+        choice = width_of_share(config.model, dataset.num_outputs, dataset.input_shape, positions, tier)
+        if choice.width < 1.0:
+            narrow = build_width_model(config.model, dataset.num_outputs, dataset.input_shape, choice.width)
+            out[tier] = narrow.to(device)
+        _LOGGER.info("tier %g: width %g, %.3f of the dense FLOPs", tier, choice.width, choice.flop_share)
+    return out
 
 
 def build_record(config: SimConfig, params: DisPFLParams, ctx: SimContext, t: int, state: RunState,

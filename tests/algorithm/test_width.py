@@ -101,3 +101,59 @@ def test_a_plugin_opts_in_by_accepting_width_and_must_nest():
         build_width_model("tests.plugin_factories:unnested_mlp", 3, (12,), 0.5)
     with pytest.raises(ModelError, match=r"width=0 must be in \(0, 1\]"):
         build_model("cnn", 10, width=0)
+
+
+# ----- a width tier's client round (edge_node.algorithm.dispfl on a narrow model)
+
+
+def _mlp_batches(epochs, generator):
+    for _ in range(epochs * 2):
+        x = torch.randn(16, 12, generator=generator)
+        yield x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+
+
+def _round(state, offers, model, client):
+    from edge_node.algorithm.dispfl import DisPFLParams, RoundHooks, client_round
+
+    hooks = RoundHooks(_mlp_batches, lambda m: 0.5)
+    params = DisPFLParams(epochs=1, batch_size=16, regrow="gradient")
+    return client_round(state, offers, model, 0, params, seed=1, client=client, hooks=hooks)
+
+
+def test_a_narrow_client_trains_its_prefix_only_and_aggregates_with_a_wider_peer():
+    from edge_node.algorithm.dispfl import aggregate_peers, published, start
+
+    name = "tests.plugin_factories:nested_mlp"
+    full_model = build_model(name, 3, seed=0, input_shape=(12,))
+    narrow_model = build_width_model(name, 3, (12,), 0.5)
+    init = {n: p.detach().clone() for n, p in full_model.named_parameters()}
+    within = {n: tuple(p.shape) for n, p in narrow_model.named_parameters()}
+    full_shapes = {n: tuple(w.shape) for n, w in init.items()}
+    prefix = prefix_masks(full_shapes, within)
+
+    narrow_client = start(init, 0.5, seed=1, client=0, within=within)
+    for n, m in narrow_client.train_mask.items():
+        assert not (m & ~prefix[n]).any(), f"{n}: a mask position outside the prefix"
+    assert sum(int(m.sum()) for m in narrow_client.train_mask.values()) < 0.6 * sum(
+        int(p.sum()) for p in prefix.values()
+    )
+    wide_client = start(init, 1.0, seed=1, client=1)
+
+    done = _round(narrow_client, [("wide", *published(wide_client))], narrow_model, 0)
+    assert {n: tuple(w.shape) for n, w in done.trained.state.weights.items()} == within  # trained narrow
+    for n, w in done.state.weights.items():
+        assert tuple(w.shape) == full_shapes[n]
+        assert not done.state.train_mask[n][~prefix[n]].any() and not done.state.next_mask[n][~prefix[n]].any()
+        assert not w[~prefix[n]].any(), f"{n}: a weight outside the prefix"
+    assert any(not torch.equal(done.state.weights[n], narrow_client.weights[n]) for n in init)
+
+    # the wide client pulls the narrow one: where the narrow peer holds a coordinate the two are averaged, elsewhere
+    # the wide client's own value stays (DisPFL's intersection weighting, per coordinate)
+    merged = aggregate_peers(wide_client, [published(done.state)])
+    for n, w in merged.weights.items():
+        held = done.state.train_mask[n]
+        assert torch.allclose(w[held], (wide_client.weights[n][held] + done.state.weights[n][held]) / 2)
+        assert torch.equal(w[~held], wide_client.weights[n][~held])
+    wide = _round(wide_client, [("narrow", *published(done.state))], full_model, 1)
+    assert tuple(wide.trained.state.weights["fc1.weight"].shape) == full_shapes["fc1.weight"]
+    assert all(wide.state.train_mask[n].all() for n in init)  # dense stays dense

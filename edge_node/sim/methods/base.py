@@ -203,11 +203,35 @@ class SimContext:
     graphs: Callable[[], StepReplay] | None = None
     # The thread policy (edge_node.torch_threads), ticked between training batches; None: a fixed count.
     governor: ThreadGovernor | None = None
+    # Width tiers (``tier_mode`` width or both, edge_node.algorithm.width): each tier's narrow model, by the tier's
+    # density; {} under tier_mode mask (every client trains ``model``).
+    narrow_models: dict[float, torch.nn.Module] = field(default_factory=dict)
     densities: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
         n = self.config.clients  # a dense method's config has density 1 and setting i
         self.densities = client_densities(n) if self.config.setting == "ii" else [self.config.density] * n
+
+    # ----- width tiers
+
+    def model_of(self, i: int) -> torch.nn.Module:
+        """The model client ``i`` trains: its tier's narrow model under width tiers, else the one shared ``model``."""
+        return self.narrow_models.get(self.densities[i], self.model)
+
+    def within(self, i: int) -> dict[str, tuple[int, ...]] | None:
+        """Client ``i``'s narrow model's parameter shapes (its prefixes), None where it trains the full model."""
+        narrow = self.narrow_models.get(self.densities[i])
+        return None if narrow is None else {name: tuple(p.shape) for name, p in narrow.named_parameters()}
+
+    def mask_density(self, i: int) -> float:
+        """Client ``i``'s mask density: its tier's (tier_mode mask), 1 inside its narrow model (width), or
+        ``density`` inside it (both)."""
+        mode = self.config.tier_mode
+        return self.densities[i] if mode == "mask" else 1.0 if mode == "width" else self.config.density
+
+    def dense_of(self, i: int) -> dict[str, int]:
+        """Client ``i``'s model's element count per parameter (its narrow model's under width tiers)."""
+        return {name: math.prod(shape) for name, shape in (self.within(i) or {}).items()} or self.dense
 
     # ----- accounting
 
@@ -265,11 +289,15 @@ class SimContext:
         server_mb = sum(PAPER_BYTES_PER_VALUE * sum(nnz.values()) / 1e6 for nnz in up)
         return received, sent, paper_mb, (sum(sent), sum(received), server_mb)
 
-    def training_flops(self, nnz: dict[str, int], samples: int, regrow: bool) -> float | None:
+    def training_flops(
+        self, nnz: dict[str, int], samples: int, regrow: bool, dense: dict[str, int] | None = None
+    ) -> float | None:
+        """A client's training FLOPs of a round (``dense``: its model's element counts, a narrow model's under
+        width tiers; the dense gradient of regrowth is that model's)."""
         return round_training_flops(
             self.positions,
             nnz,
-            self.dense,
+            self.dense if dense is None else dense,
             epochs=self.params.epochs,
             samples=samples,
             regrow_batch=self.params.batch_size if regrow else 0,

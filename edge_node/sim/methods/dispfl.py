@@ -42,8 +42,9 @@ class DisPFL(Method):
 
     def initial_state(self, ctx: SimContext) -> RunState:
         config = ctx.config
-        clients = [start(ctx.init_weights, d, seed=config.seed, client=i, mask_init=config.mask_init,
-                         frozen=ctx.params.frozen) for i, d in enumerate(ctx.densities)]  # fmt: skip
+        clients = [start(ctx.init_weights, ctx.mask_density(i), seed=config.seed, client=i,
+                         mask_init=config.mask_init, frozen=ctx.params.frozen, within=ctx.within(i))
+                   for i in range(len(ctx.densities))]  # fmt: skip
         return RunState(clients, self.initial_extra(ctx))
 
     def initial_extra(self, ctx: SimContext) -> dict[str, Any]:
@@ -73,13 +74,13 @@ class DisPFL(Method):
         def one(i: int) -> tuple[ClientState, tuple[float, float, float, float | None, dict[str, str]]]:
             with ctx.stopping_on_divergence(t):
                 done = client_round(
-                    at_start[i], offers(i), ctx.model, t, params, seed=config.seed, client=i, hooks=hooks(i),
+                    at_start[i], offers(i), ctx.model_of(i), t, params, seed=config.seed, client=i, hooks=hooks(i),
                     screen=config.screen, peer_buffers={f"client-{j}": at_start[j].buffers for j in nbrs[i]},
                 )  # fmt: skip
             for peer, reason in done.refused.items():
                 _LOGGER.warning("round screen: client-%d refused %s: %s", i, peer, reason)
             flops = ctx.training_flops(nnz_per_tensor(done.trained.state.train_mask), ctx.data[i].num_train,
-                                       params.regrow == "gradient")  # fmt: skip
+                                       params.regrow == "gradient", ctx.dense_of(i))  # fmt: skip
             return done.state, (done.acc_before, done.acc_after, done.trained.stats.mean_loss, flops, done.refused)
 
         clients, outcomes = ctx.each_client(t, one)
@@ -95,5 +96,5 @@ class DisPFL(Method):
 DISPFL = DisPFL(
     name="dispfl", label="DisPFL", acc_before_is="aggregated personal model, before local training",
     acc_after_is="after local training", sparse=True, shardable=True, keeps_norm_stats=True, averages_norm_stats=True,
-    uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen", "trainable"},
+    uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen", "trainable", "tier_mode"},
 )  # fmt: skip
