@@ -77,11 +77,11 @@ def widen(full: TensorDict, narrowed: TensorDict) -> dict[str, torch.Tensor]:
     return out
 
 
-def prefix_masks(full: Shapes, narrow_shapes: Shapes) -> dict[str, torch.Tensor]:
-    """Bool masks of ``full``'s shapes, true exactly on each parameter's prefix."""
+def prefix_masks(full: Shapes, narrow_shapes: Shapes, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """Bool masks of ``full``'s shapes (on ``device``), true exactly on each parameter's prefix."""
     masks = {}
     for name, shape in full.items():
-        mask = torch.zeros(shape, dtype=torch.bool)
+        mask = torch.zeros(shape, dtype=torch.bool, device=device)
         mask[prefix_slices(narrow_shapes[name])] = True
         masks[name] = mask
     return masks

@@ -317,7 +317,7 @@ class SimConfig:
             raise ConfigError(f"planned_rounds={self.planned_rounds} must be at least 1")
         method = self.method_spec
         if not method.sparse:
-            if self.setting == "ii":
+            if self.setting == "ii" and not method.width_tiers:
                 raise ConfigError(f"setting ii (tiers of densities) is a sparse setting; method {self.method} is dense")
             object.__setattr__(self, "density", 1.0)  # the paper's baselines are dense
         self.dispfl_params()  # the round's own checks: epochs, batch size, lr, decay, clipping, regrow, mask init
@@ -374,6 +374,11 @@ class SimConfig:
 
     def _check_tier_mode(self) -> None:
         """Refuse width tiers where they are not implemented (one line each)."""
+        if self.method_spec.width_tiers:
+            if self.tier_mode == "both":
+                raise ConfigError(f"method {self.method} trains whole narrow models: tier_mode both is not one of its "
+                                  "modes (tier_mode width)")  # fmt: skip
+            object.__setattr__(self, "tier_mode", "width")
         if self.tier_mode == "mask":
             return
         if "tier_mode" not in self.method_spec.uses:

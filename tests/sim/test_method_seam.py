@@ -23,9 +23,9 @@ FIELDS = {f.name for f in dataclasses.fields(SimConfig)}
 
 def test_every_registered_method_declares_what_the_runner_reads():
     assert list(REGISTRY) == ["dispfl", "dispfl-s2s", "local", "dpsgd", "dpsgd-ft", "fedavg", "fedavg-ft", "fedp3",
-                              "ditto", "fedspa", "fedspa-rsm", "sub-fedavg"]  # fmt: skip
-    assert METHOD_ORDER == ("local", "dpsgd", "dpsgd-ft", "fedavg", "fedavg-ft", "fedp3", "ditto", "dispfl",
-                            "dispfl-s2s", "fedspa", "fedspa-rsm", "sub-fedavg")  # rows  # fmt: skip
+                              "ditto", "fedspa", "fedspa-rsm", "sub-fedavg", "heterofl"]  # fmt: skip
+    assert METHOD_ORDER == ("local", "dpsgd", "dpsgd-ft", "fedavg", "fedavg-ft", "fedp3", "ditto", "heterofl",
+                            "dispfl", "dispfl-s2s", "fedspa", "fedspa-rsm", "sub-fedavg")  # rows  # fmt: skip
     for name, method in REGISTRY.items():
         assert method.name == name and method.label and method.acc_before_is
         assert method.headline in ("before", "after"), name

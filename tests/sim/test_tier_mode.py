@@ -45,3 +45,18 @@ def test_width_tiers_refuse_what_they_cannot_train(settings, refusal, tmp_path):
     values = {**FIVE_TIERS, "tier_mode": "width", "output": tmp_path / "x", **settings}
     with pytest.raises(ConfigError, match=refusal):
         SimConfig(**values)
+
+
+def test_heterofl_averages_nested_prefixes_over_their_holders(tmp_path):
+    from edge_node.algorithm.heterofl import aggregate_nested
+
+    server = {"w": torch.zeros(4, 2)}
+    merged = aggregate_nested(server, [{"w": torch.ones(2, 2)}, {"w": torch.full((4, 2), 3.0)}])
+    assert merged["w"][:2].eq(2.0).all() and merged["w"][2:].eq(3.0).all()  # 2 holders, then 1
+    assert aggregate_nested(server, [{"w": torch.ones(1, 1)}])["w"].sum() == 1.0  # held by none: the server's
+
+    config = SimConfig(method="heterofl", output=tmp_path / "h", **{**FIVE_TIERS, "fedavg_clients": 5})
+    assert config.tier_mode == "width"  # HeteroFL trains whole narrow models
+    [record] = read_records(run_simulation(config, load_dataset("demo")))
+    assert record["method"] == "heterofl" and 0.0 <= record["acc_mean"] <= 1.0
+    assert record["server_bytes_in"] > 0 and record["density_mean"] == 1.0  # the server's global model

@@ -15,6 +15,7 @@ from edge_node.sim.methods.dpsgd import DPSGD_FT, DPSGD_PLAIN
 from edge_node.sim.methods.fedavg import FEDAVG, FEDAVG_FT
 from edge_node.sim.methods.fedp3 import FEDP3
 from edge_node.sim.methods.fedspa import FEDSPA, FEDSPA_RSM
+from edge_node.sim.methods.heterofl import HETEROFL
 from edge_node.sim.methods.local import LOCAL
 from edge_node.sim.methods.s2s import DISPFL_S2S
 from edge_node.sim.methods.sub_fedavg import SUB_FEDAVG
@@ -34,6 +35,7 @@ REGISTRY: dict[str, Method] = {
         FEDSPA,
         FEDSPA_RSM,
         SUB_FEDAVG,
+        HETEROFL,
     )
 }
 # Settings some method uses and others ignore (warned about when given to one that does not use them).

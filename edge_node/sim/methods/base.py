@@ -111,6 +111,8 @@ class Method(ABC):
             (``ClientState.buffers``, FedBN's ``norm_stats`` local); a method without it refuses a BatchNorm model.
         averages_norm_stats: its round averages those statistics with the peers' under ``norm_stats`` average
             (DisPFL's client round, given the round-start clients' buffers); a method without it refuses average.
+        width_tiers: its clients always train their tier's narrow model (``tier_mode`` width, HeteroFL): dense
+            but tiered, so setting ii is allowed.
     """
 
     name: str
@@ -124,6 +126,7 @@ class Method(ABC):
     keeps_server: bool = False
     keeps_norm_stats: bool = False
     averages_norm_stats: bool = False
+    width_tiers: bool = False
 
     def check(self, config: SimConfig) -> None:
         """Method-specific checks of ``config`` (ConfigError in one line); the shared ones are SimConfig's."""
