@@ -92,8 +92,9 @@ def simulate(
     values = merge(file_values, given)
     # What the user chose: flags and a TOML file's keys; a run's config.json records every setting.
     chosen = given if config_file is not None and config_file.suffix.lower() == ".json" else values
-    if values.get("setting") == "ii" and chosen.get("density") is not None:
-        raise ConfigError("--density and --setting ii exclude each other (setting ii uses tiers 0.2..1.0)")
+    if values.get("setting") == "ii" and chosen.get("density") is not None and values.get("tier_mode") != "both":
+        raise ConfigError("--density and --setting ii exclude each other (setting ii uses tiers 0.2..1.0; with "
+                          "--tier-mode both, --density is the mask's inside each tier's narrow model)")  # fmt: skip
     config = build(SimConfig, values, str(config_file) if config_file else "the command line")
     for warning in config.ignored(set(chosen)):
         click.echo(f"edge-node: warning: {warning}", err=True)

@@ -13,6 +13,7 @@ from edge_node.algorithm.ditto import LAMBDA as DITTO_LAMBDA
 from edge_node.algorithm.ditto import PERSONAL_SHARE as DITTO_PERSONAL_SHARE
 from edge_node.algorithm.dp import PRIVACY_MODES
 from edge_node.algorithm.fedp3 import AGGREGATIONS, SCHEDULES
+from edge_node.algorithm.heterogeneous import client_densities
 from edge_node.algorithm.masks import MASK_METHODS, check_density
 from edge_node.algorithm.norm_stats import DEFAULT_NORM_STATS, NORM_STATS, batch_normalised, has_running_stats
 from edge_node.algorithm.prune_regrow import REGROW_RULES
@@ -463,6 +464,11 @@ class SimConfig:
     def partition_variant(self) -> str:
         """``reference``, ``reuse`` or ``balanced`` (see ``edge_node.data.partition``)."""
         return parse_partition_spec(self.partition).variant
+
+    @property
+    def densities(self) -> list[float]:
+        """Each client's target density: setting ii's tier ``i mod 5``, else ``density`` (a dense method's is 1)."""
+        return client_densities(self.clients) if self.setting == "ii" else [self.density] * self.clients
 
     def dispfl_params(self) -> DisPFLParams:
         """The shared client round's hyper-parameters."""

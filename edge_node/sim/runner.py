@@ -118,6 +118,8 @@ def run_simulation(
     device = resolve_device(config.device)
     model = build_checked_model(config.model, dataset.num_outputs, dataset.input_shape, config.seed)
     config.check_model(model)
+    positions = weight_positions(model, dataset.input_shape)
+    narrow_models = _narrow_models(config, dataset, positions)  # width tiers' models, checked before writing
     model_start = prepare_start(model, config.init_weights, config.trainable, model_name=config.model)  # before writing
     method = config.method_spec
     if "neighbours" in method.uses and config.neighbour_count >= config.clients and config.topology == "random":
@@ -167,7 +169,6 @@ def run_simulation(
     init_weights = read_weights(model)
     pool = ImagePool.from_dataset(dataset, device)
     data = [ClientData.from_indices(pool, tr, te) for tr, te in zip(train_parts, test_parts, strict=True)]
-    positions = weight_positions(model, pool.input_shape)
     ctx = SimContext(
         config=config,
         params=params,
@@ -183,7 +184,7 @@ def run_simulation(
         graphs=_graphs_factory(config, model, (params.batch_size, *pool.input_shape), params),
         governor=governor,
     )
-    ctx.narrow_models = _narrow_models(config, dataset, positions, sorted(set(ctx.densities)), device)
+    ctx.narrow_models = {tier: narrow.to(device) for tier, narrow in narrow_models.items()}
     state = method.initial_state(ctx) if saved is None else method.restore(ctx, saved)
     if saved is not None:
         _LOGGER.info("resuming %s from round %d", out, start_round)
@@ -283,21 +284,23 @@ def _clients_info(
     }
 
 
-def _narrow_models(config: SimConfig, dataset: Dataset, positions: WeightPositions | None, tiers: list[float],
-                   device: torch.device) -> dict[float, torch.nn.Module]:  # fmt: skip
+def _narrow_models(
+    config: SimConfig, dataset: Dataset, positions: WeightPositions | None
+) -> dict[float, torch.nn.Module]:
     """Each tier's narrow model under width tiers (its width from dense FLOPs, edge_node.algorithm.width), by the
-    tier's density; {} under tier_mode mask. ConfigError where the model's FLOPs cannot be counted."""
+    tier's density, on the CPU; {} under tier_mode mask. ConfigError where the model's FLOPs cannot be counted;
+    ModelError where it cannot build nested narrow models."""
     if config.tier_mode == "mask":
         return {}
     if positions is None:
         raise ConfigError(f"tier_mode {config.tier_mode}: the FLOPs of model {config.model} cannot be counted, so no "
                           "width can be chosen for a tier; use tier_mode mask")  # fmt: skip
     out = {}
-    for tier in tiers:
+    for tier in sorted(set(config.densities)):
         choice = width_of_share(config.model, dataset.num_outputs, dataset.input_shape, positions, tier)
         if choice.width < 1.0:
             narrow = build_width_model(config.model, dataset.num_outputs, dataset.input_shape, choice.width)
-            out[tier] = narrow.to(device)
+            out[tier] = narrow
         _LOGGER.info("tier %g: width %g, %.3f of the dense FLOPs", tier, choice.width, choice.flop_share)
     return out
 

@@ -134,6 +134,22 @@ def test_setting_ii_with_gradient_regrowth(tmp_path: Path, capsys):
         (["--density", "0.3", "--setting", "ii"], "--setting ii"),
         (["--cuda-graphs"], "cuda_graphs needs device cuda"),
         (["--cuda-graphs", "--device", "cuda", "--micro-batch", "16"], "cuda_graphs captures whole batches: it needs"),
+        (["--tier-mode", "width", "--method", "fedavg"], "tier_mode width is not implemented for method fedavg"),
+        (["--tier-mode", "depth"], "'depth' is not one of"),
+        (["--tier-mode", "both"], "tier_mode both takes the width from a client's tier"),
+        (
+            [
+                "--tier-mode",
+                "width",
+                "--model",
+                "tests.plugin_factories:tiny_mlp",
+                "--dataset",
+                "tests.plugin_factories:blobs",
+                "--samples-per-client",
+                "20",
+            ],
+            "does not accept a width argument",
+        ),  # fmt: skip
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, capsys, extra, needle):

@@ -30,7 +30,6 @@ from edge_node.algorithm import nnz_per_tensor, round_training_flops
 from edge_node.algorithm.dense import dense_state
 from edge_node.algorithm.dispfl import ClientState, DisPFLParams, Evaluated, RoundHooks, evaluate_and_train
 from edge_node.algorithm.flops import WeightPositions
-from edge_node.algorithm.heterogeneous import client_densities
 from edge_node.algorithm.tasks import CLASSIFICATION, Task
 from edge_node.algorithm.tasks import score as task_score
 from edge_node.algorithm.topology import round_neighbours
@@ -212,8 +211,7 @@ class SimContext:
     densities: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
-        n = self.config.clients  # a dense method's config has density 1 and setting i
-        self.densities = client_densities(n) if self.config.setting == "ii" else [self.config.density] * n
+        self.densities = self.config.densities
 
     # ----- width tiers
 
