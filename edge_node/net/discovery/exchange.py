@@ -14,12 +14,15 @@ pure bookkeeping without I/O; the numbers are module constants):
   must be a valid node id, an IP address (never a name: no DNS lookup), a port and an empty or valid
   fingerprint (``pex_bad_entry``), and its address must pass the node's address policy (``allowed_subnets``:
   ``bad_address``, ``foreign_subnet``);
-* the table: at most ``MAX_LEARNED`` entries (``table_full``); of them at most ``MAX_CANDIDATES_PER_SOURCE``
-  unverified ones from any one source (``pex_source_full``) and ``MAX_CANDIDATES_PER_HOST`` on any one IP
-  address (``pex_host_full``);
+* the table: at most ``MAX_LEARNED`` entries, of them at most ``MAX_CANDIDATES`` unverified (``table_full``:
+  candidates never crowd out verified peers); at most ``MAX_CANDIDATES_PER_SOURCE`` unverified ones from any
+  one source (``pex_source_full``) and ``MAX_CANDIDATES_PER_HOST`` on any one IP address (``pex_host_full``);
+  an endpoint held under one id is not taken under another until the first is refuted (``conflict``);
 * dials: an unverified entry is dialled (one Hello) at most once per interval and ``MAX_DIALS_PER_ENTRY`` times
-  in all; then it is dropped (``pex_dial_budget``) and its endpoint kept out for ``COOLDOWN_INTERVALS``
-  intervals (``cooldown``), as is one whose Hello says another id (``id_mismatch``) or another fleet. At most
+  in all; then it is dropped (``pex_dial_budget``) and kept out (its id at its endpoint) for
+  ``COOLDOWN_INTERVALS`` intervals (``cooldown``), as is one whose Hello says another id (``id_mismatch``) or
+  another fleet (keyed by id too, so that a liar naming a real peer's endpoint under a false id does not keep
+  the real one out). At most
   ``MAX_DIALS_PER_CYCLE`` unverified entries are dialled per interval. So a node is no reflector: whatever its
   peers list, it sends at most 16 Hellos per interval to addresses it has not verified, at most 4 per interval
   to any one IP address, and at most 3 to any one endpoint per cooldown.
@@ -54,6 +57,7 @@ DEFAULT_EXCHANGE_S = 30.0  # seconds between two asks of one peer
 MIN_EXCHANGE_S = 1.0  # a server refuses one host's second ListPeers within 0.5 s (``PEX_HOST_INTERVAL_S``)
 STALE_INTERVALS = 3  # an entry not re-confirmed for this many intervals is dropped
 MAX_LEARNED = 256  # entries in the table, verified or not
+MAX_CANDIDATES = 64  # of them unverified
 MAX_CANDIDATES_PER_SOURCE = 16  # unverified entries one peer's lists may hold in the table
 MAX_CANDIDATES_PER_HOST = 4  # unverified endpoints on one IP address (a victim's ports)
 MAX_DIALS_PER_ENTRY = 3  # Hellos an unverified entry may cause, one per interval
@@ -118,7 +122,7 @@ class LearnedTable:
         self.stale_s = STALE_INTERVALS * interval_s
         self._refuse = refuse
         self._entries: dict[Endpoint, Learned] = {}
-        self._cooldown: collections.OrderedDict[Endpoint, float] = collections.OrderedDict()
+        self._cooldown: collections.OrderedDict[tuple[str, str, int], float] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -169,14 +173,14 @@ class LearnedTable:
                 return "conflict"  # the endpoint is held under another id: the first stays until it is refuted
             entry.offered = now
             return "refreshed"
-        until = self._cooldown.get(endpoint)
+        until = self._cooldown.get(hint[:3])
         if until is not None:
             if until > now:
                 return "cooldown"
-            del self._cooldown[endpoint]
-        if len(self._entries) >= MAX_LEARNED:
-            return "table_full"
+            del self._cooldown[hint[:3]]
         candidates = [e for e in self._entries.values() if e.verified is None]
+        if len(self._entries) >= MAX_LEARNED or len(candidates) >= MAX_CANDIDATES:
+            return "table_full"
         if sum(e.source == source for e in candidates) >= MAX_CANDIDATES_PER_SOURCE:
             return "pex_source_full"
         if sum(e.hint.host == hint.host for e in candidates) >= MAX_CANDIDATES_PER_HOST:
@@ -227,8 +231,9 @@ class LearnedTable:
         if self._entries.pop(entry.endpoint, None) is None:
             return
         self._refuse(reason, 1)
-        self._cooldown.pop(entry.endpoint, None)
-        self._cooldown[entry.endpoint] = now + COOLDOWN_INTERVALS * self.interval_s
+        key = entry.hint[:3]
+        self._cooldown.pop(key, None)
+        self._cooldown[key] = now + COOLDOWN_INTERVALS * self.interval_s
         while len(self._cooldown) > COOLDOWN_MEMORY:
             self._cooldown.popitem(last=False)
 
@@ -344,7 +349,6 @@ class PeerExchange(Discovery):
         if self._thread is not None:
             return
         self._stop.clear()
-        self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="edge-node-pex")
         self._thread = threading.Thread(target=self._run, name="edge-node-pex", daemon=True)
         self._thread.start()
 
@@ -384,8 +388,11 @@ class PeerExchange(Discovery):
 
     # -- one exchange --------------------------------------------------------------------------------
     def run_once(self) -> None:
-        """Ask every reachable peer for its list, dial the candidates due, expire what went stale."""
-        assert self._pool is not None, "start() first"
+        """Ask every reachable peer for its list, dial the candidates due, expire what went stale (the thread
+        started by :meth:`start` calls it every interval; a test may call it directly instead)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="edge-node-pex")
+        pool = self._pool
         now = time.monotonic()
         with self._lock:
             for entry in self.book.expire(now):
@@ -393,14 +400,14 @@ class PeerExchange(Discovery):
             for node_id in [k for k, r in self._reached.items() if now - r.at > self.book.stale_s]:
                 del self._reached[node_id]
         sources = self._source_peers()
-        asks = [self._pool.submit(self._ask_source, peer) for peer in sources]
+        asks = [pool.submit(self._ask_source, peer) for peer in sources]
         for future in asks:
             future.result()
         with self._lock:
             candidates, verified = self.book.due(time.monotonic())
         known = {p.identity.node_id for p in sources}
-        dials = [self._pool.submit(self._verify, entry) for entry in candidates if entry.hint.node_id not in known]
-        dials += [self._pool.submit(self._verify, entry) for entry in verified]
+        dials = [pool.submit(self._verify, entry) for entry in candidates if entry.hint.node_id not in known]
+        dials += [pool.submit(self._verify, entry) for entry in verified]
         for future in dials:
             future.result()
         self.cycles += 1
