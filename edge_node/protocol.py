@@ -19,7 +19,7 @@ got; a server of 1.2, or one under ``local``, ignores the request and sends none
 averages its statistics over the peers that did send theirs (``aggregation.aggregate_buffers``).
 1.4 adds ``Peer.ListPeers`` (peer exchange, ``net/discovery/exchange.py``): the peers of the caller's fleet a
 node has itself reached lately, at most 64. A server of 1.3 answers UNIMPLEMENTED, which the asking node counts
-(``pex_ask_failed``) and goes on with the peers it has; nothing else changed.
+(``peer_exchange.asks_failed`` in its status) and goes on with the peers it has; nothing else changed.
 
 Servers answer in the caller's version: they never send a field the caller's MINOR does not define,
 so receivers refuse unknown fields in what peers send them (stream messages, Hello replies).

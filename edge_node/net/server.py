@@ -34,12 +34,12 @@ names another node than its certificate: PERMISSION_DENIED; a round not publishe
 ``max_calls_per_host`` calls open by one host (``host-busy``) or ``max_concurrent_rpcs`` in all
 (``server-busy``): RESOURCE_EXHAUSTED; no request within ``request_timeout_s`` (``slow-request``):
 DEADLINE_EXCEEDED; connections shut down beyond a host's cap (``host-connections``, one per
-connection); a host asking ``ListPeers`` again within ``PEX_HOST_INTERVAL_S`` (``pex-rate``):
-RESOURCE_EXHAUSTED. Connections refused by grpc core at ``max_connections`` are not counted (grpc gives
-Python no hook there). A model stream whose reader stops reading is held by flow control
-(cancelling the write does not end the call in grpc.aio): the connection's age ends it, so it holds
-its slot for at most ``1.1 * max_connection_age_s + connection_age_grace_s``; streams that ended
-before their last message are counted (``unfinished_streams``).
+connection); a host asking ``ListPeers`` more than ``PEX_HOST_BURST`` times at once, then more often than
+once per ``PEX_HOST_INTERVAL_S`` (``pex-rate``): RESOURCE_EXHAUSTED. Connections refused by grpc core at
+``max_connections`` are not counted (grpc gives Python no hook there). A model stream whose reader stops
+reading is held by flow control (cancelling the write does not end the call in grpc.aio): the connection's
+age ends it, so it holds its slot for at most ``1.1 * max_connection_age_s + connection_age_grace_s``;
+streams that ended before their last message are counted (``unfinished_streams``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ import asyncio
 import logging
 import resource
 import threading
-import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -57,6 +56,7 @@ import grpc
 from edge_node.errors import ConfigError, ListenError
 from edge_node.net.admission import REFUSAL_KINDS, AdmissionGuard, Refusal, ServerLimits
 from edge_node.net.conn_guard import ConnectionGuard
+from edge_node.net.discovery.bounds import TokenBucket
 from edge_node.net.snapshots import ModelSnapshot, NoLongerKept, NotPublished, SnapshotStore
 from edge_node.net.tls import TlsConfig, warn_insecure
 from edge_node.protocol import MAX_PEER_ENTRIES, PROTOCOL_VERSION, NodeIdentity, check_round
@@ -91,9 +91,11 @@ KEEPALIVE_TIMEOUT_MS = 20_000  # and drops it when the ping is unanswered for 20
 # timer skew is no strike.
 MIN_CLIENT_PING_INTERVAL_MS = 4_000
 
-# ListPeers (peer exchange, 1.4): one host may ask once per this long (a node asks each peer once per
-# ``peer_exchange_s``, at least 1 s); the hosts remembered are bounded (the oldest forgotten first).
+# ListPeers (peer exchange, 1.4): one host may ask PEX_HOST_BURST times at once, then once per this long (a
+# node asks each peer once per ``peer_exchange_s``, at least 1 s; the burst is for nodes behind one address);
+# the hosts remembered are bounded (the oldest forgotten first).
 PEX_HOST_INTERVAL_S = 0.5
+PEX_HOST_BURST = 8
 PEX_HOSTS_REMEMBERED = 4096
 
 FD_RESERVE = 256  # descriptors besides the server's connections: files, mDNS, pulls, torch, the status socket
@@ -165,7 +167,7 @@ class PeerServer:
         # What ListPeers answers: the peers this node reached lately (set by the node when peer exchange runs;
         # None: an empty list). Called on the server's event loop: it must not block.
         self.reached: Callable[[], list[PeerEntry]] | None = None
-        self._pex_asked: dict[str, float] = {}  # host -> monotonic time of its last ListPeers (insertion order)
+        self._pex_asked: dict[str, TokenBucket] = {}  # host -> its ListPeers budget (insertion order: oldest first)
 
     # -- what the node publishes (the store) -------------------------------------------------------
     @property
@@ -267,15 +269,15 @@ class PeerServer:
             refuse(context, "fleet", grpc.StatusCode.FAILED_PRECONDITION,
                    f"caller's fleet {request.fleet_id[:256]!r} is not this node's fleet {self.fleet_id!r}")  # fmt: skip
         self.guard.caller(context, request.node_id, required=False)
-        now = time.monotonic()
         with self._lock:
-            last = self._pex_asked.pop(host, None)
-            self._pex_asked[host] = now if last is None or now - last >= PEX_HOST_INTERVAL_S else last
+            bucket = self._pex_asked.pop(host, None) or TokenBucket(1 / PEX_HOST_INTERVAL_S, PEX_HOST_BURST)
+            self._pex_asked[host] = bucket
             while len(self._pex_asked) > PEX_HOSTS_REMEMBERED:
                 del self._pex_asked[next(iter(self._pex_asked))]
-        if last is not None and now - last < PEX_HOST_INTERVAL_S:
+            allowed = bucket.take()
+        if not allowed:
             refuse(context, "pex-rate", grpc.StatusCode.RESOURCE_EXHAUSTED,
-                   f"ListPeers again within {PEX_HOST_INTERVAL_S:g} s of this host's last")  # fmt: skip
+                   f"ListPeers more often than once per {PEX_HOST_INTERVAL_S:g} s from this host")  # fmt: skip
         reached = self.reached() if self.reached is not None else []
         entries = [e for e in reached if e.node_id != request.node_id][:MAX_PEER_ENTRIES]
         return ListPeersReply(protocol_version=PROTOCOL_VERSION, peers=entries)

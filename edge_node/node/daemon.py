@@ -784,7 +784,7 @@ class Node:
             "phase": self.phase,
             "heartbeat_age_s": round(age, 1),
             "peers_known": known,
-            "peers_learned": next((d.learned() for d in discoveries if isinstance(d, PeerExchange)), []),
+            "peer_exchange": next((d.to_json() for d in discoveries if isinstance(d, PeerExchange)), None),
             "peers": self.tracker.to_json(),
             "acc_before": totals.acc_before,
             "acc_after": totals.acc_after,

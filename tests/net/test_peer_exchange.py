@@ -31,7 +31,7 @@ from edge_node.net.discovery.exchange import (
     check_interval,
     exchange_policy,
 )
-from edge_node.net.server import PEX_HOST_INTERVAL_S
+from edge_node.net.server import PEX_HOST_BURST, PEX_HOST_INTERVAL_S
 from edge_node.node.config import NodeConfig
 from edge_node.protocol import MAX_PEER_ENTRIES
 from edge_node.wire.messages import PeerEntry
@@ -178,6 +178,8 @@ def test_list_peers_is_bounded_per_host_and_of_the_callers_fleet():
         address = PeerAddress("srv", "127.0.0.1", port)
         entries, dropped = list_peers(address, node_id="me", fleet_id=FLEET, insecure=True)
         assert len(entries) == MAX_PEER_ENTRIES and dropped == 0
+        for _ in range(PEX_HOST_BURST - 1):  # nodes behind one address (a NAT, one machine) ask at once
+            list_peers(address, node_id="me", fleet_id=FLEET, insecure=True)
         with pytest.raises(PeerUnreachable, match="RESOURCE_EXHAUSTED"):
             list_peers(address, node_id="me", fleet_id=FLEET, insecure=True)
         time.sleep(PEX_HOST_INTERVAL_S)
@@ -252,6 +254,8 @@ def test_a_learned_peer_is_listed_only_once_its_own_hello_verified_it():
         assert refused["other_fleet"] == 1 and refused["id_mismatch"] == 1 and refused["foreign_subnet"] >= 1
         assert refused["pex_host_full"] >= 20 - MAX_CANDIDATES_PER_HOST
         assert refused["pex_dial_budget"] == MAX_CANDIDATES_PER_HOST
+        stats = exchange.to_json()
+        assert stats["learned"] == ["honest"] and stats["asks_failed"] == 0 and stats["cycles"] == 4
         # four candidates on the victim at a time, each dialled once per interval: 4 intervals, 16 dials
         assert dialled["127.0.0.5"] == MAX_CANDIDATES_PER_HOST * (1 + MAX_DIALS_PER_ENTRY)
         assert dialled["10.9.9.9"] == 0

@@ -50,7 +50,6 @@ REFUSAL_REASONS: dict[str, str] = {
     "pex_source_full": "a learned entry beyond the unverified ones one peer's lists may hold",
     "pex_host_full": "a learned entry beyond the unverified endpoints one IP address may have (a victim's ports)",
     "pex_dial_budget": "a learned entry that did not answer its bounded Hellos: dropped, then kept out a while",
-    "pex_ask_failed": "a peer that did not answer a peer-exchange Hello or ListPeers (down, before 1.4, too soon)",
 }
 
 

@@ -342,7 +342,7 @@ class PeerExchange(Discovery):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self.cycles = 0
+        self._counts: collections.Counter[str] = collections.Counter()  # asks, asks_failed, dials, cycles
 
     # -- Discovery ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -386,6 +386,21 @@ class PeerExchange(Discovery):
         """The ids of the peers listed through exchange (verified), sorted."""
         return sorted(p.name for p in self._table.snapshot())
 
+    def to_json(self) -> dict[str, object]:
+        """What ``edge-node status`` shows of exchange: the peers it lists, candidates, calls made and failed."""
+        with self._lock:
+            counts = dict(self._counts)
+            candidates = len(self.book) - len(self.book.verified())
+        return {
+            "interval_s": self.interval_s, "learned": self.learned(), "candidates": candidates,
+            "reached": len(self.reached_entries()), "cycles": counts.get("cycles", 0), "asks": counts.get("asks", 0),
+            "asks_failed": counts.get("asks_failed", 0), "dials": counts.get("dials", 0),
+        }  # fmt: skip
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self._counts[what] += 1
+
     # -- one exchange --------------------------------------------------------------------------------
     def run_once(self) -> None:
         """Ask every reachable peer for its list, dial the candidates due, expire what went stale (the thread
@@ -410,7 +425,8 @@ class PeerExchange(Discovery):
         dials += [pool.submit(self._verify, entry) for entry in verified]
         for future in dials:
             future.result()
-        self.cycles += 1
+        with self._lock:
+            self._counts["cycles"] += 1
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -435,14 +451,15 @@ class PeerExchange(Discovery):
         assert peer.identity.node_id is not None
         address = PeerAddress(peer.identity.node_id, peer.addresses[0], peer.port,
                               peer.fingerprint if self.tls else None)  # fmt: skip
+        self._count("asks")
         try:
             answer = self._hello(address)
             if self.rejection_reason(replace(peer, identity=answer.identity)) is not None:
                 return  # the discovery that lists it drops it on its own terms
             self._note_reached(peer, time.monotonic())
             entries, dropped = self._ask(address)
-        except PeerUnreachable as exc:
-            self._refusals.add("pex_ask_failed")
+        except PeerUnreachable as exc:  # down, before 1.4 (UNIMPLEMENTED) or asked too soon: no refusal of input
+            self._count("asks_failed")
             _LOGGER.debug("peer exchange with %s: %s", address.node_id, exc)
             return
         hints = [Hint.of(e) for e in entries]
@@ -455,6 +472,8 @@ class PeerExchange(Discovery):
         hint = entry.hint
         fingerprint = hint.fingerprint or None
         address = PeerAddress(hint.node_id, hint.host, hint.port, fingerprint if self.tls else None)
+        if entry.verified is None:
+            self._count("dials")
         try:
             answer = self._hello(address)
         except PeerUnreachable as exc:
