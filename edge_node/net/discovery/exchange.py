@@ -47,7 +47,7 @@ from typing import NamedTuple
 from edge_node.errors import ConfigError, PeerUnreachable
 from edge_node.net.client import PeerAddress, PeerHello
 from edge_node.net.discovery.bounds import AddressPolicy, IPNetwork, own_networks, parse_networks
-from edge_node.net.discovery.peer_table import Discovery, PeerInfo
+from edge_node.net.discovery.peer_table import Discovery, PeerEvent, PeerInfo
 from edge_node.protocol import MAX_PEER_ENTRIES, PROTOCOL_VERSION, is_valid_fingerprint, is_valid_node_id
 from edge_node.wire.messages import PeerEntry
 
@@ -393,8 +393,8 @@ class PeerExchange(Discovery):
             candidates = len(self.book) - len(self.book.verified())
         return {
             "interval_s": self.interval_s, "learned": self.learned(), "candidates": candidates,
-            "reached": len(self.reached_entries()), "cycles": counts.get("cycles", 0), "asks": counts.get("asks", 0),
-            "asks_failed": counts.get("asks_failed", 0), "dials": counts.get("dials", 0),
+            "reached": sorted(e.node_id for e in self.reached_entries()), "cycles": counts.get("cycles", 0),
+            "asks": counts.get("asks", 0), "asks_failed": counts.get("asks_failed", 0), "dials": counts.get("dials", 0),
         }  # fmt: skip
 
     def _count(self, what: str) -> None:
@@ -411,7 +411,9 @@ class PeerExchange(Discovery):
         now = time.monotonic()
         with self._lock:
             for entry in self.book.expire(now):
-                self._table.remove(entry.hint.node_id)
+                if self._table.remove(entry.hint.node_id) is not None:
+                    _LOGGER.info("peer exchange: %s not verified for %.0f s, no longer listed", entry.hint.node_id,
+                                 now - (entry.verified or 0.0))  # fmt: skip
             for node_id in [k for k, r in self._reached.items() if now - r.at > self.book.stale_s]:
                 del self._reached[node_id]
         sources = self._source_peers()
@@ -493,7 +495,8 @@ class PeerExchange(Discovery):
                     self._table.remove(hint.node_id)
                 return
             self.book.confirmed(entry, now)
-        self._table.upsert(hint.node_id, peer)
+        if self._table.upsert(hint.node_id, peer) is PeerEvent.ADDED:
+            _LOGGER.info("peer exchange: listed %s at %s (learned from %s)", hint.node_id, peer.endpoint, entry.source)
         self._note_reached(peer, now)
 
     def _note_reached(self, peer: PeerInfo, now: float) -> None:
