@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from edge_node.errors import ConfigError, PeerUnreachable
-from edge_node.net import PeerAddress, PeerServer, create_server, hello, list_peers
+from edge_node.net import PeerAddress, PeerServer, TlsConfig, create_server, hello, list_peers
 from edge_node.net.discovery import AddressPolicy, RefusalCounter, StaticDiscovery
 from edge_node.net.discovery.exchange import (
     MAX_CANDIDATES,
@@ -32,6 +32,7 @@ from edge_node.net.discovery.exchange import (
     exchange_policy,
 )
 from edge_node.net.server import PEX_HOST_BURST, PEX_HOST_INTERVAL_S
+from edge_node.net.tls import create_ca, issue_certificate
 from edge_node.node.config import NodeConfig
 from edge_node.protocol import MAX_PEER_ENTRIES
 from edge_node.wire.messages import PeerEntry
@@ -260,3 +261,38 @@ def test_a_learned_peer_is_listed_only_once_its_own_hello_verified_it():
         assert dialled["127.0.0.5"] == MAX_CANDIDATES_PER_HOST * (1 + MAX_DIALS_PER_ENTRY)
         assert dialled["10.9.9.9"] == 0
         assert seed.refusals() == {} and honest.refusals() == {}
+
+
+def test_under_mutual_tls_a_learned_id_must_be_the_certificates():
+    """A seed lists the real node under a false id, and under its own: only the id its certificate carries is
+    listed (the false one fails the handshake's name check and is counted as ``id_mismatch``)."""
+    ca_cert, ca_key = create_ca(FLEET)
+    tls = {name: TlsConfig(ca_cert, *issue_certificate(ca_cert, ca_key, name)) for name in ("me", "seed", "real")}
+    seed, real = node("seed"), node("real")
+    with contextlib.ExitStack() as stack:
+        ports = {}
+        for name, server in (("seed", seed), ("real", real)):
+            grpc_server, ports[name] = create_server("127.0.0.1:0", server, tls=tls[name])
+            grpc_server.start()
+            stack.callback(lambda s=grpc_server: s.stop(None).wait(5))
+        fp = tls["real"].fingerprint
+        seed.reached = lambda: [
+            PeerEntry(node_id="ghost", host="127.0.0.2", port=ports["real"]),  # nothing there under that id
+            PeerEntry(node_id="impostor", host="127.0.0.1", port=ports["real"], fingerprint=fp),
+        ]
+        static = StaticDiscovery([f"seed@127.0.0.1:{ports['seed']}"], node_id="me", fleet=FLEET, require_node_ids=True)
+        static.start()
+        stack.callback(static.stop)
+        exchange = PeerExchange(
+            node_id="me", fleet=FLEET, arch=SPEC.arch_id, sources=[static],
+            hello=lambda a: hello(a, node_id="me", fleet_id=FLEET, timeout_s=1.0, tls=tls["me"]),
+            ask=lambda a: list_peers(a, node_id="me", fleet_id=FLEET, timeout_s=1.0, tls=tls["me"]),
+            policy=AddressPolicy([ipaddress.ip_network("127.0.0.0/8")], allow_loopback=True), interval_s=1.0, tls=True,
+        )  # fmt: skip
+        stack.callback(exchange.stop)
+        exchange.run_once()
+        assert exchange.learned() == [] and exchange.refusals() == {"id_mismatch": 1}
+        seed.reached = lambda: [PeerEntry(node_id="real", host="127.0.0.1", port=ports["real"], fingerprint=fp)]
+        time.sleep(1.0)
+        exchange.run_once()
+        assert exchange.learned() == ["real"]
