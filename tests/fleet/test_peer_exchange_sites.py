@@ -114,7 +114,7 @@ def test_two_sites_learn_each_other_through_one_seed_and_forget_a_stopped_one(re
         rest = {n: d for n, d in dirs.items() if n != "a0"}
         while True:
             now = statuses(rest)
-            stale = {n: s["peer_exchange"] for n, s in now.items()
+            stale = {n: s and s["peer_exchange"] for n, s in now.items()  # None: no answer in time, asked again
                      if s is None or "a0" in s["peer_exchange"]["learned"] or "a0" in s["peer_exchange"]["reached"]
                      or (n[0] == "a" and "a0" in s["peers_known"])}  # fmt: skip
             if not stale:

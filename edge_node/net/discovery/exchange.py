@@ -424,7 +424,7 @@ class PeerExchange(Discovery):
             candidates, verified = self.book.due(time.monotonic())
         known = {p.identity.node_id for p in sources}
         dials = [pool.submit(self._verify, entry) for entry in candidates if entry.hint.node_id not in known]
-        dials += [pool.submit(self._verify, entry) for entry in verified]
+        dials += [pool.submit(self._verify, entry, True) for entry in verified]
         for future in dials:
             future.result()
         with self._lock:
@@ -459,8 +459,17 @@ class PeerExchange(Discovery):
             if self.rejection_reason(replace(peer, identity=answer.identity)) is not None:
                 return  # the discovery that lists it drops it on its own terms
             self._note_reached(peer, time.monotonic())
+        except PeerUnreachable as exc:  # down, or not ours any more: no refusal of input
+            self._count("asks_failed")
+            _LOGGER.debug("peer exchange with %s: %s", address.node_id, exc)
+            return
+        self._list_from(address)
+
+    def _list_from(self, address: PeerAddress) -> None:
+        """ListPeers of a peer that has just answered its Hello; the entries go to the table."""
+        try:
             entries, dropped = self._ask(address)
-        except PeerUnreachable as exc:  # down, before 1.4 (UNIMPLEMENTED) or asked too soon: no refusal of input
+        except PeerUnreachable as exc:  # before 1.4 (UNIMPLEMENTED), asked too soon, gone: no refusal of input
             self._count("asks_failed")
             _LOGGER.debug("peer exchange with %s: %s", address.node_id, exc)
             return
@@ -469,13 +478,15 @@ class PeerExchange(Discovery):
             known = {p.identity.node_id for p in self._source_peers() if p.identity.node_id}
             self.book.offer(address.node_id, hints, known, time.monotonic(), dropped)
 
-    def _verify(self, entry: Learned) -> None:
-        """Dial a learned entry: list it when its Hello is its id in this fleet; count and drop it otherwise."""
+    def _verify(self, entry: Learned, ask: bool = False) -> None:
+        """Dial a learned entry: list it when its Hello is its id in this fleet; count and drop it otherwise.
+
+        ``ask``: a verified peer is asked for its own list too (so the fleet stays learnable when seeds go).
+        """
         hint = entry.hint
         fingerprint = hint.fingerprint or None
         address = PeerAddress(hint.node_id, hint.host, hint.port, fingerprint if self.tls else None)
-        if entry.verified is None:
-            self._count("dials")
+        self._count("dials" if entry.verified is None else "asks")
         try:
             answer = self._hello(address)
         except PeerUnreachable as exc:
@@ -484,6 +495,8 @@ class PeerExchange(Discovery):
                     self.book.refuted(entry, "id_mismatch", time.monotonic())
                 else:
                     self.book.unanswered(entry, time.monotonic())
+            if entry.verified is not None:
+                self._count("asks_failed")
             return
         peer = PeerInfo(answer.identity, [hint.host], hint.port, fingerprint, last_seen=time.monotonic())
         refusal = self.rejection_reason(peer)
@@ -498,6 +511,8 @@ class PeerExchange(Discovery):
         if self._table.upsert(hint.node_id, peer) is PeerEvent.ADDED:
             _LOGGER.info("peer exchange: listed %s at %s (learned from %s)", hint.node_id, peer.endpoint, entry.source)
         self._note_reached(peer, now)
+        if ask:
+            self._list_from(address)
 
     def _note_reached(self, peer: PeerInfo, now: float) -> None:
         node_id = peer.identity.node_id
