@@ -302,7 +302,8 @@ class _Reached(NamedTuple):
 
 
 class PeerExchange(Discovery):
-    """Learns peers from the peers the node's other discoveries list (``sources``), and lists those it verified.
+    """Learns peers from the peers the node's other discoveries list (``sources``) and from those it learned and
+    verified, and lists the ones it verified.
 
     Args:
         node_id, fleet, arch: this node (learned peers of another fleet or architecture are refused).
