@@ -296,3 +296,26 @@ def test_under_mutual_tls_a_learned_id_must_be_the_certificates():
         time.sleep(1.0)
         exchange.run_once()
         assert exchange.learned() == ["real"]
+
+
+def test_a_seed_that_never_answers_is_one_line_then_counted(caplog):
+    static = StaticDiscovery(["ghost@127.0.0.1:1"], node_id="me", fleet=FLEET)  # nothing listens on port 1
+    static.start()
+    exchange = PeerExchange(
+        node_id="me", fleet=FLEET, arch=SPEC.arch_id, sources=[static],
+        hello=lambda a: hello(a, node_id="me", fleet_id=FLEET, timeout_s=0.5, insecure=True),
+        ask=lambda a: list_peers(a, node_id="me", fleet_id=FLEET, timeout_s=0.5, insecure=True),
+        policy=AddressPolicy(None, allow_loopback=True), interval_s=1.0,
+    )  # fmt: skip
+    try:
+        with caplog.at_level("WARNING", logger="edge_node.net.discovery.exchange"):
+            exchange.run_once()
+            exchange.run_once()
+    finally:
+        exchange.stop()
+        static.stop()
+    lines = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
+    assert len(lines) == 1 and "ghost at 127.0.0.1:1" in lines[0], lines
+    stats = exchange.to_json()
+    assert (stats["asks"], stats["asks_failed"], stats["learned"]) == (2, 2, [])
+    assert exchange.refusals() == {}  # a peer that is down is no bad input

@@ -65,6 +65,7 @@ MAX_DIALS_PER_CYCLE = 16  # Hellos to unverified entries per interval, all toget
 COOLDOWN_INTERVALS = 10  # a dropped endpoint is not taken again for this many intervals
 COOLDOWN_MEMORY = 1024  # endpoints remembered in cooldown (the oldest forgotten first)
 HELLO_TIMEOUT_S = 2.0  # one Hello or ListPeers call
+SILENT_MEMORY = 4096  # peers remembered as not answering (their next failure is not logged again)
 WORKERS = 8  # calls in flight at once
 # A seed given as an address adds its subnet to the default ``allowed_subnets`` (a remote subnet's mask is
 # not known here: IPv4 /24, IPv6 /64, the usual site sizes; set ``allowed_subnets`` for others).
@@ -344,6 +345,7 @@ class PeerExchange(Discovery):
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._counts: collections.Counter[str] = collections.Counter()  # asks, asks_failed, dials, cycles
+        self._silent: set[str] = set()  # sources whose last ask failed (logged once until they answer again)
 
     # -- Discovery ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -462,8 +464,20 @@ class PeerExchange(Discovery):
             self._note_reached(peer, time.monotonic())
         except PeerUnreachable as exc:  # down, or not ours any more: no refusal of input
             self._count("asks_failed")
-            _LOGGER.debug("peer exchange with %s: %s", address.node_id, exc)
+            with self._lock:
+                first = address.node_id not in self._silent
+                if len(self._silent) >= SILENT_MEMORY:  # bounded: forgetting costs one more log line each
+                    self._silent.clear()
+                self._silent.add(address.node_id)
+            if first:  # a seed that never answers: one line, then counted (``asks_failed``) until it does
+                _LOGGER.warning("peer exchange: %s at %s does not answer (%s); asked again every %g s",
+                                address.node_id, address.target, exc.kind, self.interval_s)  # fmt: skip
             return
+        with self._lock:
+            back = address.node_id in self._silent
+            self._silent.discard(address.node_id)
+        if back:
+            _LOGGER.info("peer exchange: %s at %s answers again", address.node_id, address.target)
         self._list_from(address)
 
     def _list_from(self, address: PeerAddress) -> None:
