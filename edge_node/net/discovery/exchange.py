@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import ipaddress
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -192,7 +193,7 @@ class LearnedTable:
     def due(self, now: float) -> tuple[list[Learned], list[Learned]]:
         """``(candidates, verified)`` to dial now: each at most once per interval; candidates within their
         budget, at most ``MAX_DIALS_PER_CYCLE``, the longest waiting first."""
-        ready = [e for e in self._entries.values() if now - e.checked >= self.interval_s * 0.9]
+        ready = [e for e in self._entries.values() if now - e.checked >= self.interval_s * 0.8]  # once a cycle
         candidates = sorted((e for e in ready if e.verified is None), key=lambda e: e.offered)
         verified = [e for e in ready if e.verified is not None]
         chosen = candidates[:MAX_DIALS_PER_CYCLE]
@@ -439,7 +440,8 @@ class PeerExchange(Discovery):
                 self.run_once()
             except Exception:  # one bad cycle must not end exchange
                 _LOGGER.exception("peer exchange cycle failed")
-            self._stop.wait(self.interval_s)
+            # +-10 %: nodes started together (a fleet on one machine) drift apart instead of asking at once
+            self._stop.wait(self.interval_s * random.uniform(0.9, 1.1))
 
     def _source_peers(self) -> list[PeerInfo]:
         """The other discoveries' identified peers with an address (not this node), by id."""
