@@ -29,7 +29,9 @@ pure bookkeeping without I/O; the numbers are module constants):
 * staleness: a verified peer is asked again every interval; one not re-verified for ``STALE_INTERVALS``
   intervals is removed, and an unverified entry no peer has listed for that long is forgotten. A node only
   lists (answers ListPeers with) peers it has itself reached within ``STALE_INTERVALS`` intervals, so a peer
-  that stops is gone from every table within ``(STALE_INTERVALS + 1) * interval + HELLO_TIMEOUT_S``.
+  that stops is gone from every table within ``(STALE_INTERVALS + 1.1) * interval`` (the intervals are jittered
+  by +-10 %) plus what the next exchange's calls take before it expires it (``HELLO_TIMEOUT_S`` per call that gets
+  no answer, ``WORKERS`` at a time).
 """
 
 from __future__ import annotations
