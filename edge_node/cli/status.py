@@ -34,7 +34,7 @@ def format_status(status: dict[str, Any]) -> str:
             "-" if acc is None else f"{format_record_metric(status, 'acc_after')} after local training (last round)",
         ),
         ("peers known", ", ".join(status.get("peers_known") or []) or "none"),
-        ("peer exchange", _exchange(status.get("peer_exchange"))),
+        ("exchange", _exchange(status.get("peer_exchange"))),
         ("bytes in", f"{status.get('bytes_in_total', 0) / 1e6:.2f} MB this run"),
         ("energy", f"{status.get('energy_j_this_run', 0):.4g} J this run ({status.get('energy_label') or '-'})"),
         ("capacity", _capacity(status.get("capacity"), status.get("tier_moves"))),
