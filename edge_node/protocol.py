@@ -17,6 +17,9 @@ the parameters), sent only to a caller that asks for them (``GetModelRequest.buf
 ``norm_stats average``). A caller of 1.2, or one under ``local``, never asks and gets the stream it always
 got; a server of 1.2, or one under ``local``, ignores the request and sends none, and the ``average`` caller
 averages its statistics over the peers that did send theirs (``aggregation.aggregate_buffers``).
+1.4 adds ``Peer.ListPeers`` (peer exchange, ``net/discovery/exchange.py``): the peers of the caller's fleet a
+node has itself reached lately, at most 64. A server of 1.3 answers UNIMPLEMENTED, which the asking node counts
+(``peer_exchange.asks_failed`` in its status) and goes on with the peers it has; nothing else changed.
 
 Servers answer in the caller's version: they never send a field the caller's MINOR does not define,
 so receivers refuse unknown fields in what peers send them (stream messages, Hello replies).
@@ -30,11 +33,13 @@ from dataclasses import dataclass, replace
 
 from edge_node.errors import ConfigError
 
-PROTOCOL_VERSION = "1.3"
+PROTOCOL_VERSION = "1.4"
 
 # ASCII digits only ([0-9], not \d, which also matches other scripts' digits), matched in full (no
 # trailing newline, which ``$`` would let through).
 _VERSION_RE = re.compile(r"([0-9]{1,5})\.([0-9]{1,5})")
+
+MAX_PEER_ENTRIES = 64  # peers one ListPeers reply carries at most (1.4); a receiver drops and counts the rest
 
 MAX_ROUND = 10**15  # the largest round a peer may claim: 31 million years at one round per second
 

@@ -349,3 +349,18 @@ def test_data_folder_bench_reads_a_folder_larger_than_its_bound(tmp_path: Path):
     assert (first["listed"], first["train"], first["test"], first["decoded"]) == (400, 100, 20, 120), first
     assert again["decoded"] == 0 and arrived["listed"] == 450 and 0 < arrived["decoded"] <= 50, (again, arrived)
     assert not (tmp_path / "d" / "data").exists() and "| arrived |" in proc.stdout
+
+
+def test_peer_exchange_bench_quick_counts_dials_within_their_bound(tmp_path: Path):
+    out = tmp_path / "pex.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "peer_exchange.py"), "--quick", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(out.read_text())
+    assert figures["pulls"]["during"] > 0 and figures["refusals"]  # the liar's entries were refused and counted
+    # the bound of dials is a property of the code, not a timing: 16 per 1 s interval, 4 per address
+    cycles = figures["exchange"]["cycles"]
+    assert sum(figures["dials_to_victims"].values()) <= 16 * cycles
+    assert max(figures["dials_to_victims"].values()) <= 4 * cycles

@@ -34,6 +34,7 @@ def format_status(status: dict[str, Any]) -> str:
             "-" if acc is None else f"{format_record_metric(status, 'acc_after')} after local training (last round)",
         ),
         ("peers known", ", ".join(status.get("peers_known") or []) or "none"),
+        ("exchange", _exchange(status.get("peer_exchange"))),
         ("bytes in", f"{status.get('bytes_in_total', 0) / 1e6:.2f} MB this run"),
         ("energy", f"{status.get('energy_j_this_run', 0):.4g} J this run ({status.get('energy_label') or '-'})"),
         ("capacity", _capacity(status.get("capacity"), status.get("tier_moves"))),
@@ -54,6 +55,15 @@ def _peer(peer: dict[str, Any]) -> str:
     if peer.get("backoff_s"):
         text += f", backoff {peer['backoff_s']} s"
     return text
+
+
+def _exchange(exchange: Any) -> str:
+    """The peers learned through exchange and the asks that failed, or off."""
+    if not exchange:
+        return "off"
+    learned = ", ".join(exchange.get("learned") or []) or "none"
+    return (f"every {exchange.get('interval_s'):g} s; learned {learned}; {exchange.get('candidates', 0)} unverified; "
+            f"{exchange.get('asks_failed', 0)} of {exchange.get('asks', 0)} asks failed")  # fmt: skip
 
 
 def _privacy(budget: Any) -> str:

@@ -49,7 +49,7 @@ from edge_node.errors import (
 )
 from edge_node.net.channels import CHANNELS
 from edge_node.net.tls import CertificateMismatch, TlsConfig, verify_fingerprint, warn_insecure
-from edge_node.protocol import NodeIdentity, check_round, is_valid_node_id
+from edge_node.protocol import MAX_PEER_ENTRIES, NodeIdentity, check_round, is_valid_node_id
 from edge_node.threads import KeptThreads
 from edge_node.wire import (
     PROTOCOL_VERSION,
@@ -62,9 +62,13 @@ from edge_node.wire import (
 from edge_node.wire.messages import (
     GET_MODEL_METHOD,
     HELLO_METHOD,
+    LIST_PEERS_METHOD,
     GetModelRequest,
     HelloReply,
     HelloRequest,
+    ListPeersReply,
+    ListPeersRequest,
+    PeerEntry,
     unknown_field_numbers,
 )
 
@@ -104,6 +108,9 @@ MAX_BACKOFF_S = 30.0  # cap of one wait between retries of a transient failure
 NOT_READY_FIRST_WAIT_S = 0.05  # a round not published yet: first poll after this ...
 NOT_READY_MAX_WAIT_S = 1.0  # ... growing 1.5x per poll up to this (each jittered down to half)
 HELLO_MAX_REPLY_BYTES = 64 << 10  # a Hello reply is a few ids; anything larger is refused
+# A ListPeers reply (1.4) of MAX_PEER_ENTRIES entries of the longest ids, IPv6 hosts and fingerprints is under
+# 12 KiB; a larger reply is refused whole (``limit``), before it is parsed.
+LIST_PEERS_MAX_REPLY_BYTES = 16 << 10
 _POLL_S = 0.1  # pull_models checks its cancel event this often
 _MAX_REASON_CHARS = 300  # of a peer's status details quoted in a reason
 
@@ -688,8 +695,8 @@ def pull_models(
     return PullResult(received, failures, dict(sorted(sum(retried_by.values(), Counter()).items())))
 
 
-def _hello_failure(peer: PeerAddress, kind: str, detail: str) -> PeerUnreachable:
-    return PeerUnreachable(f"peer {peer.node_id[:80]} at {peer.target}: Hello {kind}: {detail}", kind=kind)
+def _hello_failure(peer: PeerAddress, kind: str, detail: str, method: str = "Hello") -> PeerUnreachable:
+    return PeerUnreachable(f"peer {peer.node_id[:80]} at {peer.target}: {method} {kind}: {detail}", kind=kind)
 
 
 def _parse_hello(raw: bytes, peer: PeerAddress) -> PeerHello:
@@ -785,3 +792,55 @@ def hello(
             kind, _transient = _classify(exc)
             raise _hello_failure(peer, kind, _rpc_reason(exc)) from exc
     return _parse_hello(raw, peer)
+
+
+def list_peers(
+    peer: PeerAddress,
+    *,
+    node_id: str = "",
+    fleet_id: str = "",
+    timeout_s: float = 5.0,
+    tls: TlsConfig | None = None,
+    insecure: bool = False,
+) -> tuple[list[PeerEntry], int]:
+    """Ask ``peer`` for the peers it has reached (peer exchange, protocol 1.4): ``(entries, dropped)``.
+
+    Only the first ``MAX_PEER_ENTRIES`` entries are returned; ``dropped`` counts the rest. The entries are
+    hints, not checked here (``net/discovery/exchange.py`` checks each and verifies it before use). With TLS
+    and ``peer.expected_fingerprint`` the peer's certificate must have it, as for :func:`hello`.
+
+    Raises:
+        PeerUnreachable: no valid reply within ``timeout_s`` (``kind`` says why: a server before 1.4 answers
+            UNIMPLEMENTED, ``refused``; a reply over ``LIST_PEERS_MAX_REPLY_BYTES``, ``limit``).
+    """
+    timeout_s = _check_seconds("timeout_s", timeout_s)
+    _check_security(tls, insecure)
+    deadline = time.monotonic() + timeout_s
+    if tls is not None and peer.expected_fingerprint is not None:
+        try:
+            verify_fingerprint(tls, peer.host, peer.port, peer.node_id, peer.expected_fingerprint, timeout_s=timeout_s)
+        except CertificateMismatch as exc:
+            raise _hello_failure(peer, "identity", str(exc), "ListPeers") from exc
+        except TlsError as exc:
+            raise _hello_failure(peer, "tls", f"certificate check: {exc}", "ListPeers") from exc
+    limits = WireLimits(max_message_bytes=LIST_PEERS_MAX_REPLY_BYTES)
+    with open_channel(peer, tls=tls, insecure=insecure, limits=limits) as channel:
+        call = channel.unary_unary(
+            LIST_PEERS_METHOD, request_serializer=ListPeersRequest.SerializeToString, response_deserializer=bytes
+        )
+        request = ListPeersRequest(
+            protocol_version=PROTOCOL_VERSION, node_id=_caller_id(node_id, tls), fleet_id=fleet_id
+        )
+        try:
+            raw: bytes = call(request, timeout=max(deadline - time.monotonic(), 0.001))
+        except grpc.RpcError as exc:
+            kind, _transient = _classify(exc)
+            raise _hello_failure(peer, kind, _rpc_reason(exc), "ListPeers") from exc
+    try:
+        reply = ListPeersReply.FromString(raw)
+    except DecodeError as exc:
+        raise _hello_failure(peer, "header", f"reply is not a ListPeersReply: {exc}", "ListPeers") from None
+    if unknown_field_numbers(reply):
+        raise _hello_failure(peer, "header", "reply has unknown fields", "ListPeers")
+    entries = list(reply.peers)
+    return entries[:MAX_PEER_ENTRIES], max(0, len(entries) - MAX_PEER_ENTRIES)

@@ -34,11 +34,12 @@ names another node than its certificate: PERMISSION_DENIED; a round not publishe
 ``max_calls_per_host`` calls open by one host (``host-busy``) or ``max_concurrent_rpcs`` in all
 (``server-busy``): RESOURCE_EXHAUSTED; no request within ``request_timeout_s`` (``slow-request``):
 DEADLINE_EXCEEDED; connections shut down beyond a host's cap (``host-connections``, one per
-connection). Connections refused by grpc core at ``max_connections`` are not counted (grpc gives
-Python no hook there). A model stream whose reader stops reading is held by flow control
-(cancelling the write does not end the call in grpc.aio): the connection's age ends it, so it holds
-its slot for at most ``1.1 * max_connection_age_s + connection_age_grace_s``; streams that ended
-before their last message are counted (``unfinished_streams``).
+connection); a host asking ``ListPeers`` more than ``PEX_HOST_BURST`` times at once, then more often than
+once per ``PEX_HOST_INTERVAL_S`` (``pex-rate``): RESOURCE_EXHAUSTED. Connections refused by grpc core at
+``max_connections`` are not counted (grpc gives Python no hook there). A model stream whose reader stops
+reading is held by flow control (cancelling the write does not end the call in grpc.aio): the connection's
+age ends it, so it holds its slot for at most ``1.1 * max_connection_age_s + connection_age_grace_s``;
+streams that ended before their last message are counted (``unfinished_streams``).
 """
 
 from __future__ import annotations
@@ -55,15 +56,19 @@ import grpc
 from edge_node.errors import ConfigError, ListenError
 from edge_node.net.admission import REFUSAL_KINDS, AdmissionGuard, Refusal, ServerLimits
 from edge_node.net.conn_guard import ConnectionGuard
+from edge_node.net.discovery.bounds import TokenBucket
 from edge_node.net.snapshots import ModelSnapshot, NoLongerKept, NotPublished, SnapshotStore
 from edge_node.net.tls import TlsConfig, warn_insecure
-from edge_node.protocol import PROTOCOL_VERSION, NodeIdentity, check_round
+from edge_node.protocol import MAX_PEER_ENTRIES, PROTOCOL_VERSION, NodeIdentity, check_round
 from edge_node.wire import DEFAULT_MAX_MESSAGE_BYTES, ModelSpec, ValueType, parse_protocol_version
 from edge_node.wire.messages import (
     PEER_SERVICE_NAME,
     GetModelRequest,
     HelloReply,
     HelloRequest,
+    ListPeersReply,
+    ListPeersRequest,
+    PeerEntry,
     ProtoModelChunk,
     value_type_to_proto,
 )
@@ -85,6 +90,13 @@ KEEPALIVE_TIMEOUT_MS = 20_000  # and drops it when the ping is unanswered for 20
 # Clients may ping this often: 5 s after a call last received data or a ping answer; a little less, so that
 # timer skew is no strike.
 MIN_CLIENT_PING_INTERVAL_MS = 4_000
+
+# ListPeers (peer exchange, 1.4): one host may ask PEX_HOST_BURST times at once, then once per this long (a
+# node asks each peer once per ``peer_exchange_s``, at least 1 s; the burst is for nodes behind one address);
+# the hosts remembered are bounded (the oldest forgotten first).
+PEX_HOST_INTERVAL_S = 0.5
+PEX_HOST_BURST = 8
+PEX_HOSTS_REMEMBERED = 4096
 
 FD_RESERVE = 256  # descriptors besides the server's connections: files, mDNS, pulls, torch, the status socket
 
@@ -152,6 +164,10 @@ class PeerServer:
         self._served_bytes = 0  # model stream bytes handed to gRPC, all callers
         self._served_streams = 0  # GetModel streams answered (complete or not)
         self._unfinished = 0  # of them, ended before their last message was handed to grpc
+        # What ListPeers answers: the peers this node reached lately (set by the node when peer exchange runs;
+        # None: an empty list). Called on the server's event loop: it must not block.
+        self.reached: Callable[[], list[PeerEntry]] | None = None
+        self._pex_asked: dict[str, TokenBucket] = {}  # host -> its ListPeers budget (insertion order: oldest first)
 
     # -- what the node publishes (the store) -------------------------------------------------------
     @property
@@ -225,6 +241,46 @@ class PeerServer:
             await _abort(context, refusal)
         finally:
             self.guard.leave(host)
+
+    async def _list_peers_call(self, _requests: object, context: grpc.aio.ServicerContext) -> ListPeersReply:
+        try:
+            host = self.guard.admit(context)
+        except Refusal as refusal:
+            await _abort(context, refusal)
+        try:
+            request: ListPeersRequest = await self.guard.request(context, "ListPeers")
+            return self._list_peers(request, host, context)
+        except Refusal as refusal:
+            await _abort(context, refusal)
+        finally:
+            self.guard.leave(host)
+
+    def _list_peers(self, request: ListPeersRequest, host: str, context: grpc.ServicerContext) -> ListPeersReply:
+        """The reached peers for a caller of this fleet, at most ``MAX_PEER_ENTRIES``, once per host per interval."""
+        refuse = self.guard.refuse
+        try:
+            compatible = NodeIdentity(protocol_version=request.protocol_version).compatible()
+        except ValueError as exc:
+            refuse(context, "protocol", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if not compatible:
+            reason = f"protocol version {request.protocol_version!r} is not compatible with {PROTOCOL_VERSION}"
+            refuse(context, "protocol", grpc.StatusCode.FAILED_PRECONDITION, reason)
+        if request.fleet_id != self.fleet_id:
+            refuse(context, "fleet", grpc.StatusCode.FAILED_PRECONDITION,
+                   f"caller's fleet {request.fleet_id[:256]!r} is not this node's fleet {self.fleet_id!r}")  # fmt: skip
+        self.guard.caller(context, request.node_id, required=False)
+        with self._lock:
+            bucket = self._pex_asked.pop(host, None) or TokenBucket(1 / PEX_HOST_INTERVAL_S, PEX_HOST_BURST)
+            self._pex_asked[host] = bucket
+            while len(self._pex_asked) > PEX_HOSTS_REMEMBERED:
+                del self._pex_asked[next(iter(self._pex_asked))]
+            allowed = bucket.take()
+        if not allowed:
+            refuse(context, "pex-rate", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                   f"ListPeers more often than once per {PEX_HOST_INTERVAL_S:g} s from this host")  # fmt: skip
+        reached = self.reached() if self.reached is not None else []
+        entries = [e for e in reached if e.node_id != request.node_id][:MAX_PEER_ENTRIES]
+        return ListPeersReply(protocol_version=PROTOCOL_VERSION, peers=entries)
 
     async def _get_model_call(self, _requests: object, context: grpc.aio.ServicerContext) -> None:
         try:
@@ -320,6 +376,11 @@ class PeerServer:
                     self._hello_call,
                     request_deserializer=HelloRequest.FromString,
                     response_serializer=HelloReply.SerializeToString,
+                ),
+                "ListPeers": grpc.stream_unary_rpc_method_handler(
+                    self._list_peers_call,
+                    request_deserializer=ListPeersRequest.FromString,
+                    response_serializer=ListPeersReply.SerializeToString,
                 ),
                 "GetModel": grpc.stream_stream_rpc_method_handler(
                     self._get_model_call, request_deserializer=GetModelRequest.FromString, response_serializer=identity

@@ -24,6 +24,8 @@ from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
 from edge_node.handover import DEFAULT_KEEP, HANDOVER_MODES, MIN_KEEP
 from edge_node.models import check_model_name
+from edge_node.net.discovery.bounds import parse_networks
+from edge_node.net.discovery.exchange import DEFAULT_EXCHANGE_S, check_interval
 from edge_node.net.discovery.static import parse_peers
 from edge_node.net.server import ServerLimits
 from edge_node.plugins import is_factory_path
@@ -128,6 +130,16 @@ class NodeConfig:
     discovery: str = key("mdns", "mdns, static (--peers) or both.")
     interfaces: tuple[str, ...] = key((), "mDNS interfaces, names or addresses [default: those with a default route].")
     peers: tuple[str, ...] = key((), "Static peers: HOST:PORT,... (ID@HOST:PORT with TLS or lockstep).")
+    peer_exchange_s: float = key(
+        DEFAULT_EXCHANGE_S,
+        "Peer exchange (protocol 1.4): every this many seconds ask the peers the node reaches for the peers they "
+        "reached, and list those it verifies itself (fleets beyond one link). 0: off (always off under lockstep).",
+    )
+    allowed_subnets: tuple[str, ...] = key(
+        (),
+        "CIDR subnets peers may be in, for mDNS and peer exchange (10.1.0.0/16,fd00::/64) [default: mDNS the "
+        "node's own subnets; peer exchange those plus each seed address's /24 or /64].",
+    )
     server_max_connections: int = key(512, "TCP connections the peer service holds at once; the fd limit must fit.")
     server_max_calls_per_host: int = key(8, "Calls one host may have open on the peer service (of 64 in all).")
     server_max_connections_per_host: int = key(32, "TCP connections one host may hold; the newest beyond are shut.")
@@ -257,6 +269,8 @@ class NodeConfig:
         if self.discovery in ("static", "both") and not self.peers:
             raise ConfigError(f"discovery={self.discovery!r} needs peers (--peers HOST:PORT,...)")
         _check_listen(self.listen)
+        check_interval(self.peer_exchange_s)
+        parse_networks(self.allowed_subnets)  # ConfigError naming a bad subnet
         self.server_limits()  # ConfigError quoting a bad server_* value
         if self.metrics_listen:
             _check_listen(self.metrics_listen, "metrics_listen")

@@ -60,7 +60,10 @@ from edge_node.algorithm.training import Batch
 from edge_node.energy import EnergyAccountant, open_meter
 from edge_node.errors import ConfigError, ListenError, TlsError, TrainingDiverged
 from edge_node.net import PeerAddress, PeerServer, TlsConfig, create_server, pull_models
-from edge_node.net.discovery import Discovery, MdnsDiscovery, StaticDiscovery, resolve_interfaces
+from edge_node.net.client import list_peers
+from edge_node.net.discovery import Discovery, MdnsDiscovery, StaticDiscovery, parse_peers, resolve_interfaces
+from edge_node.net.discovery.exchange import HELLO_TIMEOUT_S as EXCHANGE_TIMEOUT_S
+from edge_node.net.discovery.exchange import PeerExchange, exchange_policy
 from edge_node.net.server import ModelSnapshot, check_fd_limit
 from edge_node.node import capacity
 from edge_node.node.barrier import wait_for_round
@@ -94,6 +97,7 @@ from edge_node.task_names import format_metric
 from edge_node.torch_threads import ThreadGovernor, tick
 from edge_node.version import __version__
 from edge_node.wire import DecodedModel, ValueType, compile_decoder
+from edge_node.wire.messages import PeerEntry
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -479,11 +483,32 @@ class Node:
         if config.discovery in ("static", "both"):
             found.append(StaticDiscovery(list(config.peers), require_node_ids=self.tls is not None, **common))
         if config.discovery in ("mdns", "both"):
-            found.append(MdnsDiscovery(interfaces=list(config.interfaces) or None, **common))
+            found.append(MdnsDiscovery(interfaces=list(config.interfaces) or None,
+                                       allowed_subnets=list(config.allowed_subnets) or None, **common))  # fmt: skip
+        if config.peer_exchange_s and self.lockstep is None:  # lock-step pulls its fixed list only
+            found.append(self._peer_exchange(list(found)))
         for discovery in found:
             discovery.start()
             self._closers.append(discovery.stop)
         return found
+
+    def _peer_exchange(self, sources: list[Discovery]) -> PeerExchange:
+        """Peer exchange over the node's other discoveries; its server answers ListPeers from what it reached."""
+        config = self.config
+        seeds = [p.host for p in parse_peers(list(config.peers))] if config.discovery != "mdns" else []
+        policy = exchange_policy(config.listen.rpartition(":")[0].strip("[]"), seeds, config.allowed_subnets)
+        tls, insecure = self.tls, config.insecure
+
+        def ask(address: PeerAddress) -> tuple[list[PeerEntry], int]:
+            return list_peers(address, node_id=self.node_id, fleet_id=config.fleet, timeout_s=EXCHANGE_TIMEOUT_S,
+                              tls=tls, insecure=insecure)  # fmt: skip
+
+        exchange = PeerExchange(
+            node_id=self.node_id, fleet=config.fleet, arch=self.spec.arch_id, sources=sources, hello=self.caller.hello,
+            ask=ask, policy=policy, interval_s=config.peer_exchange_s, tls=tls is not None,
+        )  # fmt: skip
+        self.server_state.reached = exchange.reached_entries
+        return exchange
 
     # -- one round ----------------------------------------------------------------------------------
     def run_round(self, t: int) -> None:
@@ -759,6 +784,7 @@ class Node:
             "phase": self.phase,
             "heartbeat_age_s": round(age, 1),
             "peers_known": known,
+            "peer_exchange": next((d.to_json() for d in discoveries if isinstance(d, PeerExchange)), None),
             "peers": self.tracker.to_json(),
             "acc_before": totals.acc_before,
             "acc_after": totals.acc_after,

@@ -96,6 +96,19 @@ class _StatusCollector(Collector):
             for reason, count in sorted((status.get(key) or {}).items()):
                 family.add_metric([str(reason)], float(count))
             yield family
+        exchange = status.get("peer_exchange") or {}
+        yield GaugeMetricFamily(
+            "edge_node_peers_learned", "Peers listed through peer exchange now (verified by this node's Hello).",
+            value=float(len(exchange.get("learned") or [])),
+        )  # fmt: skip
+        calls = CounterMetricFamily(
+            "edge_node_peer_exchange_calls", "Peer-exchange calls since start: ask (Hello and ListPeers of a known "
+            "peer), ask_failed (of them, unanswered), dial (Hello to a learned entry not verified yet).",
+            labels=["kind"],
+        )  # fmt: skip
+        for kind, key in (("ask", "asks"), ("ask_failed", "asks_failed"), ("dial", "dials")):
+            calls.add_metric([kind], float(exchange.get(key) or 0))
+        yield calls
         moves = CounterMetricFamily(
             "edge_node_tier_moves", "Tier moves of capacity auto after a sustained change of free CPU, by direction.",
             labels=["direction"],

@@ -45,6 +45,11 @@ class PeerStub:
                 request_serializer=edge__node_dot_v1_dot_peer__pb2.GetModelRequest.SerializeToString,
                 response_deserializer=edge__node_dot_v1_dot_wire__pb2.ModelChunk.FromString,
                 _registered_method=True)
+        self.ListPeers = channel.unary_unary(
+                '/edge_node.v1.Peer/ListPeers',
+                request_serializer=edge__node_dot_v1_dot_peer__pb2.ListPeersRequest.SerializeToString,
+                response_deserializer=edge__node_dot_v1_dot_peer__pb2.ListPeersReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -65,6 +70,15 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPeers(self, request, context):
+        """Since 1.4 (peer exchange): the peers of the caller's fleet this node has itself reached lately, at most 64;
+        a host asking again sooner than the server's per-host interval: RESOURCE_EXHAUSTED. Servers before 1.4:
+        UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +91,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.GetModel,
                     request_deserializer=edge__node_dot_v1_dot_peer__pb2.GetModelRequest.FromString,
                     response_serializer=edge__node_dot_v1_dot_wire__pb2.ModelChunk.SerializeToString,
+            ),
+            'ListPeers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPeers,
+                    request_deserializer=edge__node_dot_v1_dot_peer__pb2.ListPeersRequest.FromString,
+                    response_serializer=edge__node_dot_v1_dot_peer__pb2.ListPeersReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +152,33 @@ class Peer:
             '/edge_node.v1.Peer/GetModel',
             edge__node_dot_v1_dot_peer__pb2.GetModelRequest.SerializeToString,
             edge__node_dot_v1_dot_wire__pb2.ModelChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPeers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edge_node.v1.Peer/ListPeers',
+            edge__node_dot_v1_dot_peer__pb2.ListPeersRequest.SerializeToString,
+            edge__node_dot_v1_dot_peer__pb2.ListPeersReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,10 +20,14 @@ ProtoModelChunk = _wire_pb2.ModelChunk
 HelloRequest = _peer_pb2.HelloRequest
 HelloReply = _peer_pb2.HelloReply
 GetModelRequest = _peer_pb2.GetModelRequest
+ListPeersRequest = _peer_pb2.ListPeersRequest
+ListPeersReply = _peer_pb2.ListPeersReply
+PeerEntry = _peer_pb2.PeerEntry
 
 PEER_SERVICE_NAME: str = _peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name  # "edge_node.v1.Peer"
 HELLO_METHOD = f"/{PEER_SERVICE_NAME}/Hello"
 GET_MODEL_METHOD = f"/{PEER_SERVICE_NAME}/GetModel"
+LIST_PEERS_METHOD = f"/{PEER_SERVICE_NAME}/ListPeers"
 
 # Matched by name (a value type missing from the proto fails at import); the numbers are the same.
 _PROTO_VALUE_TYPES: dict[ValueType, ProtoValueType] = {v: ProtoValueType.Value(v.name) for v in ValueType}
@@ -46,6 +50,10 @@ __all__ = [
     "GetModelRequest",
     "HelloReply",
     "HelloRequest",
+    "LIST_PEERS_METHOD",
+    "ListPeersReply",
+    "ListPeersRequest",
+    "PeerEntry",
     "ProtoModelChunk",
     "ProtoSparseTensor",
     "ProtoStreamHeader",

@@ -24,6 +24,8 @@ STATUS: dict[str, Any] = {
     "bytes_in_total": 2_000_000, "bytes_out_total": 4_000_000, "streams_unfinished_total": 5,
     "server_refusals": {"busy": 3},
     "discovery_refusals": {"other_fleet": 1},
+    "peer_exchange": {"interval_s": 30.0, "learned": ["c"], "candidates": 0, "reached": ["a", "c"], "cycles": 4,
+                      "asks": 8, "asks_failed": 1, "dials": 2},
 }  # fmt: skip
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "edge-node-fleet.json"
 SOLO = ["--fleet", "test", "--num-clients", "6", "--client-index", "0", "--capacity", "0.4", "--discovery", "static",
@@ -55,6 +57,8 @@ def test_a_round_record_and_the_status_become_conventional_series(served):
     assert got['edge_node_server_refusals_total{reason="busy"}'] == 3
     assert got["edge_node_unfinished_streams_total"] == 5
     assert got['edge_node_discovery_refusals_total{reason="other_fleet"}'] == 1
+    assert got["edge_node_peers_learned"] == 1 and got['edge_node_peer_exchange_calls_total{kind="ask_failed"}'] == 1
+    assert got['edge_node_peer_exchange_calls_total{kind="ask"}'] == 8
     assert got['edge_node_phase{phase="train"}'] == 1 and got['edge_node_phase{phase="idle"}'] == 0
     assert got["edge_node_rounds_done"] == 2 and got["edge_node_tier_density_ratio"] == 0.6
     assert got['edge_node_build_info{fleet="lab",model="cnn/10/abcdef12",node_id="pi-1",version="9.9"}'] == 1

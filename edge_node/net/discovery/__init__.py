@@ -5,6 +5,8 @@ tier=)``, ``record_pull(node_id, ok)`` (the node calls it after every pull), ``r
 hostile or misconfigured network sent that was refused, by reason), listeners and ``with`` support,
 over one live :class:`PeerTable` of :class:`PeerInfo`. mDNS discovery is bounded (``max_peers``,
 ``max_pending``, a global query budget, an address policy): see :mod:`edge_node.net.discovery.peer_book`.
+Peer exchange (:mod:`edge_node.net.discovery.exchange`, protocol 1.4) is a third discovery: it learns, over the
+other two, the peers their peers reached, and lists those it verified itself.
 """
 
 from edge_node.net.discovery.bounds import REFUSAL_REASONS, AddressPolicy, RefusalCounter, TokenBucket

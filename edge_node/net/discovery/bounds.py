@@ -42,8 +42,14 @@ REFUSAL_REASONS: dict[str, str] = {
     "conflict": "a goodbye or an SRV naming another host/port for a listed peer: it was challenged (asked again)",
     "error": "a record whose processing raised; it was dropped and the pass went on",
     "query_budget": "a query (resolve, refresh, browse) deferred because the global query budget was spent",
-    "self": "a static peer that turned out to be this node",
-    "id_mismatch": "a static ID@HOST:PORT peer whose Hello carried another node id",
+    "self": "a static peer that turned out to be this node, or a learned entry naming this node",
+    "id_mismatch": "a static ID@HOST:PORT peer whose Hello carried another node id; a learned entry whose Hello (or,"
+    " under TLS, certificate) is another node's",
+    "pex_too_many": "entries of one peer-exchange reply beyond the 64 read",
+    "pex_bad_entry": "a learned entry with a malformed node id, fingerprint, or a host that is not an IP address",
+    "pex_source_full": "a learned entry beyond the unverified ones one peer's lists may hold",
+    "pex_host_full": "a learned entry beyond the unverified endpoints one IP address may have (a victim's ports)",
+    "pex_dial_budget": "a learned entry that did not answer its bounded Hellos: dropped, then kept out a while",
 }
 
 

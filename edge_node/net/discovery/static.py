@@ -36,6 +36,7 @@ from edge_node.protocol import PROTOCOL_VERSION, NodeIdentity
 _LOGGER = logging.getLogger(__name__)
 
 MAX_PEERS_FILE_BYTES = 1 << 20
+MAX_STATIC_PEERS = 1024  # peers one list (flags, config or file) may name
 _HOSTNAME_RE = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
 )  # noqa: E501
@@ -98,10 +99,15 @@ def parse_peers(spec: str | Sequence[str]) -> list[StaticPeer]:
     """``[ID@]HOST:PORT`` items separated by commas or whitespace (or a list of them), duplicates dropped.
 
     Raises ConfigError for a bad item, for one endpoint given two different ids (or with and without
-    one), and for one id given two endpoints.
+    one), for one id given two endpoints, and for more than ``MAX_STATIC_PEERS`` items.
     """
     parts = [spec] if isinstance(spec, str) else list(spec)
     items = [item for part in parts for item in part.replace(",", " ").split()]
+    if len(items) > MAX_STATIC_PEERS:
+        raise ConfigError(
+            f"peers lists {len(items)} entries, more than {MAX_STATIC_PEERS}: list a few seeds (peer exchange learns"
+            " the rest)"
+        )
     out: list[StaticPeer] = []
     by_endpoint: dict[tuple[str, int], StaticPeer] = {}
     by_id: dict[str, StaticPeer] = {}
