@@ -58,7 +58,7 @@ from edge_node.net import (
     pull_models,
 )
 from edge_node.wire import ModelSpec, encode_model
-from edge_node.wire.messages import PEER_SERVICE_NAME, GetModelRequest
+from edge_node.wire.messages import PEER_SERVICE_NAME, GetModelRequest, HelloRequest
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -488,6 +488,168 @@ def print_server_attacks(rows: list[dict], model: str) -> None:
         )
 
 
+# --- a flood of well-formed Hellos from one host (the CPU it costs the node) -------------------------
+
+# ServerLimits of each setting: 1e6 calls/s is no limit; "on" is the default; "at once" answers refusals at once
+FLOOD_SETTINGS: dict[str, dict[str, float]] = {
+    "off": {"host_rate": 1e6},
+    "on, refusals at once": {"host_rate_hold_s": 1e-6},
+    "on": {},
+}
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def flood_server(args: dict) -> None:
+    """The node under the flood (a fresh process): serves ``model`` on 127.0.0.1 and [::1] until stdin closes."""
+    weights, masks, spec = masked_model(args["model"], 1)
+    peer = PeerServer(spec, node_id="victim", fleet_id=FLEET)
+    peer.publish(ModelSnapshot(weights, masks, 1, mask_density(masks), "victim", FLEET, spec.arch_id))
+    limits = ServerLimits(**args["limits"])
+    server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
+    port6 = server.add_insecure_port("[::1]:0")
+    server.start()
+    print(json.dumps({"port": port, "port6": port6, "host_rate": limits.host_rate, "hold_s": limits.host_rate_hold_s}),
+          flush=True)  # fmt: skip
+    sys.stdin.read()
+    print(json.dumps({"refusals": peer.refusals()}), flush=True)
+    server.stop(None).wait(5)
+
+
+def flooder(args: dict) -> None:
+    """``threads`` threads calling Hello back to back on one channel to 127.0.0.1 for ``seconds``."""
+    counts: dict[str, int] = {}  # "answered", or the status code's name
+    details: dict[str, str] = {}  # a status code's first detail
+    lock = threading.Lock()
+    with grpc.insecure_channel(f"127.0.0.1:{args['port']}") as channel:
+        call = channel.unary_unary(f"/{PEER_SERVICE_NAME}/Hello", request_serializer=bytes, response_deserializer=bytes)
+        request = HelloRequest(protocol_version="1.0", node_id="flood", fleet_id=FLEET).SerializeToString()
+        end = time.monotonic() + args["seconds"]
+
+        def run() -> None:
+            while time.monotonic() < end:
+                try:
+                    call(request, timeout=5)
+                    outcome = "answered"
+                except grpc.RpcError as exc:
+                    outcome = exc.code().name
+                    with lock:
+                        details.setdefault(outcome, str(exc.details())[:120])
+                with lock:
+                    counts[outcome] = counts.get(outcome, 0) + 1
+
+        workers = [threading.Thread(target=run) for _ in range(args["threads"])]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    print(json.dumps(counts), flush=True)
+    print(json.dumps(details), file=sys.stderr, flush=True)
+
+
+def _percentiles(times_ms: list[float]) -> tuple[float | None, float | None]:
+    if not times_ms:
+        return None, None
+    ordered = sorted(times_ms)
+    return ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def _honest_calls(address: PeerAddress, spec: ModelSpec, seconds: float) -> dict:
+    """An honest peer on [::1] (another host than the flood's) saying Hello and pulling, in turns, for ``seconds``."""
+    hellos: list[float] = []
+    pulls: list[float] = []
+    failed = {"hello": 0, "pull": 0}
+    end = time.monotonic() + seconds
+    while True:
+        start = time.perf_counter()
+        try:
+            hello(address, node_id="honest", fleet_id=FLEET, timeout_s=5, insecure=True)
+            hellos.append((time.perf_counter() - start) * 1000)
+        except Exception:  # counted: an honest call the flood made fail is the figure
+            failed["hello"] += 1
+        if len(hellos) % 4 == 1:  # with the first Hello and every 4th: pulls are rarer than Hellos
+            start = time.perf_counter()
+            result = pull_models([address], spec, FLEET, node_id="honest", deadline_s=10, insecure=True)
+            if result.failures:
+                failed["pull"] += 1
+            else:
+                pulls.append((time.perf_counter() - start) * 1000)
+        if time.monotonic() >= end:
+            break
+        time.sleep(0.05)
+    return {
+        "hello_ms_p50_p99": [_r(x) for x in _percentiles(hellos)],
+        "pull_ms_p50_p99": [_r(x) for x in _percentiles(pulls)],
+        "hellos": len(hellos),
+        "pulls": len(pulls),
+        "failed": failed,
+    }
+
+
+def hello_flood(model: str, *, seconds: float, threads: int) -> list[dict]:
+    """For the rate limit off, then on: the node's CPU per wall second, honest calls alone, then under the flood."""
+    _weights, _masks, spec = masked_model(model, 1)
+    rows = []
+    for setting, overrides in FLOOD_SETTINGS.items():
+        args = json.dumps({"model": model, "limits": overrides})
+        server = subprocess.Popen(
+            [sys.executable, __file__, "--flood-server", args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert server.stdout is not None and server.stdin is not None
+            ports = json.loads(server.stdout.readline())
+            address = PeerAddress("victim", "::1", ports["port6"])
+            row: dict[str, Any] = {"setting": setting, "host_rate": ports["host_rate"], "hold_s": ports["hold_s"],
+                                   "threads": threads}  # fmt: skip
+            for _ in range(4):  # warm-up: the first pull's imports and channel are not the figure
+                _honest_calls(address, spec, 0.0)
+            for phase in ("quiet", "flood"):
+                flood = None
+                if phase == "flood":
+                    flood_args = json.dumps({"port": ports["port"], "seconds": seconds, "threads": threads})
+                    flood = subprocess.Popen(
+                        [sys.executable, __file__, "--flooder", flood_args], stdout=subprocess.PIPE, text=True
+                    )
+                    time.sleep(1.0)  # the flooder's interpreter up and calling
+                cpu0, start = _cpu_s(server.pid), time.monotonic()
+                honest = _honest_calls(address, spec, seconds - 2.0 if flood else seconds / 2)
+                wall = time.monotonic() - start
+                honest["node_cpu_per_s"] = round((_cpu_s(server.pid) - cpu0) / wall, 3)
+                if flood is not None:
+                    out, _ = flood.communicate(timeout=60)
+                    honest["flooder"] = json.loads(out.strip().splitlines()[-1])
+                    honest["flood_calls_per_s"] = round(sum(honest["flooder"].values()) / seconds, 1)
+                row[phase] = honest
+            server.stdin.close()
+            row["refusals"] = json.loads(server.stdout.readline())["refusals"]
+        finally:
+            if server.poll() is None:
+                server.terminate()
+            server.wait(10)
+        rows.append(row)
+    return rows
+
+
+def print_hello_flood(rows: list[dict], model: str) -> None:
+    print(f"\nHello flood ({model}): flooder on 127.0.0.1, honest Hello + pull on [::1]; node = its own process")
+    for r in rows:
+        for phase in ("quiet", "flood"):
+            p = r[phase]
+            flood = f"; flood {p['flood_calls_per_s']}/s {p['flooder']}" if phase == "flood" else ""
+            print(
+                f"{r['setting']:<20} ({r['host_rate']:g}/s, hold {r['hold_s']:g} s) {phase:<5}:"
+                f" node CPU {p['node_cpu_per_s']:.3f} s/s;"
+                f" honest Hello ms p50/p99 {p['hello_ms_p50_p99']}, pull {p['pull_ms_p50_p99']},"
+                f" failed {p['failed']}{flood}"
+            )
+        print(f"{r['setting']}: server refusals {r['refusals']}")
+
+
 # --- the run ----------------------------------------------------------------------------------------
 
 
@@ -499,10 +661,29 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=5.0, help="the victim's pull deadline, seconds")
     parser.add_argument("--attacks", default=",".join(ATTACKS), help="comma-separated subset")
     parser.add_argument("--no-server-attacks", action="store_true", help="skip the attacks on the server")
+    parser.add_argument("--flood", action="store_true", help="only the Hello flood (rate limit off, then on)")
+    parser.add_argument("--flood-seconds", type=float, default=8.0, help="length of the flood, seconds")
+    parser.add_argument("--flood-threads", type=int, default=8, help="the flooder's threads")
     parser.add_argument("--victim", help=argparse.SUPPRESS)
+    parser.add_argument("--flood-server", help=argparse.SUPPRESS)
+    parser.add_argument("--flooder", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.victim:
         print(json.dumps(victim(json.loads(args.victim))))
+        return
+    if args.flood_server:
+        flood_server(json.loads(args.flood_server))
+        return
+    if args.flooder:
+        flooder(json.loads(args.flooder))
+        return
+    if args.flood:
+        model = "tiny" if args.quick else args.model
+        flood_rows = hello_flood(model, seconds=args.flood_seconds, threads=args.flood_threads)
+        print_hello_flood(flood_rows, model)
+        if args.json:
+            args.json.write_text(json.dumps({"hello_flood": flood_rows, "host": platform.node(),
+                                             "cpus": os.cpu_count()}, indent=2))  # fmt: skip
         return
     model = "tiny" if args.quick else args.model
     deadline_s = 1.0 if args.quick else args.deadline

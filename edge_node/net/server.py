@@ -34,7 +34,10 @@ names another node than its certificate: PERMISSION_DENIED; a round not publishe
 ``max_calls_per_host`` calls open by one host (``host-busy``) or ``max_concurrent_rpcs`` in all
 (``server-busy``): RESOURCE_EXHAUSTED; no request within ``request_timeout_s`` (``slow-request``):
 DEADLINE_EXCEEDED; connections shut down beyond a host's cap (``host-connections``, one per
-connection). Connections refused by grpc core at ``max_connections`` are not counted (grpc gives
+connection); more than ``host_rate`` calls a second (burst ``host_burst_s`` worth) from one host
+(``host-rate``, ``net/host_rate.py`` says what a host is): RESOURCE_EXHAUSTED, held back
+``host_rate_hold_s`` before it goes out (at most ``max_held_calls``). Connections refused by grpc
+core at ``max_connections`` are not counted (grpc gives
 Python no hook there). A model stream whose reader stops reading is held by flow control
 (cancelling the write does not end the call in grpc.aio): the connection's age ends it, so it holds
 its slot for at most ``1.1 * max_connection_age_s + connection_age_grace_s``; streams that ended
@@ -212,11 +215,28 @@ class PeerServer:
             return self._unfinished
 
     # -- the calls ---------------------------------------------------------------------------------
-    async def _hello_call(self, _requests: object, context: grpc.aio.ServicerContext) -> HelloReply:
+    async def _admit(self, context: grpc.aio.ServicerContext) -> str:
+        """The call's host, once within its rate and caps; else the refusal (a rate refusal held back first).
+
+        Every method counts against the host's rate: a GetModel refused before its stream (not ready,
+        another fleet) is as cheap to send as a Hello, and an honest node pulls once a round.
+        """
+        over = self.guard.over_rate(context)
+        if over is not None:
+            refusal, held = over
+            if held is not None:
+                try:  # the flooder's next call waits for this answer; the coroutine costs no thread
+                    await asyncio.sleep(self.guard.limits.host_rate_hold_s)
+                finally:
+                    self.guard.unhold(held)
+            await _abort(context, refusal)
         try:
-            host = self.guard.admit(context)
+            return self.guard.admit(context)
         except Refusal as refusal:
             await _abort(context, refusal)
+
+    async def _hello_call(self, _requests: object, context: grpc.aio.ServicerContext) -> HelloReply:
+        host = await self._admit(context)
         try:
             request: HelloRequest = await self.guard.request(context, "Hello")
             self.guard.caller(context, request.node_id, required=False)
@@ -227,10 +247,7 @@ class PeerServer:
             self.guard.leave(host)
 
     async def _get_model_call(self, _requests: object, context: grpc.aio.ServicerContext) -> None:
-        try:
-            host = self.guard.admit(context)
-        except Refusal as refusal:
-            await _abort(context, refusal)
+        host = await self._admit(context)
         try:
             caller, messages = self._open_stream(await self.guard.request(context, "GetModel"), context)
             try:
