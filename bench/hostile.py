@@ -1,6 +1,7 @@
 """What one pull from a hostile peer costs the victim, next to an honest peer's pull, in one run.
 
     .venv/bin/python bench/hostile.py [--json results.json] [--quick] [--deadline S] [--model cnn]
+    .venv/bin/python bench/hostile.py --flood [--flood-seconds 8] [--flood-threads 8] [--json flood.json]
 
 Each attack is a real malicious gRPC server on 127.0.0.1 (in this process); the victim is a fresh
 Python process that pulls once with ``pull_models`` and its defaults (limits from its own model,
@@ -20,6 +21,13 @@ here so that the run sees them end). Per attack: an honest peer's Hello and pull
 127.0.0.1) before and during the attack, the calls the attacker held, the calls the server ended,
 the server's refusals and its process's descriptors. ``bench/soak.py --attack`` repeats them
 against one daemon of a fleet (``server_attack``).
+
+``--flood`` runs only the Hello flood (``hello_flood``): a node in a fresh process serving on 127.0.0.1
+and [::1]; a flooder process on 127.0.0.1 with ``--flood-threads`` (8) threads calling Hello back to back
+on one channel for ``--flood-seconds`` (8); an honest peer on [::1] (another host) saying Hello and
+pulling. Per setting (the rate limit off, on with refusals sent at once, on as shipped, holding refusals
+back): the node process's CPU seconds per wall second (``/proc/PID/stat``, all its threads), quiet and
+in the flood's middle, the honest Hello and pull latency p50/p99, what the flooder got, the refusals.
 """
 
 from __future__ import annotations
@@ -529,6 +537,7 @@ def flooder(args: dict) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{args['port']}") as channel:
         call = channel.unary_unary(f"/{PEER_SERVICE_NAME}/Hello", request_serializer=bytes, response_deserializer=bytes)
         request = HelloRequest(protocol_version="1.0", node_id="flood", fleet_id=FLEET).SerializeToString()
+        print(json.dumps({"ready": True}), flush=True)  # imports done: the flood starts now
         end = time.monotonic() + args["seconds"]
 
         def run() -> None:
@@ -559,7 +568,7 @@ def _percentiles(times_ms: list[float]) -> tuple[float | None, float | None]:
     return ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
 
 
-def _honest_calls(address: PeerAddress, spec: ModelSpec, seconds: float) -> dict:
+def _honest_calls(address: PeerAddress, spec: ModelSpec | None, seconds: float) -> dict:
     """An honest peer on [::1] (another host than the flood's) saying Hello and pulling, in turns, for ``seconds``."""
     hellos: list[float] = []
     pulls: list[float] = []
@@ -572,7 +581,7 @@ def _honest_calls(address: PeerAddress, spec: ModelSpec, seconds: float) -> dict
             hellos.append((time.perf_counter() - start) * 1000)
         except Exception:  # counted: an honest call the flood made fail is the figure
             failed["hello"] += 1
-        if len(hellos) % 4 == 1:  # with the first Hello and every 4th: pulls are rarer than Hellos
+        if spec is not None and len(hellos) % 4 == 1:  # with the first Hello and every 4th: pulls are rarer than Hellos
             start = time.perf_counter()
             result = pull_models([address], spec, FLEET, node_id="honest", deadline_s=10, insecure=True)
             if result.failures:
@@ -591,11 +600,14 @@ def _honest_calls(address: PeerAddress, spec: ModelSpec, seconds: float) -> dict
     }
 
 
-def hello_flood(model: str, *, seconds: float, threads: int) -> list[dict]:
-    """For the rate limit off, then on: the node's CPU per wall second, honest calls alone, then under the flood."""
-    _weights, _masks, spec = masked_model(model, 1)
+def hello_flood(
+    model: str, *, seconds: float, threads: int, settings: tuple[str, ...] = tuple(FLOOD_SETTINGS), pulls: bool = True
+) -> list[dict]:
+    """Per setting (rate limit off, on): the node's CPU per wall second, honest calls alone, then under the flood."""
+    spec = masked_model(model, 1)[2] if pulls else None
     rows = []
-    for setting, overrides in FLOOD_SETTINGS.items():
+    for setting in settings:
+        overrides = FLOOD_SETTINGS[setting]
         args = json.dumps({"model": model, "limits": overrides})
         server = subprocess.Popen(
             [sys.executable, __file__, "--flood-server", args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -615,9 +627,11 @@ def hello_flood(model: str, *, seconds: float, threads: int) -> list[dict]:
                     flood = subprocess.Popen(
                         [sys.executable, __file__, "--flooder", flood_args], stdout=subprocess.PIPE, text=True
                     )
-                    time.sleep(1.0)  # the flooder's interpreter up and calling
+                    assert flood.stdout is not None
+                    flood.stdout.readline()  # its imports done
+                    time.sleep(0.5)  # and its calls under way: the window is the flood's middle
                 cpu0, start = _cpu_s(server.pid), time.monotonic()
-                honest = _honest_calls(address, spec, seconds - 2.0 if flood else seconds / 2)
+                honest = _honest_calls(address, spec, seconds - 1.0 if flood else seconds / 2)
                 wall = time.monotonic() - start
                 honest["node_cpu_per_s"] = round((_cpu_s(server.pid) - cpu0) / wall, 3)
                 if flood is not None:
@@ -679,7 +693,12 @@ def main() -> None:
         return
     if args.flood:
         model = "tiny" if args.quick else args.model
-        flood_rows = hello_flood(model, seconds=args.flood_seconds, threads=args.flood_threads)
+        # --quick (the test suite's smoke run): two settings, Hellos only (a fresh process's first pull compiles
+        # the wire parser: seconds)
+        settings = ("off", "on") if args.quick else tuple(FLOOD_SETTINGS)
+        flood_rows = hello_flood(
+            model, seconds=args.flood_seconds, threads=args.flood_threads, settings=settings, pulls=not args.quick
+        )
         print_hello_flood(flood_rows, model)
         if args.json:
             args.json.write_text(json.dumps({"hello_flood": flood_rows, "host": platform.node(),

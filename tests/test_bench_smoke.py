@@ -349,3 +349,16 @@ def test_data_folder_bench_reads_a_folder_larger_than_its_bound(tmp_path: Path):
     assert (first["listed"], first["train"], first["test"], first["decoded"]) == (400, 100, 20, 120), first
     assert again["decoded"] == 0 and arrived["listed"] == 450 and 0 < arrived["decoded"] <= 50, (again, arrived)
     assert not (tmp_path / "d" / "data").exists() and "| arrived |" in proc.stdout
+
+
+def test_hostile_bench_hello_flood_measures_the_node_with_the_rate_off_and_on(tmp_path: Path):
+    out = tmp_path / "flood.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "hostile.py"), "--flood", "--quick", "--flood-seconds", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = {row["setting"]: row for row in json.loads(out.read_text())["hello_flood"]}
+    assert rows["off"]["refusals"] == {} and rows["on"]["refusals"]["host-rate"] > 0
+    assert all(row[phase]["node_cpu_per_s"] > 0 for row in rows.values() for phase in ("quiet", "flood"))
+    assert rows["on"]["flood"]["failed"] == {"hello": 0, "pull": 0}  # the honest peer is another host
