@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from edge_node.net import PeerAddress, PeerServer, ServerLimits, create_server, hello, pull_model
+from edge_node.net.admission import AdmissionGuard
 from edge_node.net.host_rate import HostRates, host_key, refill
 from edge_node.wire.messages import PEER_SERVICE_NAME, HelloReply, HelloRequest
 
@@ -125,3 +126,27 @@ def test_a_flood_from_one_host_is_refused_and_counted_and_another_host_is_served
         assert pull_model(address, SPEC, FLEET, node_id="honest", deadline_s=5, insecure=True).header.round == 3
     finally:
         server.stop(None).wait(5)
+
+
+class _Peer:
+    """What the guard reads of a call: its peer string."""
+
+    def __init__(self, peer: str) -> None:
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
+
+
+def test_held_refusals_are_bounded_in_all_and_per_host_then_go_out_at_once() -> None:
+    guard = AdmissionGuard(ServerLimits(host_rate=1.0, host_burst_s=1.0, max_held_calls=3, max_calls_per_host=2))
+    a, b = _Peer("ipv4:10.0.0.1:1"), _Peer("ipv4:10.0.0.2:1")
+    assert guard.over_rate(a) is None and guard.over_rate(b) is None  # each host's one token
+    held = [guard.over_rate(a) for _ in range(3)]
+    assert [h[1] if h else "" for h in held] == ["ipv4:10.0.0.1", "ipv4:10.0.0.1", None]  # 2 per host
+    assert [h[1] if h else "" for h in (guard.over_rate(b), guard.over_rate(b))] == ["ipv4:10.0.0.2", None]  # 3 in all
+    guard.unhold("ipv4:10.0.0.1")
+    refusal = guard.over_rate(b)
+    assert refusal is not None and refusal[1] == "ipv4:10.0.0.2"  # a slot came free
+    assert refusal[0].code is grpc.StatusCode.RESOURCE_EXHAUSTED and "over its rate of 1 calls/s" in refusal[0].reason
+    assert guard.refusals() == {"host-rate": 6}
