@@ -24,7 +24,8 @@ against one daemon of a fleet (``server_attack``).
 
 ``--flood`` runs only the Hello flood (``hello_flood``): a node in a fresh process serving on 127.0.0.1
 and [::1]; a flooder process on 127.0.0.1 with ``--flood-threads`` (8) threads calling Hello back to back
-on one channel for ``--flood-seconds`` (8); an honest peer on [::1] (another host) saying Hello and
+for ``--flood-seconds`` (8), on one channel, then each call on a channel of its own (``FLOOD_KINDS``,
+the second as ``edge_node.net.hello`` calls); an honest peer on [::1] (another host) saying Hello and
 pulling. Per setting (the rate limit off, on with refusals sent at once, on as shipped, holding refusals
 back): the node process's CPU seconds per wall second (``/proc/PID/stat``, all its threads), quiet and
 in the flood's middle, the honest Hello and pull latency p50/p99, what the flooder got, the refusals.
@@ -52,6 +53,7 @@ import grpc
 import torch
 
 from edge_node.algorithm import init_masks, mask_density, read_weights, screen_peer_models
+from edge_node.errors import PeerUnreachable
 from edge_node.models import build_model
 from edge_node.net import (
     ModelSnapshot,
@@ -529,12 +531,17 @@ def flood_server(args: dict) -> None:
     server.stop(None).wait(5)
 
 
+FLOOD_KINDS = ("one channel", "a channel per call")  # the second is how edge_node.net.hello calls
+
+
 def flooder(args: dict) -> None:
-    """``threads`` threads calling Hello back to back on one channel to 127.0.0.1 for ``seconds``."""
-    counts: dict[str, int] = {}  # "answered", or the status code's name
+    """``threads`` threads calling Hello back to back to 127.0.0.1 for ``seconds``: on one channel, or each call
+    on a channel of its own (``edge_node.net.hello``: a TCP connection and HTTP/2 setup per call)."""
+    counts: dict[str, int] = {}  # "answered", or the status code's name (or the hello failure's kind)
     details: dict[str, str] = {}  # a status code's first detail
     lock = threading.Lock()
-    with grpc.insecure_channel(f"127.0.0.1:{args['port']}") as channel:
+    address = PeerAddress("victim", "127.0.0.1", args["port"])
+    with grpc.insecure_channel(address.target) as channel:
         call = channel.unary_unary(f"/{PEER_SERVICE_NAME}/Hello", request_serializer=bytes, response_deserializer=bytes)
         request = HelloRequest(protocol_version="1.0", node_id="flood", fleet_id=FLEET).SerializeToString()
         print(json.dumps({"ready": True}), flush=True)  # imports done: the flood starts now
@@ -543,12 +550,19 @@ def flooder(args: dict) -> None:
         def run() -> None:
             while time.monotonic() < end:
                 try:
-                    call(request, timeout=5)
+                    if args["kind"] == "one channel":
+                        call(request, timeout=5)
+                    else:
+                        hello(address, node_id="flood", fleet_id=FLEET, timeout_s=5, insecure=True)
                     outcome = "answered"
                 except grpc.RpcError as exc:
                     outcome = exc.code().name
                     with lock:
                         details.setdefault(outcome, str(exc.details())[:120])
+                except PeerUnreachable as exc:
+                    outcome = exc.kind
+                    with lock:
+                        details.setdefault(outcome, str(exc)[:120])
                 with lock:
                     counts[outcome] = counts.get(outcome, 0) + 1
 
@@ -601,7 +615,13 @@ def _honest_calls(address: PeerAddress, spec: ModelSpec | None, seconds: float) 
 
 
 def hello_flood(
-    model: str, *, seconds: float, threads: int, settings: tuple[str, ...] = tuple(FLOOD_SETTINGS), pulls: bool = True
+    model: str,
+    *,
+    seconds: float,
+    threads: int,
+    settings: tuple[str, ...] = tuple(FLOOD_SETTINGS),
+    pulls: bool = True,
+    kinds: tuple[str, ...] = FLOOD_KINDS,
 ) -> list[dict]:
     """Per setting (rate limit off, on): the node's CPU per wall second, honest calls alone, then under the flood."""
     spec = masked_model(model, 1)[2] if pulls else None
@@ -620,10 +640,12 @@ def hello_flood(
                                    "threads": threads}  # fmt: skip
             for _ in range(4):  # warm-up: the first pull's imports and channel are not the figure
                 _honest_calls(address, spec, 0.0)
-            for phase in ("quiet", "flood"):
+            for phase in ("quiet", *kinds):
                 flood = None
-                if phase == "flood":
-                    flood_args = json.dumps({"port": ports["port"], "seconds": seconds, "threads": threads})
+                if phase != "quiet":
+                    time.sleep(2 * ServerLimits().host_burst_s)  # the flooder's bucket full again, if it is on
+                    flood_args = json.dumps({"port": ports["port"], "seconds": seconds, "threads": threads,
+                                             "kind": phase})  # fmt: skip
                     flood = subprocess.Popen(
                         [sys.executable, __file__, "--flooder", flood_args], stdout=subprocess.PIPE, text=True
                     )
@@ -652,11 +674,11 @@ def hello_flood(
 def print_hello_flood(rows: list[dict], model: str) -> None:
     print(f"\nHello flood ({model}): flooder on 127.0.0.1, honest Hello + pull on [::1]; node = its own process")
     for r in rows:
-        for phase in ("quiet", "flood"):
+        for phase in [k for k in ("quiet", *FLOOD_KINDS) if k in r]:
             p = r[phase]
-            flood = f"; flood {p['flood_calls_per_s']}/s {p['flooder']}" if phase == "flood" else ""
+            flood = f"; flood {p['flood_calls_per_s']}/s {p['flooder']}" if phase != "quiet" else ""
             print(
-                f"{r['setting']:<20} ({r['host_rate']:g}/s, hold {r['hold_s']:g} s) {phase:<5}:"
+                f"{r['setting']:<20} ({r['host_rate']:g}/s, hold {r['hold_s']:g} s) {phase:<18}:"
                 f" node CPU {p['node_cpu_per_s']:.3f} s/s;"
                 f" honest Hello ms p50/p99 {p['hello_ms_p50_p99']}, pull {p['pull_ms_p50_p99']},"
                 f" failed {p['failed']}{flood}"
@@ -697,8 +719,9 @@ def main() -> None:
         # the wire parser: seconds)
         settings = ("off", "on") if args.quick else tuple(FLOOD_SETTINGS)
         flood_rows = hello_flood(
-            model, seconds=args.flood_seconds, threads=args.flood_threads, settings=settings, pulls=not args.quick
-        )
+            model, seconds=args.flood_seconds, threads=args.flood_threads, settings=settings, pulls=not args.quick,
+            kinds=FLOOD_KINDS[:1] if args.quick else FLOOD_KINDS,
+        )  # fmt: skip
         print_hello_flood(flood_rows, model)
         if args.json:
             args.json.write_text(json.dumps({"hello_flood": flood_rows, "host": platform.node(),

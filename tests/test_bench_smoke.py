@@ -360,5 +360,5 @@ def test_hostile_bench_hello_flood_measures_the_node_with_the_rate_off_and_on(tm
     assert proc.returncode == 0, proc.stderr
     rows = {row["setting"]: row for row in json.loads(out.read_text())["hello_flood"]}
     assert rows["off"]["refusals"] == {} and rows["on"]["refusals"]["host-rate"] > 0
-    assert all(row[phase]["node_cpu_per_s"] > 0 for row in rows.values() for phase in ("quiet", "flood"))
-    assert rows["on"]["flood"]["failed"] == {"hello": 0, "pull": 0}  # the honest peer is another host
+    assert all(row[phase]["node_cpu_per_s"] > 0 for row in rows.values() for phase in ("quiet", "one channel"))
+    assert rows["on"]["one channel"]["failed"] == {"hello": 0, "pull": 0}  # the honest peer is another host
