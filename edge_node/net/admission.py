@@ -63,7 +63,7 @@ class ServerLimits:
     # method, at most host_rate * host_burst_s at once; beyond: RESOURCE_EXHAUSTED, ``host-rate``. Sized
     # for a fleet behind one NAT address: a peer waiting for a round asks for each peer's Hello 5 times a
     # second (``node/barrier.POLL_S``), so 50 lets 10 such nodes share an address; a pull is one call.
-    # 50 Hellos a second cost this node about a tenth of a core (docs/RESULTS.md, "CPU per host").
+    # A Hello flood held to it cost a 2-core VM 4 % of a core (docs/RESULTS.md, "CPU per host").
     host_rate: float = 50.0
     host_burst_s: float = 2.0
     # A call over its host's rate is held this long before its refusal goes out: an answer at once would let a
