@@ -95,6 +95,8 @@ class ServerLimits:
         rate = self.host_rate
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1e6:
             raise ValueError(f"host_rate={rate!r} must be a number of calls per second in (0, 1e6]")
+        if self.max_held_calls > self.max_concurrent_rpcs:  # held calls and open ones share grpc's net of twice it
+            raise ValueError(f"max_held_calls={self.max_held_calls} must be <= max_concurrent_rpcs")
         if self.host_rate * self.host_burst_s < 1:
             raise ValueError(f"host_rate * host_burst_s = {self.host_rate * self.host_burst_s:g} must be >= 1 call")
 

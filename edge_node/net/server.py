@@ -37,11 +37,11 @@ DEADLINE_EXCEEDED; connections shut down beyond a host's cap (``host-connections
 connection); more than ``host_rate`` calls a second (burst ``host_burst_s`` worth) from one host
 (``host-rate``, ``net/host_rate.py`` says what a host is): RESOURCE_EXHAUSTED, held back
 ``host_rate_hold_s`` before it goes out (at most ``max_held_calls``). Connections refused by grpc
-core at ``max_connections`` are not counted (grpc gives
-Python no hook there). A model stream whose reader stops reading is held by flow control
-(cancelling the write does not end the call in grpc.aio): the connection's age ends it, so it holds
-its slot for at most ``1.1 * max_connection_age_s + connection_age_grace_s``; streams that ended
-before their last message are counted (``unfinished_streams``).
+core at ``max_connections`` are not counted (grpc gives Python no hook there). A model stream whose
+reader stops reading is held by flow control (cancelling the write does not end the call in
+grpc.aio): the connection's age ends it, so it holds its slot for at most
+``1.1 * max_connection_age_s + connection_age_grace_s``; streams that ended before their last message
+are counted (``unfinished_streams``).
 """
 
 from __future__ import annotations

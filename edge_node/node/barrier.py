@@ -39,8 +39,7 @@ def wait_for_round(
     None: never), and one that answers with a refusal (another fleet, a bad certificate, no Hello at
     all) at once; with None a refusal is waited out too. A peer too busy to answer (RESOURCE_EXHAUSTED:
     its calls or call rate per host) is no answer about the round: asked again, as a silent one is.
-    Returns the peers still behind when ``budget_s``
-    ran out (``[]`` when none is).
+    Returns the peers still behind when ``budget_s`` ran out (``[]`` when none is).
 
     Raises:
         Stopped: ``stop`` was set while waiting.

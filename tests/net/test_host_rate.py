@@ -72,6 +72,8 @@ def test_a_rate_of_zero_or_below_is_refused_quoting_it() -> None:
             ServerLimits(host_rate=bad)
     with pytest.raises(ValueError, match="must be >= 1 call"):
         ServerLimits(host_rate=0.2, host_burst_s=2.0)
+    with pytest.raises(ValueError, match="max_held_calls=65 must be <= max_concurrent_rpcs"):
+        ServerLimits(max_held_calls=65)
 
 
 def test_a_flood_from_one_host_is_refused_and_counted_and_another_host_is_served(tmp_path: Path) -> None:
