@@ -1,9 +1,11 @@
 """What the peer server lets in: the share of calls, streams and connections each host and caller may hold.
 
-``AdmissionGuard`` counts a call against its host and the server from its headers on (``admit``/``leave``),
-a model stream against its caller (``open_stream``/``close_stream``), waits a bounded time for a call's
-request (``request``), names the caller (``caller``: its certificate's name with TLS, else its host), and
-counts and logs every refusal by kind (``refuse``, ``refusals``). The limits are ``ServerLimits``; the
+``AdmissionGuard`` first takes a call from its host's rate (``over_rate``: a token bucket per host,
+``net/host_rate.py``; a refusal may be held back, then ``unhold``), then counts the call against its
+host and the server from its headers on (``admit``/``leave``), a model stream against its caller
+(``open_stream``/``close_stream``), waits a bounded time for a call's request (``request``), names the
+caller (``caller``: its certificate's name with TLS, else its host), and counts and logs every refusal by
+kind (``refuse``, ``refusals``). The limits are ``ServerLimits``; the
 servicer (``net/server.py``) asks the guard before it serves anything.
 """
 
