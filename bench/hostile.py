@@ -1,6 +1,7 @@
 """What one pull from a hostile peer costs the victim, next to an honest peer's pull, in one run.
 
     .venv/bin/python bench/hostile.py [--json results.json] [--quick] [--deadline S] [--model cnn]
+    .venv/bin/python bench/hostile.py --flood [--flood-seconds 8] [--flood-threads 8] [--json flood.json]
 
 Each attack is a real malicious gRPC server on 127.0.0.1 (in this process); the victim is a fresh
 Python process that pulls once with ``pull_models`` and its defaults (limits from its own model,
@@ -20,6 +21,14 @@ here so that the run sees them end). Per attack: an honest peer's Hello and pull
 127.0.0.1) before and during the attack, the calls the attacker held, the calls the server ended,
 the server's refusals and its process's descriptors. ``bench/soak.py --attack`` repeats them
 against one daemon of a fleet (``server_attack``).
+
+``--flood`` runs only the Hello flood (``hello_flood``): a node in a fresh process serving on 127.0.0.1
+and [::1]; a flooder process on 127.0.0.1 with ``--flood-threads`` (8) threads calling Hello back to back
+for ``--flood-seconds`` (8), on one channel, then each call on a channel of its own (``FLOOD_KINDS``,
+the second as ``edge_node.net.hello`` calls); an honest peer on [::1] (another host) saying Hello and
+pulling. Per setting (the rate limit off, on with refusals sent at once, on as shipped, holding refusals
+back): the node process's CPU seconds per wall second (``/proc/PID/stat``, all its threads), quiet and
+in the flood's middle, the honest Hello and pull latency p50/p99, what the flooder got, the refusals.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ import grpc
 import torch
 
 from edge_node.algorithm import init_masks, mask_density, read_weights, screen_peer_models
+from edge_node.errors import PeerUnreachable
 from edge_node.models import build_model
 from edge_node.net import (
     ModelSnapshot,
@@ -58,7 +68,7 @@ from edge_node.net import (
     pull_models,
 )
 from edge_node.wire import ModelSpec, encode_model
-from edge_node.wire.messages import PEER_SERVICE_NAME, GetModelRequest
+from edge_node.wire.messages import PEER_SERVICE_NAME, GetModelRequest, HelloRequest
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -488,6 +498,194 @@ def print_server_attacks(rows: list[dict], model: str) -> None:
         )
 
 
+# --- a flood of well-formed Hellos from one host (the CPU it costs the node) -------------------------
+
+# ServerLimits of each setting: 1e6 calls/s is no limit; "on" is the default; "at once" answers refusals at once
+FLOOD_SETTINGS: dict[str, dict[str, float]] = {
+    "off": {"host_rate": 1e6},
+    "on, refusals at once": {"host_rate_hold_s": 1e-6},
+    "on": {},
+}
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def flood_server(args: dict) -> None:
+    """The node under the flood (a fresh process): serves ``model`` on 127.0.0.1 and [::1] until stdin closes."""
+    weights, masks, spec = masked_model(args["model"], 1)
+    peer = PeerServer(spec, node_id="victim", fleet_id=FLEET)
+    peer.publish(ModelSnapshot(weights, masks, 1, mask_density(masks), "victim", FLEET, spec.arch_id))
+    limits = ServerLimits(**args["limits"])
+    server, port = create_server("127.0.0.1:0", peer, insecure=True, limits=limits)
+    port6 = server.add_insecure_port("[::1]:0")
+    server.start()
+    print(json.dumps({"port": port, "port6": port6, "host_rate": limits.host_rate, "hold_s": limits.host_rate_hold_s}),
+          flush=True)  # fmt: skip
+    sys.stdin.read()
+    print(json.dumps({"refusals": peer.refusals()}), flush=True)
+    server.stop(None).wait(5)
+
+
+FLOOD_KINDS = ("one channel", "a channel per call")  # the second is how edge_node.net.hello calls
+
+
+def flooder(args: dict) -> None:
+    """``threads`` threads calling Hello back to back to 127.0.0.1 for ``seconds``: on one channel, or each call
+    on a channel of its own (``edge_node.net.hello``: a TCP connection and HTTP/2 setup per call)."""
+    counts: dict[str, int] = {}  # "answered", or the status code's name (or the hello failure's kind)
+    details: dict[str, str] = {}  # a status code's first detail
+    lock = threading.Lock()
+    address = PeerAddress("victim", "127.0.0.1", args["port"])
+    with grpc.insecure_channel(address.target) as channel:
+        call = channel.unary_unary(f"/{PEER_SERVICE_NAME}/Hello", request_serializer=bytes, response_deserializer=bytes)
+        request = HelloRequest(protocol_version="1.0", node_id="flood", fleet_id=FLEET).SerializeToString()
+        print(json.dumps({"ready": True}), flush=True)  # imports done: the flood starts now
+        end = time.monotonic() + args["seconds"]
+
+        def run() -> None:
+            while time.monotonic() < end:
+                try:
+                    if args["kind"] == "one channel":
+                        call(request, timeout=5)
+                    else:
+                        hello(address, node_id="flood", fleet_id=FLEET, timeout_s=5, insecure=True)
+                    outcome = "answered"
+                except grpc.RpcError as exc:
+                    outcome = exc.code().name
+                    with lock:
+                        details.setdefault(outcome, str(exc.details())[:120])
+                except PeerUnreachable as exc:
+                    outcome = exc.kind
+                    with lock:
+                        details.setdefault(outcome, str(exc)[:120])
+                with lock:
+                    counts[outcome] = counts.get(outcome, 0) + 1
+
+        workers = [threading.Thread(target=run) for _ in range(args["threads"])]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    print(json.dumps(counts), flush=True)
+    print(json.dumps(details), file=sys.stderr, flush=True)
+
+
+def _percentiles(times_ms: list[float]) -> tuple[float | None, float | None]:
+    if not times_ms:
+        return None, None
+    ordered = sorted(times_ms)
+    return ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def _honest_calls(address: PeerAddress, spec: ModelSpec | None, seconds: float) -> dict:
+    """An honest peer on [::1] (another host than the flood's) saying Hello and pulling, in turns, for ``seconds``."""
+    hellos: list[float] = []
+    pulls: list[float] = []
+    failed = {"hello": 0, "pull": 0}
+    end = time.monotonic() + seconds
+    while True:
+        start = time.perf_counter()
+        try:
+            hello(address, node_id="honest", fleet_id=FLEET, timeout_s=5, insecure=True)
+            hellos.append((time.perf_counter() - start) * 1000)
+        except Exception:  # counted: an honest call the flood made fail is the figure
+            failed["hello"] += 1
+        if spec is not None and len(hellos) % 4 == 1:  # with the first Hello and every 4th: pulls are rarer than Hellos
+            start = time.perf_counter()
+            result = pull_models([address], spec, FLEET, node_id="honest", deadline_s=10, insecure=True)
+            if result.failures:
+                failed["pull"] += 1
+            else:
+                pulls.append((time.perf_counter() - start) * 1000)
+        if time.monotonic() >= end:
+            break
+        time.sleep(0.05)
+    return {
+        "hello_ms_p50_p99": [_r(x) for x in _percentiles(hellos)],
+        "pull_ms_p50_p99": [_r(x) for x in _percentiles(pulls)],
+        "hellos": len(hellos),
+        "pulls": len(pulls),
+        "failed": failed,
+    }
+
+
+def hello_flood(
+    model: str,
+    *,
+    seconds: float,
+    threads: int,
+    settings: tuple[str, ...] = tuple(FLOOD_SETTINGS),
+    pulls: bool = True,
+    kinds: tuple[str, ...] = FLOOD_KINDS,
+) -> list[dict]:
+    """Per setting (rate limit off, on): the node's CPU per wall second, honest calls alone, then under the flood."""
+    spec = masked_model(model, 1)[2] if pulls else None
+    rows = []
+    for setting in settings:
+        overrides = FLOOD_SETTINGS[setting]
+        args = json.dumps({"model": model, "limits": overrides})
+        server = subprocess.Popen(
+            [sys.executable, __file__, "--flood-server", args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert server.stdout is not None and server.stdin is not None
+            ports = json.loads(server.stdout.readline())
+            address = PeerAddress("victim", "::1", ports["port6"])
+            row: dict[str, Any] = {"setting": setting, "host_rate": ports["host_rate"], "hold_s": ports["hold_s"],
+                                   "threads": threads}  # fmt: skip
+            for _ in range(4):  # warm-up: the first pull's imports and channel are not the figure
+                _honest_calls(address, spec, 0.0)
+            for phase in ("quiet", *kinds):
+                flood = None
+                if phase != "quiet":
+                    time.sleep(2 * ServerLimits().host_burst_s)  # the flooder's bucket full again, if it is on
+                    flood_args = json.dumps({"port": ports["port"], "seconds": seconds, "threads": threads,
+                                             "kind": phase})  # fmt: skip
+                    flood = subprocess.Popen(
+                        [sys.executable, __file__, "--flooder", flood_args], stdout=subprocess.PIPE, text=True
+                    )
+                    assert flood.stdout is not None
+                    flood.stdout.readline()  # its imports done
+                    time.sleep(0.5)  # and its calls under way: the window is the flood's middle
+                cpu0, start = _cpu_s(server.pid), time.monotonic()
+                honest = _honest_calls(address, spec, seconds - 1.0 if flood else seconds / 2)
+                wall = time.monotonic() - start
+                honest["node_cpu_per_s"] = round((_cpu_s(server.pid) - cpu0) / wall, 3)
+                if flood is not None:
+                    out, _ = flood.communicate(timeout=60)
+                    honest["flooder"] = json.loads(out.strip().splitlines()[-1])
+                    honest["flood_calls_per_s"] = round(sum(honest["flooder"].values()) / seconds, 1)
+                row[phase] = honest
+            server.stdin.close()
+            row["refusals"] = json.loads(server.stdout.readline())["refusals"]
+        finally:
+            if server.poll() is None:
+                server.terminate()
+            server.wait(10)
+        rows.append(row)
+    return rows
+
+
+def print_hello_flood(rows: list[dict], model: str) -> None:
+    print(f"\nHello flood ({model}): flooder on 127.0.0.1, honest Hello + pull on [::1]; node = its own process")
+    for r in rows:
+        for phase in [k for k in ("quiet", *FLOOD_KINDS) if k in r]:
+            p = r[phase]
+            flood = f"; flood {p['flood_calls_per_s']}/s {p['flooder']}" if phase != "quiet" else ""
+            print(
+                f"{r['setting']:<20} ({r['host_rate']:g}/s, hold {r['hold_s']:g} s) {phase:<18}:"
+                f" node CPU {p['node_cpu_per_s']:.3f} s/s;"
+                f" honest Hello ms p50/p99 {p['hello_ms_p50_p99']}, pull {p['pull_ms_p50_p99']},"
+                f" failed {p['failed']}{flood}"
+            )
+        print(f"{r['setting']}: server refusals {r['refusals']}")
+
+
 # --- the run ----------------------------------------------------------------------------------------
 
 
@@ -499,10 +697,35 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=5.0, help="the victim's pull deadline, seconds")
     parser.add_argument("--attacks", default=",".join(ATTACKS), help="comma-separated subset")
     parser.add_argument("--no-server-attacks", action="store_true", help="skip the attacks on the server")
+    parser.add_argument("--flood", action="store_true", help="only the Hello flood (rate limit off, then on)")
+    parser.add_argument("--flood-seconds", type=float, default=8.0, help="length of the flood, seconds")
+    parser.add_argument("--flood-threads", type=int, default=8, help="the flooder's threads")
     parser.add_argument("--victim", help=argparse.SUPPRESS)
+    parser.add_argument("--flood-server", help=argparse.SUPPRESS)
+    parser.add_argument("--flooder", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.victim:
         print(json.dumps(victim(json.loads(args.victim))))
+        return
+    if args.flood_server:
+        flood_server(json.loads(args.flood_server))
+        return
+    if args.flooder:
+        flooder(json.loads(args.flooder))
+        return
+    if args.flood:
+        model = "tiny" if args.quick else args.model
+        # --quick (the test suite's smoke run): two settings, Hellos only (a fresh process's first pull compiles
+        # the wire parser: seconds)
+        settings = ("off", "on") if args.quick else tuple(FLOOD_SETTINGS)
+        flood_rows = hello_flood(
+            model, seconds=args.flood_seconds, threads=args.flood_threads, settings=settings, pulls=not args.quick,
+            kinds=FLOOD_KINDS[:1] if args.quick else FLOOD_KINDS,
+        )  # fmt: skip
+        print_hello_flood(flood_rows, model)
+        if args.json:
+            args.json.write_text(json.dumps({"hello_flood": flood_rows, "host": platform.node(),
+                                             "cpus": os.cpu_count()}, indent=2))  # fmt: skip
         return
     model = "tiny" if args.quick else args.model
     deadline_s = 1.0 if args.quick else args.deadline

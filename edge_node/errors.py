@@ -36,11 +36,16 @@ class PeerIdentityMismatch(HeaderMismatch):
 
 
 class PeerUnreachable(EdgeNodeError):
-    """A peer did not deliver: no answer in time, a refusal or a TLS failure (``kind``: one of ``FAILURE_KINDS``)."""
+    """A peer did not deliver: no answer in time, a refusal or a TLS failure (``kind``: one of ``FAILURE_KINDS``).
 
-    def __init__(self, message: str, kind: str = "unreachable") -> None:
+    ``transient``: worth asking again later (a peer too busy for the call: RESOURCE_EXHAUSTED, such as
+    its per-host rate), though its kind is a refusal.
+    """
+
+    def __init__(self, message: str, kind: str = "unreachable", *, transient: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
+        self.transient = transient
 
 
 class DiscoveryError(EdgeNodeError):

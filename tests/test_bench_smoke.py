@@ -364,3 +364,16 @@ def test_peer_exchange_bench_quick_counts_dials_within_their_bound(tmp_path: Pat
     cycles = figures["exchange"]["cycles"]
     assert sum(figures["dials_to_victims"].values()) <= 16 * cycles
     assert max(figures["dials_to_victims"].values()) <= 4 * cycles
+
+
+def test_hostile_bench_hello_flood_measures_the_node_with_the_rate_off_and_on(tmp_path: Path):
+    out = tmp_path / "flood.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "hostile.py"), "--flood", "--quick", "--flood-seconds", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = {row["setting"]: row for row in json.loads(out.read_text())["hello_flood"]}
+    assert rows["off"]["refusals"] == {} and rows["on"]["refusals"]["host-rate"] > 0
+    assert all(row[phase]["node_cpu_per_s"] > 0 for row in rows.values() for phase in ("quiet", "one channel"))
+    assert rows["on"]["one channel"]["failed"] == {"hello": 0, "pull": 0}  # the honest peer is another host

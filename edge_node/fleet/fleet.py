@@ -105,12 +105,14 @@ def issue_tls_material(tls_dir: Path, fleet: str, node_ids: list[str]) -> None:
             (tls_dir / f"{node_id}.pem").write_bytes(cert)
 
 
-def shared_host_limits(nodes: int) -> dict[str, int]:
+def shared_host_limits(nodes: int) -> dict[str, float]:
     """The peer service's per-host caps for a fleet whose peers all connect from 127.0.0.1.
 
     The caps bound what one host may hold (``server_max_calls_per_host`` 8, ``..._connections_per_host``
-    32); on one machine every peer is that one host, so a fleet of more than a few nodes would be refused
-    by its own members. Scaled to the fleet, never beyond the service's totals (64 calls, 512 connections).
+    32) and start (``server_host_rate``, 50 calls/s); on one machine every peer is that one host, so a
+    fleet of more than a few nodes would be refused by its own members. Scaled to the fleet, never beyond
+    the service's totals (64 calls, 512 connections); the rate at twice what the fleet's waiting nodes
+    ask (5 Hellos a second to each node, ``node/barrier.POLL_S``), pulls and static Hellos within it.
     """
     from edge_node.net.server import ServerLimits  # the node's modules, only when a fleet starts
     from edge_node.node.config import NodeConfig
@@ -121,6 +123,7 @@ def shared_host_limits(nodes: int) -> dict[str, int]:
         "server_max_connections_per_host": min(
             defaults.server_max_connections, max(defaults.server_max_connections_per_host, 4 * nodes)
         ),
+        "server_host_rate": max(defaults.server_host_rate, 10.0 * nodes),
     }
 
 

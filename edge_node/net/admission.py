@@ -1,9 +1,11 @@
 """What the peer server lets in: the share of calls, streams and connections each host and caller may hold.
 
-``AdmissionGuard`` counts a call against its host and the server from its headers on (``admit``/``leave``),
-a model stream against its caller (``open_stream``/``close_stream``), waits a bounded time for a call's
-request (``request``), names the caller (``caller``: its certificate's name with TLS, else its host), and
-counts and logs every refusal by kind (``refuse``, ``refusals``). The limits are ``ServerLimits``; the
+``AdmissionGuard`` first takes a call from its host's rate (``over_rate``: a token bucket per host,
+``net/host_rate.py``; a refusal may be held back, then ``unhold``), then counts the call against its
+host and the server from its headers on (``admit``/``leave``), a model stream against its caller
+(``open_stream``/``close_stream``), waits a bounded time for a call's request (``request``), names the
+caller (``caller``: its certificate's name with TLS, else its host), and counts and logs every refusal by
+kind (``refuse``, ``refusals``). The limits are ``ServerLimits``; the
 servicer (``net/server.py``) asks the guard before it serves anything.
 """
 
@@ -19,11 +21,13 @@ from typing import Any, NoReturn
 
 import grpc
 
+from edge_node.net.host_rate import HostRates, host_key
+
 _LOGGER = logging.getLogger(__name__)
 
 REFUSAL_KINDS = (
     "bad-request", "protocol", "fleet", "arch", "identity", "not-ready", "gone", "busy",
-    "host-busy", "server-busy", "slow-request", "host-connections", "pex-rate",
+    "host-busy", "server-busy", "slow-request", "host-connections", "pex-rate", "host-rate",
 )  # fmt: skip
 _LOG_EVERY_S = 10.0  # a refusal kind is logged once per host per this long
 _QUIET_KINDS = ("not-ready", "busy")  # expected in lock-step fleets: logged at INFO, the rest at WARNING
@@ -57,11 +61,26 @@ class ServerLimits:
     # write; nothing in Python can end such a call). A pull must finish within age + grace.
     max_connection_age_s: float = 60.0
     connection_age_grace_s: float = 60.0
+    # Calls per second one host may start (``host_rate.host_key``: an IPv4 address, an IPv6 /64), any
+    # method, at most host_rate * host_burst_s at once; beyond: RESOURCE_EXHAUSTED, ``host-rate``. Sized
+    # for a fleet behind one NAT address: a peer waiting for a round asks for each peer's Hello 5 times a
+    # second (``node/barrier.POLL_S``), so 50 lets 10 such nodes share an address; a pull is one call.
+    # A Hello flood held to it cost a 2-core VM 4 % of a core (docs/RESULTS.md, "CPU per host").
+    host_rate: float = 50.0
+    host_burst_s: float = 2.0
+    # A call over its host's rate is held this long before its refusal goes out: an answer at once would let a
+    # flooder's next call come at once, and a refused call costs about as much CPU as an answered one. A held
+    # call costs a coroutine; at most max_held_calls are held in all (max_calls_per_host per host), so they
+    # stay within grpc's net of 2 * max_concurrent_rpcs calls; beyond, refusals go out at once.
+    host_rate_hold_s: float = 0.5
+    max_held_calls: int = 32
+    max_rate_hosts: int = 4096  # hosts whose buckets are kept (least recently seen out first)
 
     def __post_init__(self) -> None:
         integers = (
             "max_request_bytes", "max_concurrent_rpcs", "max_calls_per_host", "max_streams_per_caller",
-            "max_connections", "max_streams_per_connection", "max_connections_per_host",
+            "max_connections", "max_streams_per_connection", "max_connections_per_host", "max_held_calls",
+            "max_rate_hosts",
         )  # fmt: skip
         for name in integers:
             value = getattr(self, name)
@@ -69,12 +88,19 @@ class ServerLimits:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
         seconds = (
             "request_timeout_s", "handshake_timeout_s", "connection_idle_s", "max_connection_age_s",
-            "connection_age_grace_s", "connection_guard_period_s",
+            "connection_age_grace_s", "connection_guard_period_s", "host_burst_s", "host_rate_hold_s",
         )  # fmt: skip
         for name in seconds:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
                 raise ValueError(f"{name}={value!r} must be a number of seconds in (0, 86400]")
+        rate = self.host_rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1e6:
+            raise ValueError(f"host_rate={rate!r} must be a number of calls per second in (0, 1e6]")
+        if self.max_held_calls > self.max_concurrent_rpcs:  # held calls and open ones share grpc's net of twice it
+            raise ValueError(f"max_held_calls={self.max_held_calls} must be <= max_concurrent_rpcs")
+        if self.host_rate * self.host_burst_s < 1:
+            raise ValueError(f"host_rate * host_burst_s = {self.host_rate * self.host_burst_s:g} must be >= 1 call")
 
 
 class Refusal(Exception):
@@ -105,13 +131,51 @@ class AdmissionGuard:
     """The open calls per host and streams per caller, the refusals by kind; thread-safe."""
 
     def __init__(self, limits: ServerLimits | None = None) -> None:
-        self.limits = limits or ServerLimits()
         self._lock = threading.Lock()
+        self.limits = limits or ServerLimits()
+        self._held: collections.Counter[str] = collections.Counter()  # refusals held back, per host key
+        self._held_total = 0
         self._streams: collections.Counter[str] = collections.Counter()  # open GetModel streams per caller
         self._calls: collections.Counter[str] = collections.Counter()  # open calls per host address
         self._open_calls = 0  # open calls, all hosts
         self._logged: dict[tuple[str, str], float] = {}  # (refusal kind, host) -> when last logged
         self._refusals: collections.Counter[str] = collections.Counter()
+
+    @property
+    def limits(self) -> ServerLimits:
+        return self._limits
+
+    @limits.setter
+    def limits(self, limits: ServerLimits) -> None:
+        """New limits start every host's bucket afresh (full)."""
+        with self._lock:
+            self._limits = limits
+            burst = limits.host_rate * limits.host_burst_s
+            self._rates = HostRates(limits.host_rate, burst, limits.max_rate_hosts)
+
+    def over_rate(self, context: grpc.ServicerContext) -> tuple[Refusal, str | None] | None:
+        """None when the call's host is within ``host_rate``; else its refusal (counted, ``host-rate``) and
+        the host key when the refusal is to be held back ``host_rate_hold_s`` (then ``unhold`` it after)."""
+        key = host_key(context.peer() or "unknown")
+        limits = self.limits
+        with self._lock:
+            if self._rates.take(key, time.monotonic()):
+                return None
+            hold = self._held_total < limits.max_held_calls and self._held[key] < limits.max_calls_per_host
+            if hold:
+                self._held[key] += 1
+                self._held_total += 1
+        reason = f"host {key!r} is over its rate of {limits.host_rate:g} calls/s (burst {limits.host_burst_s:g} s)"
+        self._note("host-rate", key, context.peer(), reason)
+        return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, reason), key if hold else None
+
+    def unhold(self, key: str) -> None:
+        """A refusal held back for ``key`` has gone out (or its call ended)."""
+        with self._lock:
+            self._held[key] -= 1
+            self._held_total -= 1
+            if self._held[key] <= 0:
+                del self._held[key]
 
     def refusals(self) -> dict[str, int]:
         """Calls refused so far, by kind (``REFUSAL_KINDS``); a copy, safe to read from any thread."""

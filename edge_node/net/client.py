@@ -695,8 +695,11 @@ def pull_models(
     return PullResult(received, failures, dict(sorted(sum(retried_by.values(), Counter()).items())))
 
 
-def _hello_failure(peer: PeerAddress, kind: str, detail: str, method: str = "Hello") -> PeerUnreachable:
-    return PeerUnreachable(f"peer {peer.node_id[:80]} at {peer.target}: {method} {kind}: {detail}", kind=kind)
+def _hello_failure(
+    peer: PeerAddress, kind: str, detail: str, method: str = "Hello", *, transient: bool = False
+) -> PeerUnreachable:
+    message = f"peer {peer.node_id[:80]} at {peer.target}: {method} {kind}: {detail}"
+    return PeerUnreachable(message, kind=kind, transient=transient)
 
 
 def _parse_hello(raw: bytes, peer: PeerAddress) -> PeerHello:
@@ -789,8 +792,8 @@ def hello(
         try:
             raw: bytes = call(request, timeout=max(deadline - time.monotonic(), 0.001))
         except grpc.RpcError as exc:
-            kind, _transient = _classify(exc)
-            raise _hello_failure(peer, kind, _rpc_reason(exc)) from exc
+            kind, transient = _classify(exc)
+            raise _hello_failure(peer, kind, _rpc_reason(exc), transient=transient) from exc
     return _parse_hello(raw, peer)
 
 

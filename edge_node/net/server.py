@@ -34,12 +34,15 @@ names another node than its certificate: PERMISSION_DENIED; a round not publishe
 ``max_calls_per_host`` calls open by one host (``host-busy``) or ``max_concurrent_rpcs`` in all
 (``server-busy``): RESOURCE_EXHAUSTED; no request within ``request_timeout_s`` (``slow-request``):
 DEADLINE_EXCEEDED; connections shut down beyond a host's cap (``host-connections``, one per
-connection); a host asking ``ListPeers`` more than ``PEX_HOST_BURST`` times at once, then more often than
-once per ``PEX_HOST_INTERVAL_S`` (``pex-rate``): RESOURCE_EXHAUSTED. Connections refused by grpc core at
-``max_connections`` are not counted (grpc gives Python no hook there). A model stream whose reader stops
-reading is held by flow control (cancelling the write does not end the call in grpc.aio): the connection's
-age ends it, so it holds its slot for at most ``1.1 * max_connection_age_s + connection_age_grace_s``;
-streams that ended before their last message are counted (``unfinished_streams``).
+connection); more than ``host_rate`` calls a second (burst ``host_burst_s`` worth) from one host
+(``host-rate``, ``net/host_rate.py`` says what a host is): RESOURCE_EXHAUSTED, held back
+``host_rate_hold_s`` before it goes out (at most ``max_held_calls``); a host asking ``ListPeers`` more than
+``PEX_HOST_BURST`` times at once, then more often than once per ``PEX_HOST_INTERVAL_S`` (``pex-rate``):
+RESOURCE_EXHAUSTED. Connections refused by grpc core at ``max_connections`` are not counted (grpc gives
+Python no hook there). A model stream whose reader stops reading is held by flow control (cancelling the
+write does not end the call in grpc.aio): the connection's age ends it, so it holds its slot for at most
+``1.1 * max_connection_age_s + connection_age_grace_s``; streams that ended before their last message are
+counted (``unfinished_streams``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import asyncio
 import logging
 import resource
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -56,7 +60,7 @@ import grpc
 from edge_node.errors import ConfigError, ListenError
 from edge_node.net.admission import REFUSAL_KINDS, AdmissionGuard, Refusal, ServerLimits
 from edge_node.net.conn_guard import ConnectionGuard
-from edge_node.net.discovery.bounds import TokenBucket
+from edge_node.net.host_rate import HostRates, host_key
 from edge_node.net.snapshots import ModelSnapshot, NoLongerKept, NotPublished, SnapshotStore
 from edge_node.net.tls import TlsConfig, warn_insecure
 from edge_node.protocol import MAX_PEER_ENTRIES, PROTOCOL_VERSION, NodeIdentity, check_round
@@ -167,7 +171,8 @@ class PeerServer:
         # What ListPeers answers: the peers this node reached lately (set by the node when peer exchange runs;
         # None: an empty list). Called on the server's event loop: it must not block.
         self.reached: Callable[[], list[PeerEntry]] | None = None
-        self._pex_asked: dict[str, TokenBucket] = {}  # host -> its ListPeers budget (insertion order: oldest first)
+        # Each host's ListPeers budget (the hosts of ``host_rate.host_key``, the least recently seen forgotten first).
+        self._pex_asked = HostRates(1 / PEX_HOST_INTERVAL_S, PEX_HOST_BURST, PEX_HOSTS_REMEMBERED)
 
     # -- what the node publishes (the store) -------------------------------------------------------
     @property
@@ -228,11 +233,28 @@ class PeerServer:
             return self._unfinished
 
     # -- the calls ---------------------------------------------------------------------------------
-    async def _hello_call(self, _requests: object, context: grpc.aio.ServicerContext) -> HelloReply:
+    async def _admit(self, context: grpc.aio.ServicerContext) -> str:
+        """The call's host, once within its rate and caps; else the refusal (a rate refusal held back first).
+
+        Every method counts against the host's rate: a GetModel refused before its stream (not ready,
+        another fleet) is as cheap to send as a Hello, and an honest node pulls once a round.
+        """
+        over = self.guard.over_rate(context)
+        if over is not None:
+            refusal, held = over
+            if held is not None:
+                try:  # the flooder's next call waits for this answer; the coroutine costs no thread
+                    await asyncio.sleep(self.guard.limits.host_rate_hold_s)
+                finally:
+                    self.guard.unhold(held)
+            await _abort(context, refusal)
         try:
-            host = self.guard.admit(context)
+            return self.guard.admit(context)
         except Refusal as refusal:
             await _abort(context, refusal)
+
+    async def _hello_call(self, _requests: object, context: grpc.aio.ServicerContext) -> HelloReply:
+        host = await self._admit(context)
         try:
             request: HelloRequest = await self.guard.request(context, "Hello")
             self.guard.caller(context, request.node_id, required=False)
@@ -243,19 +265,16 @@ class PeerServer:
             self.guard.leave(host)
 
     async def _list_peers_call(self, _requests: object, context: grpc.aio.ServicerContext) -> ListPeersReply:
-        try:
-            host = self.guard.admit(context)
-        except Refusal as refusal:
-            await _abort(context, refusal)
+        host = await self._admit(context)
         try:
             request: ListPeersRequest = await self.guard.request(context, "ListPeers")
-            return self._list_peers(request, host, context)
+            return self._list_peers(request, context)
         except Refusal as refusal:
             await _abort(context, refusal)
         finally:
             self.guard.leave(host)
 
-    def _list_peers(self, request: ListPeersRequest, host: str, context: grpc.ServicerContext) -> ListPeersReply:
+    def _list_peers(self, request: ListPeersRequest, context: grpc.ServicerContext) -> ListPeersReply:
         """The reached peers for a caller of this fleet, at most ``MAX_PEER_ENTRIES``, once per host per interval."""
         refuse = self.guard.refuse
         try:
@@ -270,11 +289,7 @@ class PeerServer:
                    f"caller's fleet {request.fleet_id[:256]!r} is not this node's fleet {self.fleet_id!r}")  # fmt: skip
         self.guard.caller(context, request.node_id, required=False)
         with self._lock:
-            bucket = self._pex_asked.pop(host, None) or TokenBucket(1 / PEX_HOST_INTERVAL_S, PEX_HOST_BURST)
-            self._pex_asked[host] = bucket
-            while len(self._pex_asked) > PEX_HOSTS_REMEMBERED:
-                del self._pex_asked[next(iter(self._pex_asked))]
-            allowed = bucket.take()
+            allowed = self._pex_asked.take(host_key(context.peer() or "unknown"), time.monotonic())
         if not allowed:
             refuse(context, "pex-rate", grpc.StatusCode.RESOURCE_EXHAUSTED,
                    f"ListPeers more often than once per {PEX_HOST_INTERVAL_S:g} s from this host")  # fmt: skip
@@ -283,10 +298,7 @@ class PeerServer:
         return ListPeersReply(protocol_version=PROTOCOL_VERSION, peers=entries)
 
     async def _get_model_call(self, _requests: object, context: grpc.aio.ServicerContext) -> None:
-        try:
-            host = self.guard.admit(context)
-        except Refusal as refusal:
-            await _abort(context, refusal)
+        host = await self._admit(context)
         try:
             caller, messages = self._open_stream(await self.guard.request(context, "GetModel"), context)
             try:

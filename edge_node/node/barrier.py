@@ -37,8 +37,9 @@ def wait_for_round(
 
     ``gone_after_s``: a peer whose Hellos have gone unanswered this long counts as done (0: at the first;
     None: never), and one that answers with a refusal (another fleet, a bad certificate, no Hello at
-    all) at once; with None a refusal is waited out too. Returns the peers still behind when ``budget_s``
-    ran out (``[]`` when none is).
+    all) at once; with None a refusal is waited out too. A peer too busy to answer (RESOURCE_EXHAUSTED:
+    its calls or call rate per host) is no answer about the round: asked again, as a silent one is.
+    Returns the peers still behind when ``budget_s`` ran out (``[]`` when none is).
 
     Raises:
         Stopped: ``stop`` was set while waiting.
@@ -53,7 +54,7 @@ def wait_for_round(
         except PeerUnreachable as exc:
             if gone_after_s is None:
                 return False
-            if exc.kind not in _TRANSIENT:
+            if exc.kind not in _TRANSIENT and not exc.transient:  # a busy peer (its host rate) is asked again
                 return True
             since = silent_since.setdefault(peer.node_id, time.monotonic())
             return time.monotonic() - since >= gone_after_s

@@ -145,6 +145,11 @@ class NodeConfig:
     server_max_connections_per_host: int = key(32, "TCP connections one host may hold; the newest beyond are shut.")
     server_max_connection_age_s: float = key(60.0, "A connection is ended this long (+60 s grace) after it opened.")
     server_request_timeout_s: float = key(2.0, "A peer's call must send its request within this; else it is ended.")
+    server_host_rate: float = key(
+        ServerLimits().host_rate,
+        "Calls per second one host (an IPv4 address, an IPv6 /64) may start on the peer service, 2 s worth at once;"
+        " beyond: refused (host-rate). Sized for 10 lock-step nodes behind one NAT address.",
+    )
     # Rounds.
     neighbours: int = key(DEFAULTS.neighbours, "Peers pulled per round.")
     rounds: int = key(0, "Stop after this many completed rounds (0: run until stopped).")
@@ -432,6 +437,7 @@ def _server_limits(config: NodeConfig) -> ServerLimits:
             request_timeout_s=config.server_request_timeout_s,
             max_connections_per_host=config.server_max_connections_per_host,
             max_connection_age_s=config.server_max_connection_age_s,
+            host_rate=config.server_host_rate,
         )
     except ValueError as exc:
         raise ConfigError(f"server_{exc}") from None

@@ -10,9 +10,11 @@ import pytest
 
 from edge_node.cli import main
 from edge_node.cli._app import app
+from edge_node.exit_codes import ExitCode
 from edge_node.node.config import NodeConfig
 from edge_node.sim import runner
 from edge_node.sim.config import SimConfig
+from tests.daemons import run_cli
 
 
 def _options(command: str) -> dict[str, click.Option]:
@@ -66,3 +68,10 @@ def test_print_config_names_the_demo_preset_and_what_it_set(tmp_path, capsys):
     assert not (tmp_path / "f").exists()  # printed, nothing started
     off = _print_config(["simulate", "--dataset", "tests.plugin_factories:blobs"], capsys)
     assert not any("preset" in line for line in off) and "epochs = 5" in off
+
+
+@pytest.mark.parametrize("rate", ["0", "-3"])
+def test_a_host_rate_of_zero_or_below_is_one_line_and_exit_2(rate: str) -> None:
+    result = run_cli(["start", f"--server-host-rate={rate}", "--fleet", "f", "--insecure"])
+    assert result.returncode == int(ExitCode.BAD_INPUT)
+    assert result.stderr.strip().count("\n") == 0 and "server_host_rate=" in result.stderr

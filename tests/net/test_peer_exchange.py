@@ -195,7 +195,7 @@ class _Hostile(PeerServer):
 
     n = 0
 
-    def _list_peers(self, request, host, context):  # type: ignore[no-untyped-def]
+    def _list_peers(self, request, context):  # type: ignore[no-untyped-def]
         from edge_node.wire.messages import ListPeersReply
 
         return ListPeersReply(protocol_version="1.4", peers=[entry(f"f{i}", "10.1.0.1", 1) for i in range(self.n)])

@@ -17,7 +17,7 @@ import torch
 from edge_node.algorithm import read_weights
 from edge_node.algorithm.dispfl import published, start
 from edge_node.models import build_model
-from edge_node.net import PeerServer, TlsConfig, create_server
+from edge_node.net import PeerServer, ServerLimits, TlsConfig, create_server
 from edge_node.net.server import ModelSnapshot
 from edge_node.wire import ModelSpec, encode_model
 from tests.net.hostile import HostileServer
@@ -67,11 +67,11 @@ class ServedPeer:
 @contextmanager
 def served_peer(
     node_id: str, round: int, client: int, *, fleet: str = FLEET, tls: TlsConfig | None = None,
-    address: str = "127.0.0.1:0",
+    address: str = "127.0.0.1:0", limits: ServerLimits | None = None,
 ) -> Iterator[ServedPeer]:  # fmt: skip
     """A real peer server publishing a fresh model at ``round``; stopped by ``stop()`` or at the end."""
     server_state = PeerServer(demo_spec(), node_id=node_id, fleet_id=fleet)
-    server, port = create_server(address, server_state, tls=tls, insecure=tls is None)
+    server, port = create_server(address, server_state, tls=tls, insecure=tls is None, limits=limits)
     served = ServedPeer(node_id, client, fleet, port, server_state, server)
     served.publish(round)
     server.start()

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from edge_node.net import PeerAddress
+from edge_node.net import PeerAddress, ServerLimits
 from edge_node.node.barrier import wait_for_round
 from edge_node.node.parallel import Stopped
 from edge_node.node.peers import Caller
@@ -59,6 +59,15 @@ def test_the_budget_bounds_the_wait_for_a_peer_that_never_gets_there():
     assert behind == ["stuck"] and 1.0 <= took < 3.0, took
     behind, took = wait([PeerAddress("nobody", "127.0.0.1", 1)], budget_s=1.0, gone_after_s=None)
     assert behind == ["nobody"] and 1.0 <= took < 3.0, took  # the lock-step barrier before a round
+
+
+def test_a_peer_over_its_host_rate_is_asked_again_not_taken_as_done():
+    """A busy refusal (RESOURCE_EXHAUSTED, here ``host-rate``: 1 Hello a second) is no answer about the round."""
+    with served_peer("rated", 1, client=1, limits=ServerLimits(host_rate=1.0, host_burst_s=1.0)) as rated:
+        later(1.5, lambda: rated.publish(2))
+        behind, took = wait([address(rated)], gone_after_s=10.0)
+        refused = rated.state.refusals().get("host-rate", 0)
+    assert behind == [] and 1.5 <= took < 5.0 and refused > 0, (took, refused)
 
 
 def test_a_peer_that_answers_without_a_hello_is_not_waited_for():

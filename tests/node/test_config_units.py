@@ -12,6 +12,7 @@ import torch
 from edge_node.algorithm.dispfl import start
 from edge_node.errors import CheckpointError, ConfigError
 from edge_node.models import build_model
+from edge_node.net import ServerLimits
 from edge_node.node import capacity
 from edge_node.node.config import NodeConfig, node_id_from_hostname
 from edge_node.node.notify import Watchdog, sd_notify, watchdog_interval_s
@@ -47,6 +48,8 @@ def test_node_id_from_hostname_follows_the_one_rule():
         ({"node_id": "bad.id"}, "node_id='bad.id' must match"),
         ({"server_max_connections_per_host": 0}, "server_max_connections_per_host=0 must be a positive integer"),
         ({"server_max_connection_age_s": 0}, "server_max_connection_age_s=0.0 must be a number of seconds"),
+        ({"server_host_rate": 0}, "server_host_rate=0.0 must be a number of calls per second in (0, 1e6]"),
+        ({"server_host_rate": -5}, "server_host_rate=-5.0 must be a number of calls per second"),
     ],
 )
 def test_bad_values_are_named(values, message):
@@ -55,12 +58,14 @@ def test_bad_values_are_named(values, message):
 
 
 def test_server_keys_reach_the_servers_limits():
-    values = {"fleet": "f", "server_max_connections_per_host": 4, "server_max_connection_age_s": 9}
+    values = {"fleet": "f", "server_max_connections_per_host": 4, "server_max_connection_age_s": 9,
+              "server_host_rate": 7}  # fmt: skip
     config = build(NodeConfig, values, "test")
     limits = config.server_limits()
-    assert (limits.max_connections_per_host, limits.max_connection_age_s) == (4, 9.0)
+    assert (limits.max_connections_per_host, limits.max_connection_age_s, limits.host_rate) == (4, 9.0, 7.0)
     defaults = NodeConfig().server_limits()
     assert (defaults.max_connections_per_host, defaults.max_connection_age_s) == (32, 60.0)
+    assert defaults.host_rate == ServerLimits().host_rate == 50.0  # one default, the README's
 
 
 def test_capacity_takes_any_density_as_a_fixed_override():
