@@ -18,6 +18,7 @@ from pathlib import Path
 from edge_node.algorithm.dispfl import DisPFLParams
 from edge_node.algorithm.dp import DPConfig, check_budget
 from edge_node.algorithm.norm_stats import NORM_STATS
+from edge_node.algorithm.robust_aggregation import AGGREGATE_HELP, check_aggregate
 from edge_node.data import check_dataset_name, parse_partition
 from edge_node.defaults import DEFAULTS
 from edge_node.energy.detect import BACKENDS
@@ -178,6 +179,7 @@ class NodeConfig:
         "averaged with theirs; refused for a model without them). A BatchNorm model trains whole batches "
         "(--micro-batch is 0 for it).",
     )
+    aggregate: str = key(DEFAULTS.aggregate, AGGREGATE_HELP, metavar="mean|median|trimmed:BETA")
     device: str = key(DEFAULTS.device, "cpu or cuda.")
     threads: int | None = key(DEFAULTS.threads, THREADS_HELP)
     # Security.
@@ -281,6 +283,7 @@ class NodeConfig:
             raise ConfigError(f"lockstep: client_index={self.client_index} but peers lists {len(listed)} nodes")
         if self.norm_stats not in NORM_STATS:
             raise ConfigError(f"norm_stats={self.norm_stats!r} must be one of {', '.join(NORM_STATS)}")
+        check_aggregate(self.aggregate)
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r} must be one of {', '.join(DEVICES)}")
         if self.threads is not None:

@@ -55,6 +55,7 @@ import torch
 from edge_node.algorithm import read_weights, tier_name
 from edge_node.algorithm.dispfl import ClientRound, DisPFLParams, RoundHooks, client_round, published, retier, start
 from edge_node.algorithm.norm_stats import batch_normalised, has_running_stats
+from edge_node.algorithm.robust_aggregation import refusal_kind
 from edge_node.algorithm.tasks import score
 from edge_node.algorithm.training import Batch
 from edge_node.energy import EnergyAccountant, open_meter
@@ -511,7 +512,7 @@ class Node:
 
         def screened(accepted: list[str], screen_refused: dict[str, str]) -> None:
             received.update((k, fresh[k]) for k in accepted)
-            refused.update((k, ("screened", reason)) for k, reason in screen_refused.items())
+            refused.update((k, (refusal_kind(reason), reason)) for k, reason in screen_refused.items())
             self.peers.record({k: m.header.round for k, m in received.items()}, refused)
 
         hooks = RoundHooks(self._tick_train, lambda _model: self._accuracy(), self._round_phase, screened)

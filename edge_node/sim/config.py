@@ -16,6 +16,7 @@ from edge_node.algorithm.fedp3 import AGGREGATIONS, SCHEDULES
 from edge_node.algorithm.masks import MASK_METHODS, check_density
 from edge_node.algorithm.norm_stats import DEFAULT_NORM_STATS, NORM_STATS, batch_normalised, has_running_stats
 from edge_node.algorithm.prune_regrow import REGROW_RULES
+from edge_node.algorithm.robust_aggregation import AGGREGATE_HELP, check_aggregate
 from edge_node.algorithm.sub_fedavg import ACC_THRESHOLD as SUBFEDAVG_ACC
 from edge_node.algorithm.sub_fedavg import DIST_THRESHOLD as SUBFEDAVG_DIST
 from edge_node.algorithm.sub_fedavg import PRUNE_RATE as SUBFEDAVG_PRUNE_RATE
@@ -49,7 +50,7 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "ditto_lambda": DITTO_LAMBDA, "ditto_personal_share": DITTO_PERSONAL_SHARE,
     "subfedavg_prune_rate": SUBFEDAVG_PRUNE_RATE, "subfedavg_dist_threshold": SUBFEDAVG_DIST,
     "subfedavg_acc_threshold": SUBFEDAVG_ACC, "cuda_graphs": False, "norm_stats": DEFAULT_NORM_STATS,
-    "task": "classification", "init_weights": None, "trainable": [],
+    "aggregate": "mean", "task": "classification", "init_weights": None, "trainable": [],
 }  # fmt: skip
 # Keys config.json holds beyond the fields (derived, written for readers; ignored when the file is read back).
 DERIVED_KEYS = frozenset({"partition_variant"})
@@ -230,6 +231,12 @@ class SimConfig:
         "checkpointed, never sent nor averaged; dispfl, dispfl-s2s, local, dpsgd and dpsgd-ft) [default: {default}].",
         choices=NORM_STATS,
     )
+    # DisPFL's methods: the per-coordinate aggregate over the holders (edge_node.algorithm.robust_aggregation).
+    aggregate: str = key(
+        DEFAULTS.aggregate,
+        AGGREGATE_HELP + " [default: {default}].",
+        metavar="mean|median|trimmed:BETA",
+    )
     # DisPFL's methods: screen peers' models before aggregating, as a device does (robust.py).
     screen: bool = key(
         True,
@@ -287,6 +294,7 @@ class SimConfig:
         choice("fedp3_aggregation", AGGREGATIONS)
         choice("privacy", PRIVACY_MODES)
         choice("norm_stats", NORM_STATS)
+        check_aggregate(self.aggregate)
         if not 0 < self.fedp3_keep <= 1:
             raise ConfigError(f"fedp3_keep={self.fedp3_keep!r} must be in (0, 1]")
         if not math.isfinite(self.dp_clip) or self.dp_clip <= 0:

@@ -86,8 +86,9 @@ class DisPFL(Method):
         acc_before, acc_after = [o[0] for o in outcomes], [o[1] for o in outcomes]
         losses, flops = [o[2] for o in outcomes], [o[3] for o in outcomes]
         refused = {f"client-{i}": o[4] for i, o in enumerate(outcomes) if o[4]}
+        screened = config.screen or params.aggregate != "mean"  # the distance check refuses too
         result = RoundResult(acc_before, acc_after, losses, flops, traffic["received"], traffic["sent"],
-                             traffic["paper_mb"], screen_refused=refused if config.screen else None,
+                             traffic["paper_mb"], screen_refused=refused if screened else None,
                              fields=plan.fields())  # fmt: skip
         return RunState(clients, extra), result
 
@@ -95,5 +96,5 @@ class DisPFL(Method):
 DISPFL = DisPFL(
     name="dispfl", label="DisPFL", acc_before_is="aggregated personal model, before local training",
     acc_after_is="after local training", sparse=True, shardable=True, keeps_norm_stats=True, averages_norm_stats=True,
-    uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen", "trainable"},
+    uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen", "trainable", "aggregate"},
 )  # fmt: skip
