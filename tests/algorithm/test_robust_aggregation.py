@@ -96,7 +96,8 @@ def test_distance_check_refuses_flipped_noise_and_zero_peers_and_keeps_honest_on
     noise_w = poisoned(attack_noise, flipped_w, flipped_m, torch.Generator().manual_seed(2))
     peers = [(f"h{i}", w, m) for i, (w, m) in enumerate(honest)]
     peers += [("flip", poisoned(parse_attack("sign-flip"), flipped_w, flipped_m, g), flipped_m)]
-    peers += [("noise", noise_w, flipped_m), ("zero", poisoned(parse_attack("zero"), flipped_w, flipped_m, g), flipped_m)]
+    zero_w = poisoned(parse_attack("zero"), flipped_w, flipped_m, g)
+    peers += [("noise", noise_w, flipped_m), ("zero", zero_w, flipped_m)]
     result = distance_check(own_w, own_m, peers)
     assert result.accepted == ["h0", "h1", "h2"]
     assert sorted(result.refused) == ["flip", "noise", "zero"]
