@@ -20,66 +20,18 @@ own daemons by a route ``edge-node start`` does not accept (``edge_node.fleet.at
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
-from edge_node.errors import ConfigError
+from edge_node.robust_names import ATTACKS, Attack, parse_attack  # re-exported: the names live without torch
+
+__all__ = ["ATTACKS", "Attack", "Poisoning", "StaleModels", "flipped_labels", "parse_attack", "poisoned"]
 
 TensorDict = Mapping[str, torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
-
-ATTACKS = ("sign-flip", "scale:F", "noise", "zero", "label-flip", "stale:R")
-
-
-@dataclass(frozen=True)
-class Attack:
-    """One parsed attack: its ``kind`` (``scale``, ``stale`` without the argument) and argument."""
-
-    spec: str
-    kind: str
-    factor: float = 1.0  # scale:F
-    rounds_back: int = 0  # stale:R
-
-    @property
-    def flips_labels(self) -> bool:
-        return self.kind == "label-flip"
-
-
-def parse_attack(spec: str, rounds: int | None = None) -> Attack:
-    """The attack ``spec`` names, checked; ``rounds`` (the run's rounds; None or 0: until stopped) bounds ``stale:R``.
-
-    Raises:
-        ConfigError: an unknown attack, ``scale:F`` with F not finite or not above 0, ``stale:R`` with R not an
-            integer >= 1 or beyond ``rounds``.
-    """
-    if not isinstance(spec, str):
-        raise ConfigError(f"attack {spec!r} must be one of {', '.join(ATTACKS)}")
-    if spec in ("sign-flip", "noise", "zero", "label-flip"):
-        return Attack(spec, spec)
-    kind, _, arg = spec.partition(":")
-    if kind == "scale" and arg:
-        try:
-            factor = float(arg)
-        except ValueError:
-            factor = math.nan
-        if not (math.isfinite(factor) and factor > 0):
-            raise ConfigError(f"attack {spec!r}: the factor {arg!r} must be a finite number above 0")
-        return Attack(spec, kind, factor=factor)
-    if kind == "stale" and arg:
-        try:
-            back = int(arg)
-        except ValueError:
-            back = 0
-        if back < 1:
-            raise ConfigError(f"attack {spec!r}: R={arg!r} must be an integer >= 1 (rounds back)")
-        if rounds and back > rounds:
-            raise ConfigError(f"attack {spec!r}: R={back} is beyond the run's {rounds} rounds")
-        return Attack(spec, kind, rounds_back=back)
-    raise ConfigError(f"attack {spec!r} must be one of {', '.join(ATTACKS)}")
 
 
 def poisoned(
@@ -129,3 +81,19 @@ class StaleModels:
         """Remember this round's model and return the oldest kept (the first ever while fewer are kept)."""
         self._kept.append((weights, mask))
         return self._kept[0]
+
+
+@dataclass(frozen=True)
+class Poisoning:
+    """A poisoned loopback fleet as each of its nodes is told: who attacks, and how."""
+
+    attackers: tuple[str, ...]
+    attack: Attack
+
+    def of(self, node_id: str) -> Attack | None:
+        """The attack ``node_id`` makes (None: an honest node)."""
+        return self.attack if node_id in self.attackers else None
+
+    def to_json(self) -> dict[str, object]:
+        """What every record of the fleet carries (``attackers``, ``attack``)."""
+        return {"attackers": list(self.attackers), "attack": self.attack.spec}

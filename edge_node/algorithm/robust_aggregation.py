@@ -38,48 +38,34 @@ import torch
 
 from edge_node.algorithm.robust import ScreenResult
 from edge_node.errors import ConfigError
+from edge_node.robust_names import (  # re-exported: the settings' names live without torch
+    AGGREGATE_HELP,
+    AGGREGATES,
+    DEFAULT_AGGREGATE,
+    check_aggregate,
+    parse_aggregate,
+)
+
+__all__ = [
+    "AGGREGATES",
+    "AGGREGATE_HELP",
+    "DEFAULT_AGGREGATE",
+    "DEFAULT_MIN_COSINE",
+    "DISTANCE",
+    "check_aggregate",
+    "distance_check",
+    "pairwise_cosines",
+    "parse_aggregate",
+    "refusal_kind",
+    "robust_aggregate",
+]
 
 TensorDict = Mapping[str, torch.Tensor]
 
-AGGREGATES = ("mean", "median", "trimmed:BETA")  # the settings' spellings (help texts)
-DEFAULT_AGGREGATE = "mean"
-AGGREGATE_HELP = (
-    "The per-coordinate aggregate over the models holding it (the own included): mean (DisPFL's), median or "
-    "trimmed:BETA (drop the BETA fraction, in [0, 0.5), at each end); median and trimmed also refuse a peer whose "
-    "weights point away from the node's and its other peers' (a counted refusal, kind distance)"
-)
 # Honest models' cosines stayed far above this (docs/RESULTS.md "Poisoning"); sign-flipped ones are negative,
 # noise and zero models near 0.
 DEFAULT_MIN_COSINE = 0.2
 DISTANCE = "distance"  # the refusal kind of the distance check (every refusal is counted by kind)
-
-
-def parse_aggregate(spec: str) -> tuple[str, float]:
-    """``(rule, beta)`` of an ``aggregate`` setting: ``("mean", 0)``, ``("median", 0)`` or ``("trimmed", BETA)``.
-
-    Raises:
-        ConfigError: an unknown rule, or a trimming fraction that is not a number in [0, 0.5).
-    """
-    if not isinstance(spec, str):
-        raise ConfigError(f"aggregate={spec!r} must be one of {', '.join(AGGREGATES)}")
-    if spec in ("mean", "median"):
-        return spec, 0.0
-    if spec.startswith("trimmed:"):
-        text = spec.split(":", 1)[1]
-        try:
-            beta = float(text)
-        except ValueError:
-            beta = math.nan
-        if not (math.isfinite(beta) and 0.0 <= beta < 0.5):
-            raise ConfigError(f"aggregate={spec!r}: the trimming fraction {text!r} must be a number in [0, 0.5)")
-        return "trimmed", beta
-    raise ConfigError(f"aggregate={spec!r} must be one of {', '.join(AGGREGATES)}")
-
-
-def check_aggregate(spec: str) -> str:
-    """``spec`` when it is a valid ``aggregate`` setting (else ConfigError, from :func:`parse_aggregate`)."""
-    parse_aggregate(spec)
-    return spec
 
 
 def robust_aggregate(

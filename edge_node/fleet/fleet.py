@@ -335,7 +335,12 @@ class Fleet:
                     flags: list[str] | None = None) -> DaemonProcess:  # fmt: skip
         """The daemon of node ``i`` (not started); ``flags`` replace :meth:`node_flags`'s."""
         node_id = node_id or self.config.node_ids[i]
-        argv = [*python_command(), "start", *(flags if flags is not None else self.node_flags(i, host=host))]
+        config = self.config
+        command = python_command()
+        if config.attackers:  # a poisoned fleet: every node is told who attacks (edge_node.fleet.attacker)
+            assert config.attack is not None  # FleetConfig refuses attackers without an attack
+            command = [*python_command("edge_node.fleet.attacker"), ",".join(config.attacker_ids), config.attack]
+        argv = [*command, "start", *(flags if flags is not None else self.node_flags(i, host=host))]
         namespace = None
         if self.net is not None:
             namespace = self.net.namespaces[i if host is None else host]

@@ -18,7 +18,6 @@ from pathlib import Path
 from edge_node.algorithm.dispfl import DisPFLParams
 from edge_node.algorithm.dp import DPConfig, check_budget
 from edge_node.algorithm.norm_stats import NORM_STATS
-from edge_node.algorithm.robust_aggregation import AGGREGATE_HELP, check_aggregate
 from edge_node.data import check_dataset_name, parse_partition
 from edge_node.defaults import DEFAULTS
 from edge_node.energy.detect import BACKENDS
@@ -29,6 +28,7 @@ from edge_node.net.discovery.static import parse_peers
 from edge_node.net.server import ServerLimits
 from edge_node.plugins import is_factory_path
 from edge_node.protocol import NODE_ID_PATTERN, TIER_DENSITIES, check_density, check_fleet_id, is_valid_node_id
+from edge_node.robust_names import AGGREGATE_HELP, check_aggregate
 from edge_node.task_names import check_task_name
 from edge_node.tomlconf import key
 from edge_node.torch_threads import THREADS_HELP

@@ -16,7 +16,6 @@ from edge_node.algorithm.fedp3 import AGGREGATIONS, SCHEDULES
 from edge_node.algorithm.masks import MASK_METHODS, check_density
 from edge_node.algorithm.norm_stats import DEFAULT_NORM_STATS, NORM_STATS, batch_normalised, has_running_stats
 from edge_node.algorithm.prune_regrow import REGROW_RULES
-from edge_node.algorithm.robust_aggregation import AGGREGATE_HELP, check_aggregate
 from edge_node.algorithm.sub_fedavg import ACC_THRESHOLD as SUBFEDAVG_ACC
 from edge_node.algorithm.sub_fedavg import DIST_THRESHOLD as SUBFEDAVG_DIST
 from edge_node.algorithm.sub_fedavg import PRUNE_RATE as SUBFEDAVG_PRUNE_RATE
@@ -26,6 +25,7 @@ from edge_node.defaults import DEFAULTS, PRESETS, neighbours_of, preset
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
 from edge_node.models import MODEL_NAMES, check_model_name
+from edge_node.robust_names import AGGREGATE_HELP, check_aggregate
 from edge_node.sim.methods import METHOD_SETTINGS, REGISTRY, Method, get_method, users_of
 from edge_node.task_names import check_task_name
 from edge_node.tomlconf import key
