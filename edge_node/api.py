@@ -130,7 +130,7 @@ def run_node(
     Args:
         before_start: called with the node before its checks and start-up (e.g. to install signal handlers).
         serving: called once the node has started and serves its peers.
-        poisoning: a loopback fleet's attack settings (edge_node.fleet.attacker); never a node setting.
+        poisoning: a loopback fleet's attack settings (edge_node.cli._attacker); never a node setting.
     """
     from edge_node.node.daemon import Node, Stopped
 

@@ -15,7 +15,7 @@ unless the attack is the bound itself (``scale:F`` with F above the screen's rat
   its current round.
 
 Nothing here is a node setting: ``edge-node loopback --attackers K --attack ...`` passes the attack to its
-own daemons by a route ``edge-node start`` does not accept (``edge_node.fleet.attacker``).
+own daemons by a route ``edge-node start`` does not accept (``edge_node.cli._attacker``).
 """
 
 from __future__ import annotations

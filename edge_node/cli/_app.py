@@ -157,7 +157,7 @@ def _exit_with(message: str, code: ExitCode) -> NoReturn:
 def main(argv: list[str] | None = None, *, poisoning: Any = None) -> None:
     """Console-script entry point: run the app, map errors to the documented exit codes.
 
-    ``poisoning``: a loopback fleet's attack settings for ``start`` (edge_node.fleet.attacker), the click
+    ``poisoning``: a loopback fleet's attack settings for ``start`` (edge_node.cli._attacker), the click
     context's object: no flag or config key reaches it.
     """
     try:

@@ -21,6 +21,8 @@ from edge_node.robust_names import AGGREGATE_HELP, ATTACKS
 _DATASETS = ("demo", "cifar10", "cifar100", "tiny-imagenet")  # edge_node.data.DATASET_NAMES, without importing torch
 _MODELS = ("cnn", "resnet18", "vgg11")  # edge_node.models.MODEL_NAMES
 _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.energy.detect.BACKENDS
+# How a poisoned fleet starts its nodes: `start` handed the attack by the CLI's internal entry (cli/_attacker.py).
+POISONED_LAUNCHER = (sys.executable, "-m", "edge_node.cli._attacker")
 HEADER = "# effective edge-node loopback settings (defaults < flags; node i runs edge-node start with them)"
 
 
@@ -173,7 +175,7 @@ def loopback(fresh: bool, progress: bool | None, fleet_id: str, daemon_args: tup
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     display: Any = LiveTable(sys.stderr) if live else LineProgress(lambda line: click.echo(line, err=True))
     try:
-        outcome = run_fleet(config, display, stop, fresh=fresh)
+        outcome = run_fleet(config, display, stop, fresh=fresh, poisoned_launcher=POISONED_LAUNCHER)
     except NetnsError as exc:
         raise fail(str(exc), ExitCode.NETWORK) from None
     finally:

@@ -77,7 +77,7 @@ class FleetConfig:
     daemon_args: tuple[str, ...] = ()  # more `edge-node start` flags, given to every node
     subnet: str = DEFAULT_SUBNET
     # Poisoning (edge_node.algorithm.poison): the last ``attackers`` nodes publish poisoned models. Never a node
-    # setting: passed to the daemons by edge_node.fleet.attacker, which ``edge-node start`` does not accept.
+    # setting: passed to the daemons by edge_node.cli._attacker, which ``edge-node start`` does not accept.
     attackers: int = 0
     attack: str | None = None
 

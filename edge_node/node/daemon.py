@@ -126,7 +126,7 @@ class Node:
 
     def __init__(self, config: NodeConfig, *, poisoning: Poisoning | None = None) -> None:
         self.config = config
-        # A loopback fleet's attack settings (edge_node.fleet.attacker; never a node setting): every record names
+        # A loopback fleet's attack settings (edge_node.cli._attacker; never a node setting): every record names
         # the attackers; an attacker transforms what it publishes (or, label-flip, trains on flipped labels).
         self.poisoning = poisoning
         self.should_exit = threading.Event()

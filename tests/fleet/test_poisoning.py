@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from edge_node.cli.loopback import POISONED_LAUNCHER
 from edge_node.errors import ConfigError
 from edge_node.fleet.config import FleetConfig
 from edge_node.fleet.fleet import Fleet
@@ -18,11 +19,11 @@ from tests.fleet.fleets import config, records, run_cli, run_to_end
 def test_a_sign_flipped_attacker_is_named_everywhere_and_refused_by_distance(tmp_path):
     settings = dict(nodes=3, rounds=2, lockstep=True, neighbours=2, capacity="0.6", batch_size=32,
                     attackers=1, attack="sign-flip", aggregate="median")  # fmt: skip
-    with Fleet(config(tmp_path / "fleet", **settings)) as fleet:
+    with Fleet(config(tmp_path / "fleet", **settings), poisoned_launcher=POISONED_LAUNCHER) as fleet:
         run_to_end(fleet)
         per_node = {d.node_id: records(fleet, d.node_id) for d in fleet.own_daemons()}
         argv = [d.argv for d in fleet.own_daemons()]
-    assert all("edge_node.fleet.attacker" in a for a in argv)
+    assert all("edge_node.cli._attacker" in a for a in argv)
     for node, recs in per_node.items():
         assert [r["round"] for r in recs] == [0, 1]
         for r in recs:
@@ -71,6 +72,11 @@ def test_bad_poisoning_flags_are_one_line_and_exit_2(tmp_path, args, match):
     assert not (tmp_path / "out").exists()  # nothing written
 
 
+def test_only_the_loopback_command_starts_a_poisoned_fleet(tmp_path):
+    with pytest.raises(ConfigError, match="started by edge-node loopback"):
+        Fleet(config(tmp_path / "fleet", nodes=3, attackers=1, attack="zero"))
+
+
 def test_start_config_file_accepts_no_attack(tmp_path):
     (tmp_path / "node.toml").write_text('attack = "sign-flip"\nattackers = ["node0"]\n')
     result = run_cli(["start", "--config", str(tmp_path / "node.toml"), "--state-dir", str(tmp_path / "out")])
@@ -79,7 +85,7 @@ def test_start_config_file_accepts_no_attack(tmp_path):
 
 
 def test_the_attacker_entry_refuses_a_node_outside_the_loopback_fleet(tmp_path):
-    argv = [sys.executable, "-m", "edge_node.fleet.attacker", "n1", "sign-flip", "start",
+    argv = [sys.executable, "-m", "edge_node.cli._attacker", "n1", "sign-flip", "start",
             "--listen", "192.168.1.5:7000", "--state-dir", str(tmp_path / "n1")]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "only for a loopback fleet" in result.stderr

@@ -1,4 +1,4 @@
-"""How a poisoned loopback fleet starts its daemons: ``python -m edge_node.fleet.attacker IDS ATTACK start FLAGS``.
+"""How a poisoned loopback fleet starts its daemons: ``python -m edge_node.cli._attacker IDS ATTACK start FLAGS``.
 
 ``edge-node loopback --attackers K --attack A`` runs each of its nodes through this module instead of
 ``python -m edge_node start``: the same ``start`` command with the same flags, handed the fleet's
@@ -19,7 +19,7 @@ from edge_node.errors import ConfigError
 from edge_node.fleet.config import DEFAULT_SUBNET
 from edge_node.robust_names import parse_attack
 
-USAGE = "usage: python -m edge_node.fleet.attacker ATTACKER_IDS ATTACK start FLAGS... (the loopback fleet's own)"
+USAGE = "usage: python -m edge_node.cli._attacker ATTACKER_IDS ATTACK start FLAGS... (the loopback fleet's own)"
 
 
 def fleet_address(listen: str) -> bool:
