@@ -165,3 +165,16 @@ def test_good_attacks_parse() -> None:
     assert parse_attack("stale:10", 10).rounds_back == 10
     assert parse_attack("stale:50", 0).rounds_back == 50  # a run until stopped has no last round
     assert math.isclose(parse_attack("scale:1e-3").factor, 1e-3)
+
+
+def test_both_configs_take_the_aggregate_and_refuse_a_bad_one(tmp_path) -> None:
+    from edge_node.node.config import NodeConfig
+    from edge_node.sim.config import SimConfig
+
+    assert SimConfig(aggregate="trimmed:0.2", output=tmp_path / "run").dispfl_params().aggregate == "trimmed:0.2"
+    assert NodeConfig(aggregate="median").dispfl_params().aggregate == "median"
+    assert NodeConfig().dispfl_params().aggregate == "mean"
+    with pytest.raises(ConfigError, match="trimming fraction"):
+        SimConfig(aggregate="trimmed:0.5", output=tmp_path / "run")
+    with pytest.raises(ConfigError, match="must be one of"):
+        NodeConfig(aggregate="krum")
