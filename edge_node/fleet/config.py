@@ -138,6 +138,8 @@ class FleetConfig:
             raise ConfigError(f"--attack {self.attack} needs --attackers K (K >= 1)")
         if self.attack is not None:
             parse_attack(self.attack, self.rounds)  # ConfigError naming the value
+            if self.attack == "label-flip" and self.task != "classification":
+                raise ConfigError(f"--attack label-flip flips class labels: task {self.task} has none")
 
     @property
     def attacker_ids(self) -> list[str]:

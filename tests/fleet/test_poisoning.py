@@ -50,6 +50,7 @@ def test_a_sign_flipped_attacker_is_named_everywhere_and_refused_by_distance(tmp
         ({"attack": "zero"}, "needs --attackers"),
         ({"attackers": 1}, "needs --attack"),
         ({"aggregate": "trimmed:0.5"}, "must be a number in"),
+        ({"attackers": 1, "attack": "label-flip", "task": "regression"}, "has none"),
     ],
 )
 def test_bad_poisoning_settings_are_refused_before_anything_starts(tmp_path, settings, match):
