@@ -91,7 +91,7 @@ def run_cell(args: argparse.Namespace, attack: str | None, k: int, aggregate: st
             method=METHOD, dataset=args.dataset, data_dir=args.data_dir, clients=args.clients,
             neighbours=args.neighbours, rounds=args.rounds, epochs=args.epochs, batch_size=args.batch_size,
             partition=args.partition, seed=seed, aggregate=aggregate, output=Path(tmp) / "run", progress=False,
-            energy_backend="estimate", threads=args.threads,
+            energy_backend="estimate", threads=args.threads, samples_per_client=args.samples_per_client,
         )  # fmt: skip
         started = time.monotonic()
         run_dir = run_simulation(config, fresh=True)
@@ -153,6 +153,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--partition", default="dir:0.3")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--samples-per-client", type=int, default=None, help="training quota (a reduced table)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--attacks", default=ATTACK_LIST)
     parser.add_argument("--attackers", default="0,1,2", help="K values (0: the clean fleet)")

@@ -62,8 +62,8 @@ __all__ = [
 
 TensorDict = Mapping[str, torch.Tensor]
 
-# Honest models' cosines stayed far above this (docs/RESULTS.md "Poisoning"); sign-flipped ones are negative,
-# noise and zero models near 0.
+# Sign-flipped models score negative, noise and zero models near 0; the clean runs of docs/RESULTS.md ("Poisoned
+# peers") refused no honest model at this bound (how far above it honest models stay was not measured).
 DEFAULT_MIN_COSINE = 0.2
 DISTANCE = "distance"  # the refusal kind of the distance check (every refusal is counted by kind)
 
