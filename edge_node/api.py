@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from edge_node.algorithm.poison import Poisoning
     from edge_node.data.batches import ClientData
     from edge_node.node.config import NodeConfig
     from edge_node.node.daemon import Node
@@ -118,6 +119,7 @@ def run_node(
     *,
     before_start: Callable[[Node], None] | None = None,
     serving: Callable[[Node], None] | None = None,
+    poisoning: Poisoning | None = None,
 ) -> Path:
     """Run one node: check everything, start serving, train ``config.rounds`` rounds (0: until stopped).
 
@@ -128,10 +130,11 @@ def run_node(
     Args:
         before_start: called with the node before its checks and start-up (e.g. to install signal handlers).
         serving: called once the node has started and serves its peers.
+        poisoning: a loopback fleet's attack settings (edge_node.cli._attacker); never a node setting.
     """
     from edge_node.node.daemon import Node, Stopped
 
-    node = Node(config)
+    node = Node(config, poisoning=poisoning)
     if before_start is not None:
         before_start(node)
     try:

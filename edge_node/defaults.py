@@ -48,6 +48,7 @@ class SharedDefaults:
     regrow: str = "random"  # "gradient" (the paper, RigL) or "random" (the reference code's scripts)
     mask_init: str = "erk"
     norm_stats: str = "local"  # a BatchNorm model's running statistics: kept by each client (FedBN)
+    aggregate: str = "mean"  # the per-coordinate aggregate over the holders: DisPFL's mean (robust_aggregation)
     # The device.
     capacity: str = "auto"  # a daemon's density: measured (a tier); a simulation has no device, see SimConfig.density
     # Torch intra-op threads; None: torch's default, the cores the process may use. N daemons on one machine

@@ -56,10 +56,10 @@ DAEMON_KEYS = (
     "joules", "energy_total_j", "energy_label", "energy_source",
 )  # fmt: skip
 # Keys a daemon's record carries only when they apply (FedBN statistics, DP-SGD, a catch-up, peers far ahead, a
-# tier move of capacity auto at this round's start).
+# tier move of capacity auto at this round's start, a poisoned loopback fleet's attackers).
 DAEMON_OPTIONAL_KEYS = (
     "norm_stats", *PRIVACY_KEYS, "dp_budget_left", "caught_up_from", "caught_up_to", "ahead_not_followed",
-    "tier_move",
+    "tier_move", "attackers", "attack",
 )  # fmt: skip
 # A daemon's record of a round that diverged (rolled back, nothing published).
 DIVERGED_KEYS = (

@@ -29,6 +29,7 @@ class Stream(enum.Enum):
     FINETUNE = "finetune"  # (client, round): shuffles and augmentation of an evaluation-only fine-tune (-ft baselines)
     FEDP3_LAYERS = "fedp3-layers"  # (client, round): the layers a FedP3 client owns under the random schedule (opr2)
     DP_NOISE = "dp-noise"  # (client, round): a simulated client's DP-SGD noise (a device draws its own secretly)
+    ATTACK = "attack"  # (client, round): a loopback fleet's noise attacker's published noise (algorithm/poison.py)
     RETIER = "retier"  # (client, round): positions a move to a denser tier regrows (capacity auto, node/capacity_watch)
 
 

@@ -49,6 +49,7 @@ LAYERS = [
         "plugins",
         "threads",
         "task_names",
+        "robust_names",  # the robust aggregates' and the attacks' names (the fleet supervisor reads them)
         "version",
         "defaults",
         "torch_threads",

@@ -50,6 +50,7 @@ from edge_node.algorithm.prune_regrow import (
     update_masks,
 )
 from edge_node.algorithm.robust import StatsOf, model_stats, screen_peer_buffers, screen_peer_models
+from edge_node.algorithm.robust_aggregation import DEFAULT_AGGREGATE, check_aggregate, distance_check, robust_aggregate
 from edge_node.algorithm.schedules import learning_rate, prune_rate
 from edge_node.algorithm.tasks import CLASSIFICATION, Task, resolve_task
 from edge_node.algorithm.training import (
@@ -106,6 +107,9 @@ class DisPFLParams:
     # A BatchNorm model's running statistics (edge_node.algorithm.norm_stats): "local" keeps the client's own,
     # "average" averages them with those of the peers that sent theirs (both configs' ``norm_stats``).
     norm_stats: str = DEFAULT_NORM_STATS
+    # The per-coordinate aggregate over the holders (edge_node.algorithm.robust_aggregation): "mean" (DisPFL's),
+    # or "median" / "trimmed:BETA" with the distance check (both configs' ``aggregate``).
+    aggregate: str = DEFAULT_AGGREGATE
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "planned_rounds"):
@@ -129,6 +133,7 @@ class DisPFLParams:
             raise ConfigError(f"mask_init={self.mask_init!r} must be one of {', '.join(MASK_METHODS)}")
         if self.norm_stats not in NORM_STATS:
             raise ConfigError(f"norm_stats={self.norm_stats!r} must be one of {', '.join(NORM_STATS)}")
+        check_aggregate(self.aggregate)
         if self.frozen and self.dp is not None:
             raise ConfigError("DP-SGD trains every parameter: trainable (frozen layers) and privacy exclude each other")
 
@@ -231,16 +236,22 @@ def start(
 
 
 def aggregate_peers(
-    state: ClientState, peers: Sequence[tuple[TensorDict, TensorDict]], frozen: Collection[str] = ()
-) -> ClientState:
+    state: ClientState, peers: Sequence[tuple[TensorDict, TensorDict]], frozen: Collection[str] = (),
+    rule: str = DEFAULT_AGGREGATE,
+) -> ClientState:  # fmt: skip
     """Average ``state`` with its peers' published ``(weights, mask)`` pairs, of any densities.
 
     The result is supported on the client's ``next_mask``, which becomes the mask it trains with
     (docs/ALGORITHM.md step 2). With no peers the client keeps its own weights on that mask. ``frozen``
-    parameters (never published) keep the client's own values.
+    parameters (never published) keep the client's own values. ``rule``: the per-coordinate aggregate,
+    ``mean`` (DisPFL's) or a robust one (``median``, ``trimmed:BETA``: robust_aggregation).
     """
     own = state.weights if not frozen else {n: w for n, w in state.weights.items() if n not in frozen}
-    weights = aggregate(own, state.train_mask, state.next_mask, [w for w, _ in peers], [m for _, m in peers])
+    peer_weights, peer_masks = [w for w, _ in peers], [m for _, m in peers]
+    if rule == DEFAULT_AGGREGATE:
+        weights = aggregate(own, state.train_mask, state.next_mask, peer_weights, peer_masks)
+    else:
+        weights = robust_aggregate(own, state.train_mask, state.next_mask, peer_weights, peer_masks, rule)
     if frozen:
         weights = {name: state.weights[name] if name in frozen else weights[name] for name in state.weights}
     return ClientState(weights, state.next_mask, state.next_mask, state.density, state.buffers)
@@ -451,7 +462,7 @@ def keep_and_evaluate(trained: TrainResult, model: nn.Module, hooks: RoundHooks,
 
 def screen_and_aggregate(
     state: ClientState, offers: Sequence[Offer], hooks: RoundHooks, *, screen: bool = True,
-    frozen: Collection[str] = (), buffers: Mapping[str, TensorDict] | None = None,
+    frozen: Collection[str] = (), buffers: Mapping[str, TensorDict] | None = None, rule: str = DEFAULT_AGGREGATE,
 ) -> tuple[ClientState, list[str], dict[str, str]]:  # fmt: skip
     """The round's first step: screen ``offers`` (when ``screen``), tell ``hooks.screened``, aggregate the accepted.
 
@@ -459,7 +470,9 @@ def screen_and_aggregate(
     the published (not the ``frozen``) parameters. ``buffers`` (``norm_stats = "average"``; None: ``local``,
     the client's statistics are kept as they are): the running statistics each peer sent, by peer id (a peer
     absent or with ``{}`` sent none); those of the accepted peers are screened too (``screen_peer_buffers``: a
-    peer refused there is refused whole) and averaged with the client's (``aggregate_buffers``).
+    peer refused there is refused whole) and averaged with the client's (``aggregate_buffers``). ``rule``: the
+    per-coordinate aggregate; a robust one (not ``mean``) first refuses, after the screen and whether or not
+    ``screen``, the peers the distance check refuses (robust_aggregation: reasons begin ``distance:``).
     """
     accepted, refused = [peer for peer, _, _ in offers], {}
     if screen and offers:
@@ -471,10 +484,15 @@ def screen_and_aggregate(
         checked = screen_peer_buffers(state.buffers, sent)
         accepted = [peer for peer in accepted if peer not in checked.refused]
         refused.update(checked.refused)
+    if rule != DEFAULT_AGGREGATE and accepted:
+        own_weights, own_mask = published(state, frozen)
+        kept = {peer: (weights, mask) for peer, weights, mask in offers}
+        distant = distance_check(own_weights, own_mask, [(peer, *kept[peer]) for peer in accepted])
+        accepted, refused = list(distant.accepted), {**refused, **distant.refused}
     if hooks.screened is not None:
         hooks.screened(accepted, refused)
     models = {peer: (weights, mask) for peer, weights, mask in offers}
-    aggregated = aggregate_peers(state, [models[peer] for peer in accepted], frozen)
+    aggregated = aggregate_peers(state, [models[peer] for peer in accepted], frozen, rule)
     if buffers is not None:
         averaged = aggregate_buffers(state.buffers, [buffers.get(peer) or {} for peer in accepted])
         aggregated = replace(aggregated, buffers=averaged)
@@ -534,7 +552,7 @@ def client_round(
     with hooks.phase("aggregate"):
         buffers = dict(peer_buffers or {}) if params.norm_stats == "average" else None
         aggregated, accepted, refused = screen_and_aggregate(
-            state, offers, hooks, screen=screen, frozen=params.frozen, buffers=buffers
+            state, offers, hooks, screen=screen, frozen=params.frozen, buffers=buffers, rule=params.aggregate
         )
     with hooks.phase("train"):
         local = aggregated if shapes is None else narrow_state(aggregated, shapes)

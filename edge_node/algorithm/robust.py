@@ -29,8 +29,10 @@ aggregate of a coordinate is a mean of accepted values and the own one, so it st
 bound too, and finite. What it does not do: a lone peer (two models, whose median is their mean)
 is held only by the anchor; peers smaller than the reference are never refused (a scaled-down or
 zero model dilutes the mean like an absent one); a sign-flipped peer of ordinary size is bounded,
-not detected. Two honest models are never refused against each other (neither exceeds twice their
-mean), so a node that starts late from the initial weights accepts a trained peer.
+not detected (those are the robust setting's business: ``aggregate = "median"`` or ``"trimmed:BETA"``
+with its distance check, ``robust_aggregation.py``). Two honest models are never refused against each
+other (neither exceeds twice their mean), so a node that starts late from the initial weights accepts a
+trained peer.
 
 Defaults (``max_rms_ratio = max_abs_ratio = 10``, ``own_anchor = 100``, ``floor_fraction = 1``):
 honest models stay well inside them. ``bench/screen_margin.py`` screens every client's model against

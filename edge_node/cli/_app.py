@@ -154,10 +154,14 @@ def _exit_with(message: str, code: ExitCode) -> NoReturn:
     sys.exit(int(code))
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: run the app, map errors to the documented exit codes."""
+def main(argv: list[str] | None = None, *, poisoning: Any = None) -> None:
+    """Console-script entry point: run the app, map errors to the documented exit codes.
+
+    ``poisoning``: a loopback fleet's attack settings for ``start`` (edge_node.cli._attacker), the click
+    context's object: no flag or config key reaches it.
+    """
     try:
-        result = app.main(args=argv, prog_name="edge-node", standalone_mode=False)
+        result = app.main(args=argv, prog_name="edge-node", standalone_mode=False, obj=poisoning)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.exceptions.ClickException as exc:  # usage errors: bad flag values, missing arguments

@@ -16,10 +16,13 @@ from edge_node.defaults import DEFAULTS, PRESETS, preset_note
 from edge_node.errors import ConfigError
 from edge_node.exit_codes import ExitCode
 from edge_node.fleet.config import COMMAND, DEFAULT_OUTPUT, FleetConfig
+from edge_node.robust_names import AGGREGATE_HELP, ATTACKS
 
 _DATASETS = ("demo", "cifar10", "cifar100", "tiny-imagenet")  # edge_node.data.DATASET_NAMES, without importing torch
 _MODELS = ("cnn", "resnet18", "vgg11")  # edge_node.models.MODEL_NAMES
 _BACKENDS = ("auto", "nvml", "rapl", "jetson", "rpi5", "estimate")  # edge_node.energy.detect.BACKENDS
+# How a poisoned fleet starts its nodes: `start` handed the attack by the CLI's internal entry (cli/_attacker.py).
+POISONED_LAUNCHER = (sys.executable, "-m", "edge_node.cli._attacker")
 HEADER = "# effective edge-node loopback settings (defaults < flags; node i runs edge-node start with them)"
 
 
@@ -78,6 +81,15 @@ def _demo(name: str) -> str:
 @click.option("--norm-stats", type=click.Choice(("local", "average")), default=DEFAULTS.norm_stats, show_default=True,
               help="A BatchNorm model's running statistics: local (each node's own, FedBN) or average (sent with "
               "the model and averaged with the peers'; refused for a model without them).")  # fmt: skip
+@click.option("--aggregate", default=DEFAULTS.aggregate, show_default=True, metavar="mean|median|trimmed:BETA",
+              help=f"Every node's aggregate. {AGGREGATE_HELP}.")  # fmt: skip
+@click.option("--attackers", type=int, default=0, show_default=True, metavar="K",
+              help="The last K nodes publish poisoned models (--attack; K below --nodes); every record and the "
+              "summary name them. Only a loopback fleet has attackers: edge-node start accepts no attack.")  # fmt: skip
+@click.option("--attack", default=None, metavar="|".join(ATTACKS),
+              help="What the attackers do: sign-flip, scale:F (F > 0, finite), noise (Gaussian of their weights' "
+              "rms), zero, label-flip (train on flipped labels), stale:R (publish the model of R rounds ago, R <= "
+              "--rounds).")  # fmt: skip
 @click.option("--dataset", default=DEFAULTS.dataset, show_default=True,
               help=f"Data set each node takes its slice of: {', '.join(_DATASETS)} (demo is built in) or a data "
               "factory package.module:function.")  # fmt: skip
@@ -163,7 +175,7 @@ def loopback(fresh: bool, progress: bool | None, fleet_id: str, daemon_args: tup
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     display: Any = LiveTable(sys.stderr) if live else LineProgress(lambda line: click.echo(line, err=True))
     try:
-        outcome = run_fleet(config, display, stop, fresh=fresh)
+        outcome = run_fleet(config, display, stop, fresh=fresh, poisoned_launcher=POISONED_LAUNCHER)
     except NetnsError as exc:
         raise fail(str(exc), ExitCode.NETWORK) from None
     finally:

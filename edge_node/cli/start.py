@@ -101,8 +101,9 @@ def start(print_config: bool, log_format: str, config_file: Path | None, **flags
         configure_daemon_logging(logging.INFO, log_format)  # serving: one line per round from here
         _LOGGER.info("%s", node.describe())
 
+    poisoning = click.get_current_context().find_root().obj  # only edge_node.cli._attacker sets it
     try:
-        run_node(config, before_start=install_signals, serving=serving)
+        run_node(config, before_start=install_signals, serving=serving, poisoning=poisoning)
     finally:
         # Stopped and cleaned up: a signal while the interpreter winds down (it resets Python handlers to
         # the default there, not ignored ones) must not turn a clean stop into a death by signal.

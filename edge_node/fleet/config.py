@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from edge_node.defaults import DEFAULTS, neighbours_of, preset, threads_of
 from edge_node.errors import ConfigError
+from edge_node.robust_names import ATTACKS, check_aggregate, parse_attack
 from edge_node.task_names import check_task_name
 
 if TYPE_CHECKING:
@@ -55,6 +56,9 @@ class FleetConfig:
     trainable: tuple[str, ...] = ()  # globs of the parameters that train (edge_node.algorithm.frozen); (): all
     task: str = DEFAULTS.task  # edge_node.algorithm.tasks: every node's
     norm_stats: str = DEFAULTS.norm_stats  # a BatchNorm model's running statistics: local (FedBN) or average
+    aggregate: str = (
+        DEFAULTS.aggregate
+    )  # every node's per-coordinate aggregate (edge_node.algorithm.robust_aggregation)
     dataset: str = DEFAULTS.dataset
     data_dir: Path | None = None
     partition: str = DEFAULTS.partition
@@ -72,9 +76,14 @@ class FleetConfig:
     progress: bool = True
     daemon_args: tuple[str, ...] = ()  # more `edge-node start` flags, given to every node
     subnet: str = DEFAULT_SUBNET
+    # Poisoning (edge_node.algorithm.poison): the last ``attackers`` nodes publish poisoned models. Never a node
+    # setting: passed to the daemons by edge_node.cli._attacker, which ``edge-node start`` does not accept.
+    attackers: int = 0
+    attack: str | None = None
 
     def __post_init__(self) -> None:
         check_task_name(self.task)
+        check_aggregate(self.aggregate)
         for name, value in self.defaults().items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
@@ -107,6 +116,7 @@ class FleetConfig:
             if shaped and not self.netns:
                 raise ConfigError(f"--devices: {shaped[0]} has a link rate or loss, which needs --netns (shaping "
                                   "127.0.0.1 would slow down every program of this machine)")  # fmt: skip
+        self._check_poisoning()
         object.__setattr__(self, "output", Path(self.output))
         object.__setattr__(self, "daemon_args", tuple(self.daemon_args))
         parts = [self.trainable] if isinstance(self.trainable, str) else list(self.trainable)
@@ -115,6 +125,26 @@ class FleetConfig:
             if not Path(self.init_weights).is_file():
                 raise ConfigError(f"--init-weights {self.init_weights}: no such file")
             object.__setattr__(self, "init_weights", Path(self.init_weights).resolve())  # the daemons' cwd may differ
+
+    def _check_poisoning(self) -> None:
+        if isinstance(self.attackers, bool) or not isinstance(self.attackers, int) or self.attackers < 0:
+            raise ConfigError(f"--attackers {self.attackers!r} must be an integer >= 0")
+        if self.attackers >= self.nodes:
+            raise ConfigError(f"--attackers {self.attackers} must be below the fleet's {self.nodes} nodes (an honest "
+                              "node is what is measured)")  # fmt: skip
+        if self.attackers and self.attack is None:
+            raise ConfigError(f"--attackers {self.attackers} needs --attack (one of {', '.join(ATTACKS)})")
+        if self.attack is not None and not self.attackers:
+            raise ConfigError(f"--attack {self.attack} needs --attackers K (K >= 1)")
+        if self.attack is not None:
+            parse_attack(self.attack, self.rounds)  # ConfigError naming the value
+            if self.attack == "label-flip" and self.task != "classification":
+                raise ConfigError(f"--attack label-flip flips class labels: task {self.task} has none")
+
+    @property
+    def attacker_ids(self) -> list[str]:
+        """The nodes that attack: the last ``attackers`` of the fleet (node0 is always honest)."""
+        return self.node_ids[self.nodes - self.attackers :] if self.attackers else []
 
     @property
     def profiles(self) -> list[DeviceProfile]:
@@ -174,6 +204,7 @@ class FleetConfig:
             "export_onnx": False,  # one model.onnx per round per node costs CPU the fleet shares
             "lockstep": self.lockstep,
             "norm_stats": self.norm_stats,
+            "aggregate": self.aggregate,
         }
         optional = {
             "data_dir": self.data_dir,
@@ -199,6 +230,8 @@ class FleetConfig:
         # A fleet saved before the shared defaults kept None for "the default" of some of these; that default
         # was the one they have now.
         then = {**saved, **{k: v for k, v in self.defaults().items() if saved.get(k) is None}}
+        then.setdefault("attackers", 0)  # a fleet saved before poisoning had none
+        then.setdefault("attack", None)
         return sorted(k for k in mine if k not in RESUMABLE_CHANGES and k != "progress" and then.get(k) != mine[k])
 
 

@@ -199,9 +199,9 @@ def exit_description(code: int, *, short: bool = False) -> str:
     return name if short else f"killed by signal {-code} ({name})"
 
 
-def python_command() -> list[str]:
-    """How to run ``edge-node`` with this interpreter (no reliance on PATH)."""
-    return [sys.executable, "-m", "edge_node"]
+def python_command(module: str = "edge_node") -> list[str]:
+    """How to run ``edge-node`` (or another of the package's entry ``module``) with this interpreter (no PATH)."""
+    return [sys.executable, "-m", module]
 
 
 def pid_alive(pid: int) -> bool:

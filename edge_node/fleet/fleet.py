@@ -30,6 +30,7 @@ import shutil
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,7 +131,13 @@ def shared_host_limits(nodes: int) -> dict[str, float]:
 class Fleet:
     """N ``edge-node start`` daemons on this machine; a context manager that always cleans up."""
 
-    def __init__(self, config: FleetConfig, *, fresh: bool = False, kind: str = "fleet") -> None:
+    def __init__(self, config: FleetConfig, *, fresh: bool = False, kind: str = "fleet",
+                 poisoned_launcher: Sequence[str] = ()) -> None:  # fmt: skip
+        """``poisoned_launcher``: the command that starts a poisoned fleet's node in place of ``python -m edge_node``
+        (the CLI's internal entry, ``edge_node.cli.loopback.POISONED_LAUNCHER``); a fleet with attackers needs it."""
+        if config.attackers and not poisoned_launcher:
+            raise ConfigError("a fleet with attackers is started by edge-node loopback (it has no poisoned launcher)")
+        self.poisoned_launcher = list(poisoned_launcher)
         self.config = config
         self.fresh = fresh
         self.kind = kind
@@ -338,7 +345,12 @@ class Fleet:
                     flags: list[str] | None = None) -> DaemonProcess:  # fmt: skip
         """The daemon of node ``i`` (not started); ``flags`` replace :meth:`node_flags`'s."""
         node_id = node_id or self.config.node_ids[i]
-        argv = [*python_command(), "start", *(flags if flags is not None else self.node_flags(i, host=host))]
+        config = self.config
+        command = python_command()
+        if config.attackers:  # a poisoned fleet: every node is told who attacks (the launcher hands start the attack)
+            assert config.attack is not None  # FleetConfig refuses attackers without an attack
+            command = [*self.poisoned_launcher, ",".join(config.attacker_ids), config.attack]
+        argv = [*command, "start", *(flags if flags is not None else self.node_flags(i, host=host))]
         namespace = None
         if self.net is not None:
             namespace = self.net.namespaces[i if host is None else host]

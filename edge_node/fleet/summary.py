@@ -95,7 +95,9 @@ def summarize(
     metric = metric_of(per_node)
     finals = [n["acc_final"] for n in nodes if n["acc_final"] is not None]
     firsts = [n["acc_first"] for n in nodes if n["acc_first"] is not None]
+    poisoning = poisoning_of(per_node)
     return {
+        **poisoning,
         "fleet": fleet,
         **metric,
         "nodes": nodes,
@@ -107,6 +109,22 @@ def summarize(
         else None,
         "peers_refused_total": _add_counts(n["peers_refused"] for n in nodes),
         "pull_retries_total": _add_counts(n["pull_retries"] for n in nodes),
+    }
+
+
+def poisoning_of(per_node: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """A poisoned fleet's attackers and attack as its records name them, and the honest nodes' final mean; {} for
+    a fleet without attackers."""
+    named = next((r for records in per_node.values() for r in records if r.get("attackers")), None)
+    if named is None:
+        return {}
+    attackers = sorted(named["attackers"])
+    done = {n: [r for r in records if not r.get("diverged")] for n, records in per_node.items() if n not in attackers}
+    finals = [records[-1]["acc_after"] for records in done.values() if records]
+    return {
+        "attackers": attackers,
+        "attack": named.get("attack"),
+        "acc_final_honest_mean": sum(finals) / len(finals) if finals else None,
     }
 
 
@@ -158,6 +176,11 @@ def format_markdown(summary: dict[str, Any]) -> str:
         f"Fleet mean {metric} (after local training{better}): first round "
         f"{_pct(summary['acc_first_mean'], fraction)}, final {_pct(summary['acc_final_mean'], fraction)}."
     )
+    if summary.get("attackers"):
+        lines.append(
+            f"Attackers ({summary['attack']}): {', '.join(summary['attackers'])}; honest nodes' final mean {metric} "
+            f"{_pct(summary['acc_final_honest_mean'], fraction)}."
+        )
     per_round = ", ".join(f"{r['round'] + 1}: {_pct(r['acc_after_mean'], fraction)}" for r in summary["rounds"])
     if per_round:
         lines.append(f"Per round (mean over the nodes that recorded it): {per_round}.")

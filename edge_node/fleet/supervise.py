@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,10 +99,12 @@ class PhaseWatcher:
         self._pool.shutdown(wait=wait, cancel_futures=True)
 
 
-def run_fleet(config: FleetConfig, display: Display, stop: threading.Event, *, fresh: bool = False) -> Outcome:
-    """Run the fleet of ``config`` until it is done, fails or ``stop`` is set; always cleans up."""
+def run_fleet(config: FleetConfig, display: Display, stop: threading.Event, *, fresh: bool = False,
+              poisoned_launcher: Sequence[str] = ()) -> Outcome:  # fmt: skip
+    """Run the fleet of ``config`` until it is done, fails or ``stop`` is set; always cleans up (``poisoned_launcher``:
+    see :class:`Fleet`)."""
     started = time.monotonic()
-    with Fleet(config, fresh=fresh) as fleet:
+    with Fleet(config, fresh=fresh, poisoned_launcher=poisoned_launcher) as fleet:
         warnings = fleet.link_warnings()
         for line in warnings:
             display.event(f"edge-node: warning: {line}")

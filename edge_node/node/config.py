@@ -30,6 +30,7 @@ from edge_node.net.discovery.static import parse_peers
 from edge_node.net.server import ServerLimits
 from edge_node.plugins import is_factory_path
 from edge_node.protocol import NODE_ID_PATTERN, TIER_DENSITIES, check_density, check_fleet_id, is_valid_node_id
+from edge_node.robust_names import AGGREGATE_HELP, check_aggregate
 from edge_node.task_names import check_task_name
 from edge_node.tomlconf import key
 from edge_node.torch_threads import THREADS_HELP
@@ -195,6 +196,7 @@ class NodeConfig:
         "averaged with theirs; refused for a model without them). A BatchNorm model trains whole batches "
         "(--micro-batch is 0 for it).",
     )
+    aggregate: str = key(DEFAULTS.aggregate, AGGREGATE_HELP, metavar="mean|median|trimmed:BETA")
     device: str = key(DEFAULTS.device, "cpu or cuda.")
     threads: int | None = key(DEFAULTS.threads, THREADS_HELP)
     # Security.
@@ -300,6 +302,7 @@ class NodeConfig:
             raise ConfigError(f"lockstep: client_index={self.client_index} but peers lists {len(listed)} nodes")
         if self.norm_stats not in NORM_STATS:
             raise ConfigError(f"norm_stats={self.norm_stats!r} must be one of {', '.join(NORM_STATS)}")
+        check_aggregate(self.aggregate)
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r} must be one of {', '.join(DEVICES)}")
         if self.threads is not None:

@@ -55,6 +55,8 @@ import torch
 from edge_node.algorithm import read_weights, tier_name
 from edge_node.algorithm.dispfl import ClientRound, DisPFLParams, RoundHooks, client_round, published, retier, start
 from edge_node.algorithm.norm_stats import batch_normalised, has_running_stats
+from edge_node.algorithm.poison import Poisoning, StaleModels, flipped_labels, poisoned
+from edge_node.algorithm.robust_aggregation import refusal_kind
 from edge_node.algorithm.tasks import score
 from edge_node.algorithm.training import Batch
 from edge_node.energy import EnergyAccountant, open_meter
@@ -91,7 +93,7 @@ from edge_node.node.state import (
 )
 from edge_node.node.status import StatusServer, round_label, rounds_done_text, write_status_file
 from edge_node.records import ROUNDS_LOG, node_entry, task_fields
-from edge_node.seeding import Stream, numpy_generator
+from edge_node.seeding import Stream, numpy_generator, torch_generator
 from edge_node.storage import append_line, truncate_jsonl
 from edge_node.task_names import format_metric
 from edge_node.torch_threads import ThreadGovernor, tick
@@ -126,8 +128,11 @@ class _Totals:
 class Node:
     """One device's daemon. Construct with a checked :class:`NodeConfig`; ``run()`` until done or stopped."""
 
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, *, poisoning: Poisoning | None = None) -> None:
         self.config = config
+        # A loopback fleet's attack settings (edge_node.cli._attacker; never a node setting): every record names
+        # the attackers; an attacker transforms what it publishes (or, label-flip, trains on flipped labels).
+        self.poisoning = poisoning
         self.should_exit = threading.Event()
         self.force_exit = threading.Event()
         self.node_id = config.resolved_node_id
@@ -150,6 +155,8 @@ class Node:
         self._tier_move: TierMove | None = None  # decided after the last round, applied at the next one's start
         self._tier_moves = {"down": 0, "up": 0}
         self.tracker = PeerTracker(numpy_generator(config.seed, Stream.PEERS, self.client_index, 2**31 - 1))
+        self.attack = poisoning.of(self.node_id) if poisoning is not None else None
+        self._stale = StaleModels(self.attack.rounds_back) if self.attack and self.attack.kind == "stale" else None
 
     # -- signals ------------------------------------------------------------------------------------
     def handle_exit(self) -> bool:
@@ -536,7 +543,7 @@ class Node:
 
         def screened(accepted: list[str], screen_refused: dict[str, str]) -> None:
             received.update((k, fresh[k]) for k in accepted)
-            refused.update((k, ("screened", reason)) for k, reason in screen_refused.items())
+            refused.update((k, (refusal_kind(reason), reason)) for k, reason in screen_refused.items())
             self.peers.record({k: m.header.round for k, m in received.items()}, refused)
 
         hooks = RoundHooks(self._tick_train, lambda _model: self._accuracy(), self._round_phase, screened)
@@ -586,6 +593,8 @@ class Node:
             "energy_label": energy["label"],
             "energy_source": energy["source"],
         }
+        if self.poisoning is not None:  # a poisoned loopback fleet: who attacks, and how
+            record.update(self.poisoning.to_json())
         if new_state.buffers:  # FedBN's "local" (the statistics stayed here) or "average" (with the peers')
             record["norm_stats"] = self.config.norm_stats
         if self.budget is not None:
@@ -655,7 +664,10 @@ class Node:
 
     def _tick_train(self, epochs: int, generator: torch.Generator) -> Iterator[Batch]:
         """Training batches that beat the heartbeat and stop the round when the daemon is told to."""
-        return self._tick(self.local.data.train_batches(epochs, generator, self.params.batch_size))
+        batches = self.local.data.train_batches(epochs, generator, self.params.batch_size)
+        if self.attack is not None and self.attack.flips_labels:  # a loopback fleet's label-flip attacker
+            batches = flipped_labels(batches, self.local.num_classes)
+        return self._tick(batches)
 
     def _accuracy(self) -> float:
         """Local test accuracy, in slices of ``micro_batch`` (else the training batch): the round's memory peak
@@ -714,6 +726,11 @@ class Node:
 
     def _publish(self) -> None:
         weights, mask = published(self.state, self.params.frozen)  # the spec's tensors: never the frozen ones
+        if self.attack is not None:  # a loopback fleet's attacker: what it publishes instead (algorithm/poison.py)
+            if self._stale is not None:
+                weights, mask = self._stale.publish(weights, mask)
+            generator = torch_generator(self.config.seed, Stream.ATTACK, self.client_index, self.rounds_done)
+            weights = poisoned(self.attack, weights, mask, generator)
         self.server_state.publish(
             ModelSnapshot(
                 weights=weights, masks=mask, round=self.rounds_done, density=self.density, node_id=self.node_id,

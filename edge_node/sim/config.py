@@ -27,6 +27,7 @@ from edge_node.defaults import DEFAULTS, PRESETS, neighbours_of, preset
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
 from edge_node.models import MODEL_NAMES, check_model_name
+from edge_node.robust_names import AGGREGATE_HELP, check_aggregate
 from edge_node.sim.methods import METHOD_SETTINGS, REGISTRY, Method, get_method, users_of
 from edge_node.task_names import check_task_name
 from edge_node.tomlconf import key
@@ -51,7 +52,7 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "ditto_lambda": DITTO_LAMBDA, "ditto_personal_share": DITTO_PERSONAL_SHARE,
     "subfedavg_prune_rate": SUBFEDAVG_PRUNE_RATE, "subfedavg_dist_threshold": SUBFEDAVG_DIST,
     "subfedavg_acc_threshold": SUBFEDAVG_ACC, "cuda_graphs": False, "norm_stats": DEFAULT_NORM_STATS,
-    "task": "classification", "init_weights": None, "trainable": [], "tier_mode": "mask",
+    "aggregate": "mean", "task": "classification", "init_weights": None, "trainable": [], "tier_mode": "mask",
 }  # fmt: skip
 # Keys config.json holds beyond the fields (derived, written for readers; ignored when the file is read back).
 DERIVED_KEYS = frozenset({"partition_variant"})
@@ -242,6 +243,12 @@ class SimConfig:
         "checkpointed, never sent nor averaged; dispfl, dispfl-s2s, local, dpsgd and dpsgd-ft) [default: {default}].",
         choices=NORM_STATS,
     )
+    # DisPFL's methods: the per-coordinate aggregate over the holders (edge_node.algorithm.robust_aggregation).
+    aggregate: str = key(
+        DEFAULTS.aggregate,
+        AGGREGATE_HELP + " [default: {default}].",
+        metavar="mean|median|trimmed:BETA",
+    )
     # DisPFL's methods: screen peers' models before aggregating, as a device does (robust.py).
     screen: bool = key(
         True,
@@ -301,6 +308,7 @@ class SimConfig:
         choice("norm_stats", NORM_STATS)
         choice("tier_mode", TIER_MODES)
         self._check_tier_mode()
+        check_aggregate(self.aggregate)
         if not 0 < self.fedp3_keep <= 1:
             raise ConfigError(f"fedp3_keep={self.fedp3_keep!r} must be in (0, 1]")
         if not math.isfinite(self.dp_clip) or self.dp_clip <= 0:

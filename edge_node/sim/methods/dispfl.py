@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from edge_node.algorithm import nnz_per_tensor
 from edge_node.algorithm.dispfl import (
     ClientState,
@@ -22,6 +24,7 @@ from edge_node.sim.methods.base import GRAPHED, MASKS, NEIGHBOURHOOD, Method, Ro
 
 _LOGGER = logging.getLogger(__name__)
 Keep = Callable[[ClientState], ClientState]
+Published = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]  # a client's published weights and mask
 
 
 class RoundPlan:
@@ -55,6 +58,14 @@ class DisPFL(Method):
         """What a variant adds to round ``t`` (``extra``: the round's copy of the state's bookkeeping)."""
         return RoundPlan()
 
+    def published_models(self, ctx: SimContext, t: int, at_start: list[ClientState]) -> list[Published]:
+        """What each client published at round ``t``'s start (a seam: bench/poisoning.py poisons some of them)."""
+        return [published(c, ctx.params.frozen) for c in at_start]
+
+    def client_hooks(self, ctx: SimContext, i: int, **more: Any) -> RoundHooks:
+        """Client ``i``'s round hooks (a seam: bench/poisoning.py's label-flip attackers train on flipped labels)."""
+        return ctx.hooks(i, **more)
+
     def round(self, ctx: SimContext, t: int, state: RunState) -> tuple[RunState, RoundResult]:
         config, params = ctx.config, ctx.params
         at_start = state.clients  # every client aggregates the models as they were at the round's start
@@ -63,13 +74,13 @@ class DisPFL(Method):
         extra = dict(state.extra)
         plan = self.plan(ctx, t, extra)
         stats = StatsMemo()  # each round-start model's screen statistics, computed once for all its pullers
-        models = [published(c, params.frozen) for c in at_start]  # the same dicts for every puller (the memo's key)
+        models = self.published_models(ctx, t, at_start)  # the same dicts for every puller (the memo's key)
 
         def offers(i: int) -> list[tuple[str, Any, Any]]:
             return [(f"client-{j}", *models[j]) for j in nbrs[i]]
 
         def hooks(i: int) -> RoundHooks:
-            return ctx.hooks(i, keep=plan.keep(i), stats_of=stats)
+            return self.client_hooks(ctx, i, keep=plan.keep(i), stats_of=stats)
 
         def one(i: int) -> tuple[ClientState, tuple[float, float, float, float | None, dict[str, str]]]:
             with ctx.stopping_on_divergence(t):
@@ -87,8 +98,9 @@ class DisPFL(Method):
         acc_before, acc_after = [o[0] for o in outcomes], [o[1] for o in outcomes]
         losses, flops = [o[2] for o in outcomes], [o[3] for o in outcomes]
         refused = {f"client-{i}": o[4] for i, o in enumerate(outcomes) if o[4]}
+        screened = config.screen or params.aggregate != "mean"  # the distance check refuses too
         result = RoundResult(acc_before, acc_after, losses, flops, traffic["received"], traffic["sent"],
-                             traffic["paper_mb"], screen_refused=refused if config.screen else None,
+                             traffic["paper_mb"], screen_refused=refused if screened else None,
                              fields=plan.fields())  # fmt: skip
         return RunState(clients, extra), result
 
@@ -96,5 +108,5 @@ class DisPFL(Method):
 DISPFL = DisPFL(
     name="dispfl", label="DisPFL", acc_before_is="aggregated personal model, before local training",
     acc_after_is="after local training", sparse=True, shardable=True, keeps_norm_stats=True, averages_norm_stats=True,
-    uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen", "trainable", "tier_mode"},
+    uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen", "trainable", "tier_mode", "aggregate"},
 )  # fmt: skip

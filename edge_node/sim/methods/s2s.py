@@ -108,7 +108,7 @@ DISPFL_S2S = SparseToSparser(
     name="dispfl-s2s", label="DisPFL + sparse-to-sparser",
     acc_before_is="aggregated personal model, before local training",
     acc_after_is="after local training and any further prune", sparse=True,
-    uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen", "target_density", "s2s_stable_threshold"},
+    uses=NEIGHBOURHOOD | MASKS | GRAPHED | {"screen", "aggregate", "target_density", "s2s_stable_threshold"},
     keeps_norm_stats=True,
     averages_norm_stats=True,
 )  # fmt: skip
