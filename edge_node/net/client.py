@@ -773,6 +773,23 @@ def hello(
     Raises:
         PeerUnreachable: no valid answer within ``timeout_s`` (``kind`` says why).
     """
+    request = HelloRequest(protocol_version=PROTOCOL_VERSION, node_id=_caller_id(node_id, tls), fleet_id=fleet_id)
+    raw = _ask(peer, "Hello", HELLO_METHOD, request, HELLO_MAX_REPLY_BYTES, timeout_s=timeout_s, tls=tls,
+               insecure=insecure)  # fmt: skip
+    return _parse_hello(raw, peer)
+
+
+def _ask(
+    peer: PeerAddress, method: str, path: str, request: HelloRequest | ListPeersRequest, max_reply_bytes: int, *,
+    timeout_s: float, tls: TlsConfig | None, insecure: bool,
+) -> bytes:  # fmt: skip
+    """One small unary call (Hello, ListPeers): with TLS and ``peer.expected_fingerprint`` the certificate is
+    checked first; the reply is bounded to ``max_reply_bytes`` and returned raw (the caller validates it).
+
+    Raises:
+        PeerUnreachable: no reply within ``timeout_s``, kind ``identity``/``tls`` for the certificate, else the
+            call's classified failure (transient where another attempt is worth it).
+    """
     timeout_s = _check_seconds("timeout_s", timeout_s)
     _check_security(tls, insecure)
     deadline = time.monotonic() + timeout_s
@@ -780,21 +797,19 @@ def hello(
         try:
             verify_fingerprint(tls, peer.host, peer.port, peer.node_id, peer.expected_fingerprint, timeout_s=timeout_s)
         except CertificateMismatch as exc:
-            raise _hello_failure(peer, "identity", str(exc)) from exc
+            raise _hello_failure(peer, "identity", str(exc), method) from exc
         except TlsError as exc:
-            raise _hello_failure(peer, "tls", f"certificate check: {exc}") from exc
-    limits = WireLimits(max_message_bytes=HELLO_MAX_REPLY_BYTES)
+            raise _hello_failure(peer, "tls", f"certificate check: {exc}", method) from exc
+    limits = WireLimits(max_message_bytes=max_reply_bytes)
     with open_channel(peer, tls=tls, insecure=insecure, limits=limits) as channel:
-        call = channel.unary_unary(
-            HELLO_METHOD, request_serializer=HelloRequest.SerializeToString, response_deserializer=bytes
-        )
-        request = HelloRequest(protocol_version=PROTOCOL_VERSION, node_id=_caller_id(node_id, tls), fleet_id=fleet_id)
+        serialize = type(request).SerializeToString
+        call = channel.unary_unary(path, request_serializer=serialize, response_deserializer=bytes)
         try:
             raw: bytes = call(request, timeout=max(deadline - time.monotonic(), 0.001))
         except grpc.RpcError as exc:
             kind, transient = _classify(exc)
-            raise _hello_failure(peer, kind, _rpc_reason(exc), transient=transient) from exc
-    return _parse_hello(raw, peer)
+            raise _hello_failure(peer, kind, _rpc_reason(exc), method, transient=transient) from exc
+    return raw
 
 
 def list_peers(
@@ -816,29 +831,9 @@ def list_peers(
         PeerUnreachable: no valid reply within ``timeout_s`` (``kind`` says why: a server before 1.4 answers
             UNIMPLEMENTED, ``refused``; a reply over ``LIST_PEERS_MAX_REPLY_BYTES``, ``limit``).
     """
-    timeout_s = _check_seconds("timeout_s", timeout_s)
-    _check_security(tls, insecure)
-    deadline = time.monotonic() + timeout_s
-    if tls is not None and peer.expected_fingerprint is not None:
-        try:
-            verify_fingerprint(tls, peer.host, peer.port, peer.node_id, peer.expected_fingerprint, timeout_s=timeout_s)
-        except CertificateMismatch as exc:
-            raise _hello_failure(peer, "identity", str(exc), "ListPeers") from exc
-        except TlsError as exc:
-            raise _hello_failure(peer, "tls", f"certificate check: {exc}", "ListPeers") from exc
-    limits = WireLimits(max_message_bytes=LIST_PEERS_MAX_REPLY_BYTES)
-    with open_channel(peer, tls=tls, insecure=insecure, limits=limits) as channel:
-        call = channel.unary_unary(
-            LIST_PEERS_METHOD, request_serializer=ListPeersRequest.SerializeToString, response_deserializer=bytes
-        )
-        request = ListPeersRequest(
-            protocol_version=PROTOCOL_VERSION, node_id=_caller_id(node_id, tls), fleet_id=fleet_id
-        )
-        try:
-            raw: bytes = call(request, timeout=max(deadline - time.monotonic(), 0.001))
-        except grpc.RpcError as exc:
-            kind, _transient = _classify(exc)
-            raise _hello_failure(peer, kind, _rpc_reason(exc), "ListPeers") from exc
+    request = ListPeersRequest(protocol_version=PROTOCOL_VERSION, node_id=_caller_id(node_id, tls), fleet_id=fleet_id)
+    raw = _ask(peer, "ListPeers", LIST_PEERS_METHOD, request, LIST_PEERS_MAX_REPLY_BYTES, timeout_s=timeout_s, tls=tls,
+               insecure=insecure)  # fmt: skip
     try:
         reply = ListPeersReply.FromString(raw)
     except DecodeError as exc:
