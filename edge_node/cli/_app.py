@@ -6,6 +6,7 @@ import importlib
 import logging
 import os
 import sys
+import time
 from typing import Any, NoReturn
 
 import click
@@ -21,6 +22,9 @@ from edge_node.errors import (
 from edge_node.exit_codes import ExitCode
 from edge_node.version import __version__
 
+# Under torchrun, how long a process other than 0 waits after a refusal of bad input, which process 0 says: the
+# launcher ends it once process 0 has exited (edge_node.cli._app._say_error).
+QUIET_RANK_WAIT_S = 30.0
 # Subcommand name -> module that defines it (a click command of the same name registered on ``app``).
 SUBCOMMANDS = {
     "capacity": "edge_node.cli.capacity",
@@ -141,6 +145,10 @@ def _say_error(message: str, code: ExitCode) -> None:
         print(f"edge-node: error: {message}", file=sys.stderr)
     elif code != ExitCode.BAD_INPUT:
         print(f"edge-node: error: [process {rank}] {message}", file=sys.stderr)
+    else:
+        # Said by process 0 alone: were this one to exit first, the launcher would stop process 0 before it
+        # printed the line (seen on a loaded machine). It waits instead; process 0's exit makes the launcher end it.
+        time.sleep(QUIET_RANK_WAIT_S)
 
 
 def fail(message: str, code: ExitCode = ExitCode.BAD_INPUT) -> click.exceptions.Exit:

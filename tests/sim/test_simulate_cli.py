@@ -339,7 +339,7 @@ def test_defaults_fit_a_first_run_and_the_output_pattern_is_the_helps(capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert "runs/{dataset}-{model}-{method}-{partition}-seed{seed}" in "".join(help_text.split())
     for listed in ("[random|ring|full]", "[gradient|random]", "[cpu|cuda]",
-                   "[dispfl|dispfl-s2s|local|dpsgd|dpsgd-ft|fedavg|fedavg-ft|fedp3|ditto|fedspa|fedspa-rsm|sub-fedavg]",
+                   "[dispfl|dispfl-s2s|local|dpsgd|dpsgd-ft|fedavg|fedavg-ft|fedp3|ditto|fedspa|fedspa-rsm|sub-fedavg|heterofl]",
                    "[auto|nvml|rapl|jetson|rpi5|estimate]",
                    "Model: cnn, resnet18, vgg11, an installed plug-in's name or a factory package.module:function",
                    "Data set: cifar10, cifar100, tiny-imagenet, demo"):  # fmt: skip
