@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 import psutil
 
 from edge_node.errors import ConfigError
+from edge_node.net.host_rate import refill
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class TokenBucket:
 
     def _fill(self) -> None:
         now = self._clock()
-        self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.rate_per_s)
+        self._tokens = refill(self._tokens, now - self._at, self.rate_per_s, self.burst)
         self._at = now
 
     def take(self, n: int = 1) -> bool:

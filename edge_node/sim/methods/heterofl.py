@@ -16,18 +16,14 @@ from edge_node.algorithm.dispfl import narrow_state, train_local
 from edge_node.algorithm.fedavg import sample_clients
 from edge_node.algorithm.heterofl import aggregate_nested
 from edge_node.algorithm.width import narrow
-from edge_node.sim.methods.base import Method, RoundResult, RunState, SimContext, score
+from edge_node.sim.methods.base import RoundResult, RunState, SimContext, score
+from edge_node.sim.methods.fedavg import FedAvg
 
 
 @dataclass(frozen=True)
-class HeteroFL(Method):
-    """The server's global model (full width) is the state's one entry."""
-
-    def state_densities(self, ctx: SimContext) -> list[float]:
-        return [1.0]
-
-    def initial_state(self, ctx: SimContext) -> RunState:
-        return RunState([dense_state(ctx.init_weights)])
+class HeteroFL(FedAvg):
+    """FedAvg's server and sampling, with nested widths: the server's global model (full width) is the state's
+    one entry, as FedAvg's (its state densities and initial state)."""
 
     def round(self, ctx: SimContext, t: int, state: RunState) -> tuple[RunState, RoundResult]:
         config = ctx.config
