@@ -20,6 +20,11 @@ averages its statistics over the peers that did send theirs (``aggregation.aggre
 1.4 adds ``Peer.ListPeers`` (peer exchange, ``net/discovery/exchange.py``): the peers of the caller's fleet a
 node has itself reached lately, at most 64. A server of 1.3 answers UNIMPLEMENTED, which the asking node counts
 (``peer_exchange.asks_failed`` in its status) and goes on with the peers it has; nothing else changed.
+1.5 adds width tiers (``tier_mode`` width or both, edge_node.algorithm.width): a stream header names its sender's
+tier mode and tier (``StreamHeader.tier_mode``, ``.tier``), and its tensors have the narrow shapes that tier gives
+(prefixes of the full model's; the architecture id stays the full model's). A GetModel request names the caller's
+tier mode. A header without the fields (1.4, or a 1.5 node under ``mask``) is of mode ``mask``: mask fleets of 1.4
+and 1.5 talk as before; a node of one mode refuses a stream, or a request, of another (counted ``tier-mode``).
 
 Servers answer in the caller's version: they never send a field the caller's MINOR does not define,
 so receivers refuse unknown fields in what peers send them (stream messages, Hello replies).
@@ -33,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from edge_node.errors import ConfigError
 
-PROTOCOL_VERSION = "1.4"
+PROTOCOL_VERSION = "1.5"
 
 # ASCII digits only ([0-9], not \d, which also matches other scripts' digits), matched in full (no
 # trailing newline, which ``$`` would let through).
@@ -184,6 +189,22 @@ def check_tier(tier: object) -> str:
     parse_tier(tier)  # type: ignore[arg-type]  # any object: parse_tier refuses what is not a tier's name
     assert isinstance(tier, str)
     return tier
+
+
+# What a capacity tier buys (a fleet runs one mode): ``mask``, a sparse mask at the tier's density over the full
+# model; ``width``, the tier's narrow model (the first channels of every hidden layer), dense inside; ``both``, the
+# narrow model with a mask inside it. Sent as text (stream header, GetModel request, 1.5); "" is ``mask`` (1.4).
+TIER_MODES: tuple[str, ...] = ("mask", "width", "both")
+
+
+def parse_tier_mode(text: object) -> str:
+    """The tier mode a peer sent: one of ``TIER_MODES``, "" (not sent: 1.4, or a node under mask) read as ``mask``;
+    ValueError quoting anything else."""
+    if text == "":
+        return "mask"
+    if not isinstance(text, str) or text not in TIER_MODES:
+        raise ValueError(f"tier_mode={_shown(text)} is not one of {', '.join(TIER_MODES)}")
+    return text
 
 
 def parse_round_text(text: str) -> int:

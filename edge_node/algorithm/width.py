@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
+
 Shape = tuple[int, ...]
 Shapes = Mapping[str, Shape]
 TensorDict = Mapping[str, torch.Tensor]
-TIER_MODES = ("mask", "width", "both")  # what a tier buys: a mask's density, a narrow model, or both
 _SEARCH_STEPS = 24  # bisections of w in (0, 1]: 2**-24 is finer than one channel of any real layer
 
 

@@ -29,7 +29,14 @@ from edge_node.net.discovery.exchange import DEFAULT_EXCHANGE_S, check_interval
 from edge_node.net.discovery.static import parse_peers
 from edge_node.net.server import ServerLimits
 from edge_node.plugins import is_factory_path
-from edge_node.protocol import NODE_ID_PATTERN, TIER_DENSITIES, check_density, check_fleet_id, is_valid_node_id
+from edge_node.protocol import (
+    NODE_ID_PATTERN,
+    TIER_DENSITIES,
+    TIER_MODES,
+    check_density,
+    check_fleet_id,
+    is_valid_node_id,
+)
 from edge_node.robust_names import AGGREGATE_HELP, check_aggregate
 from edge_node.task_names import check_task_name
 from edge_node.tomlconf import key
@@ -167,6 +174,15 @@ class NodeConfig:
     capacity: str | float = key(
         DEFAULTS.capacity, "auto (measure; picks a tier 0.2 .. 1.0) or a fixed density in (0, 1]."
     )
+    tier_mode: str = key(
+        "mask",
+        "What a capacity tier buys (one mode per fleet): mask (a sparse mask at the tier's density over the full "
+        "model: bytes on the wire), width (the tier's narrow model, the first channels of every hidden layer, dense "
+        "inside: its compute shrinks too), both (the narrow model with a mask at --density inside it). Width modes "
+        "take a tier for --capacity (0.2, 0.4, 0.6, 0.8, 1.0 or auto).",
+        choices=TIER_MODES,
+    )
+    density: float = key(0.5, "tier_mode both: the density of the mask inside the tier's narrow model.")
     capacity_recheck_rounds: int = key(
         2,
         "capacity auto: measure again, and move to the tier that fits, when the CPU the node can get (its quota less "
@@ -289,6 +305,7 @@ class NodeConfig:
         if not math.isfinite(self.round_budget_s) or self.round_budget_s <= 0:
             raise ConfigError(f"round_budget_s={self.round_budget_s} must be a positive number of seconds")
         self.fixed_density  # noqa: B018 -- checks `capacity`
+        self._check_tier_mode()
         _at_least("capacity_recheck_rounds", self.capacity_recheck_rounds, 0)
         listed = parse_peers(list(self.peers)) if self.peers else []  # ConfigError naming a bad entry
         if self.lockstep and (
@@ -372,6 +389,31 @@ class NodeConfig:
                               "must not change the model's outputs")  # fmt: skip
         if self.privacy == "dp-sgd":
             raise ConfigError('privacy dp-sgd accounts for a fixed set of samples: data_refresh = "round" excludes it')
+
+    def _check_tier_mode(self) -> None:
+        """``tier_mode`` and what width tiers cannot run with (the model's own check comes at start: BatchNorm, a
+        plug-in without ``width``)."""
+        if self.tier_mode not in TIER_MODES:
+            raise ConfigError(f"tier_mode={self.tier_mode!r} must be one of {', '.join(TIER_MODES)}")
+        try:
+            check_density(self.density)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.tier_mode == "mask":
+            return
+        fixed = self.fixed_density
+        if fixed is not None and not any(math.isclose(fixed, d) for d in TIER_DENSITIES):
+            tiers = ", ".join(f"{d:g}" for d in TIER_DENSITIES)
+            raise ConfigError(f"tier_mode {self.tier_mode}: capacity={self.capacity!r} must be a tier ({tiers}) or "
+                              "auto: a peer takes a stream's shapes from its tier")  # fmt: skip
+        if self.trainable:
+            raise ConfigError(f"tier_mode {self.tier_mode} trains narrow models of every layer; trainable (frozen "
+                              "layers) is not implemented with it")  # fmt: skip
+        if self.privacy != "none":
+            raise ConfigError(f"tier_mode {self.tier_mode} with privacy {self.privacy!r} is not implemented")
+        if self.norm_stats == "average":
+            raise ConfigError(f"tier_mode {self.tier_mode} trains GroupNorm models only: norm_stats average needs "
+                              "BatchNorm statistics")  # fmt: skip
 
     def _check_start(self) -> None:
         """Normalise ``init_weights`` and ``trainable`` (the file and globs are checked against the model at start)."""

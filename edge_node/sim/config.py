@@ -21,7 +21,7 @@ from edge_node.algorithm.sub_fedavg import ACC_THRESHOLD as SUBFEDAVG_ACC
 from edge_node.algorithm.sub_fedavg import DIST_THRESHOLD as SUBFEDAVG_DIST
 from edge_node.algorithm.sub_fedavg import PRUNE_RATE as SUBFEDAVG_PRUNE_RATE
 from edge_node.algorithm.topology import TOPOLOGIES, check_topology
-from edge_node.algorithm.width import TIER_MODES
+from edge_node.protocol import TIER_MODES
 from edge_node.data import DATASET_NAMES, PartitionSpec, check_dataset_name, parse_partition_spec
 from edge_node.defaults import DEFAULTS, PRESETS, neighbours_of, preset
 from edge_node.energy.detect import BACKENDS

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from edge_node.v1 import wire_pb2 as edge__node_dot_v1_dot_wire__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65\x64ge_node/v1/peer.proto\x12\x0c\x65\x64ge_node.v1\x1a\x17\x65\x64ge_node/v1/wire.proto\"K\n\x0cHelloRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x10\n\x08\x66leet_id\x18\x03 \x01(\t\"\xd1\x01\n\nHelloReply\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x10\n\x08\x66leet_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61rch_id\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\x04\x12\x0f\n\x07\x64\x65nsity\x18\x06 \x01(\x01\x12\x15\n\rcapacity_tier\x18\x07 \x01(\t\x12\x11\n\thas_model\x18\x08 \x01(\x08\x12+\n\nvalue_type\x18\t \x01(\x0e\x32\x17.edge_node.v1.ValueType\"\x8e\x01\n\x0fGetModelRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x10\n\x08\x66leet_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61rch_id\x18\x04 \x01(\t\x12\x12\n\x05round\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0f\n\x07\x62uffers\x18\x06 \x01(\x08\x42\x08\n\x06_round\"O\n\x10ListPeersRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x10\n\x08\x66leet_id\x18\x03 \x01(\t\"M\n\tPeerEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x04 \x01(\t\"R\n\x0eListPeersReply\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12&\n\x05peers\x18\x02 \x03(\x0b\x32\x17.edge_node.v1.PeerEntry2\xd7\x01\n\x04Peer\x12=\n\x05Hello\x12\x1a.edge_node.v1.HelloRequest\x1a\x18.edge_node.v1.HelloReply\x12\x45\n\x08GetModel\x12\x1d.edge_node.v1.GetModelRequest\x1a\x18.edge_node.v1.ModelChunk0\x01\x12I\n\tListPeers\x12\x1e.edge_node.v1.ListPeersRequest\x1a\x1c.edge_node.v1.ListPeersReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65\x64ge_node/v1/peer.proto\x12\x0c\x65\x64ge_node.v1\x1a\x17\x65\x64ge_node/v1/wire.proto\"K\n\x0cHelloRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x10\n\x08\x66leet_id\x18\x03 \x01(\t\"\xd1\x01\n\nHelloReply\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x10\n\x08\x66leet_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61rch_id\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\x04\x12\x0f\n\x07\x64\x65nsity\x18\x06 \x01(\x01\x12\x15\n\rcapacity_tier\x18\x07 \x01(\t\x12\x11\n\thas_model\x18\x08 \x01(\x08\x12+\n\nvalue_type\x18\t \x01(\x0e\x32\x17.edge_node.v1.ValueType\"\xa1\x01\n\x0fGetModelRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x10\n\x08\x66leet_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61rch_id\x18\x04 \x01(\t\x12\x12\n\x05round\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0f\n\x07\x62uffers\x18\x06 \x01(\x08\x12\x11\n\ttier_mode\x18\x07 \x01(\tB\x08\n\x06_round\"O\n\x10ListPeersRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x10\n\x08\x66leet_id\x18\x03 \x01(\t\"M\n\tPeerEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x04 \x01(\t\"R\n\x0eListPeersReply\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12&\n\x05peers\x18\x02 \x03(\x0b\x32\x17.edge_node.v1.PeerEntry2\xd7\x01\n\x04Peer\x12=\n\x05Hello\x12\x1a.edge_node.v1.HelloRequest\x1a\x18.edge_node.v1.HelloReply\x12\x45\n\x08GetModel\x12\x1d.edge_node.v1.GetModelRequest\x1a\x18.edge_node.v1.ModelChunk0\x01\x12I\n\tListPeers\x12\x1e.edge_node.v1.ListPeersRequest\x1a\x1c.edge_node.v1.ListPeersReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,13 +37,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLOREPLY']._serialized_start=144
   _globals['_HELLOREPLY']._serialized_end=353
   _globals['_GETMODELREQUEST']._serialized_start=356
-  _globals['_GETMODELREQUEST']._serialized_end=498
-  _globals['_LISTPEERSREQUEST']._serialized_start=500
-  _globals['_LISTPEERSREQUEST']._serialized_end=579
-  _globals['_PEERENTRY']._serialized_start=581
-  _globals['_PEERENTRY']._serialized_end=658
-  _globals['_LISTPEERSREPLY']._serialized_start=660
-  _globals['_LISTPEERSREPLY']._serialized_end=742
-  _globals['_PEER']._serialized_start=745
-  _globals['_PEER']._serialized_end=960
+  _globals['_GETMODELREQUEST']._serialized_end=517
+  _globals['_LISTPEERSREQUEST']._serialized_start=519
+  _globals['_LISTPEERSREQUEST']._serialized_end=598
+  _globals['_PEERENTRY']._serialized_start=600
+  _globals['_PEERENTRY']._serialized_end=677
+  _globals['_LISTPEERSREPLY']._serialized_start=679
+  _globals['_LISTPEERSREPLY']._serialized_end=761
+  _globals['_PEER']._serialized_start=764
+  _globals['_PEER']._serialized_end=979
 # @@protoc_insertion_point(module_scope)

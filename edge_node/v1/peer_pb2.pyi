@@ -40,20 +40,22 @@ class HelloReply(_message.Message):
     def __init__(self, protocol_version: _Optional[str] = ..., node_id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., arch_id: _Optional[str] = ..., round: _Optional[int] = ..., density: _Optional[float] = ..., capacity_tier: _Optional[str] = ..., has_model: _Optional[bool] = ..., value_type: _Optional[_Union[_wire_pb2.ValueType, str]] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
-    __slots__ = ("protocol_version", "node_id", "fleet_id", "arch_id", "round", "buffers")
+    __slots__ = ("protocol_version", "node_id", "fleet_id", "arch_id", "round", "buffers", "tier_mode")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     FLEET_ID_FIELD_NUMBER: _ClassVar[int]
     ARCH_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     BUFFERS_FIELD_NUMBER: _ClassVar[int]
+    TIER_MODE_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
     node_id: str
     fleet_id: str
     arch_id: str
     round: int
     buffers: bool
-    def __init__(self, protocol_version: _Optional[str] = ..., node_id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., arch_id: _Optional[str] = ..., round: _Optional[int] = ..., buffers: _Optional[bool] = ...) -> None: ...
+    tier_mode: str
+    def __init__(self, protocol_version: _Optional[str] = ..., node_id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., arch_id: _Optional[str] = ..., round: _Optional[int] = ..., buffers: _Optional[bool] = ..., tier_mode: _Optional[str] = ...) -> None: ...
 
 class ListPeersRequest(_message.Message):
     __slots__ = ("protocol_version", "node_id", "fleet_id")

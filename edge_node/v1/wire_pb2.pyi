@@ -45,7 +45,7 @@ class SparseTensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., value_type: _Optional[_Union[ValueType, str]] = ..., bitmap: _Optional[bytes] = ..., values: _Optional[bytes] = ..., nnz: _Optional[int] = ..., dense: _Optional[bool] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., value_start: _Optional[int] = ..., buffer: _Optional[bool] = ...) -> None: ...
 
 class StreamHeader(_message.Message):
-    __slots__ = ("protocol_version", "node_id", "fleet_id", "arch_id", "round", "density", "payload_digest", "message_count", "chunk_count")
+    __slots__ = ("protocol_version", "node_id", "fleet_id", "arch_id", "round", "density", "payload_digest", "message_count", "chunk_count", "tier_mode", "tier")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     FLEET_ID_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,8 @@ class StreamHeader(_message.Message):
     PAYLOAD_DIGEST_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
     CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TIER_MODE_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
     node_id: str
     fleet_id: str
@@ -64,7 +66,9 @@ class StreamHeader(_message.Message):
     payload_digest: bytes
     message_count: int
     chunk_count: int
-    def __init__(self, protocol_version: _Optional[str] = ..., node_id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., arch_id: _Optional[str] = ..., round: _Optional[int] = ..., density: _Optional[float] = ..., payload_digest: _Optional[bytes] = ..., message_count: _Optional[int] = ..., chunk_count: _Optional[int] = ...) -> None: ...
+    tier_mode: str
+    tier: str
+    def __init__(self, protocol_version: _Optional[str] = ..., node_id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., arch_id: _Optional[str] = ..., round: _Optional[int] = ..., density: _Optional[float] = ..., payload_digest: _Optional[bytes] = ..., message_count: _Optional[int] = ..., chunk_count: _Optional[int] = ..., tier_mode: _Optional[str] = ..., tier: _Optional[str] = ...) -> None: ...
 
 class ModelChunk(_message.Message):
     __slots__ = ("header", "tensors")

@@ -254,7 +254,7 @@ def _raw_get_model(port: int, request: GetModelRequest) -> grpc.RpcError:
     return caught.value
 
 
-VERSIONED = [("1.0", "1.1", "sha256"), ("1.1", "1.1", "sha256"), ("1.2", "1.4", "xxh3_128"), ("1.9", "1.4", "xxh3_128")]
+VERSIONED = [("1.0", "1.1", "sha256"), ("1.1", "1.1", "sha256"), ("1.2", "1.5", "xxh3_128"), ("1.9", "1.5", "xxh3_128")]
 
 
 @pytest.mark.parametrize(("caller", "served", "digest"), VERSIONED)

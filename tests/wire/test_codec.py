@@ -394,11 +394,11 @@ def test_payload_digest_is_the_one_the_header_version_names() -> None:
     weights, masks = random_model(8)
     messages = encode(weights, masks)
     header = messages[0].header
-    assert header.protocol_version == PROTOCOL_VERSION == "1.4"
+    assert header.protocol_version == PROTOCOL_VERSION == "1.5"
     assert header.payload_digest == xxhash.xxh3_128(_payload(messages)).digest()
     legacy = [header_for_version(messages, "1.1"), *messages[1:]]
     assert legacy[0].header.payload_digest == hashlib.sha256(_payload(messages)).digest()
-    assert messages[0].header.protocol_version == "1.4"  # the stream's own header is untouched
+    assert messages[0].header.protocol_version == "1.5"  # the stream's own header is untouched
     old = decode_model(legacy, SPEC, "fleet-1")
     new = decode_model(messages, SPEC, "fleet-1")
     assert old.header.payload_digest_text.startswith("sha256:") and new.header.payload_digest_text.startswith(
