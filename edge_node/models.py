@@ -24,6 +24,7 @@ import inspect
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -33,6 +34,7 @@ from edge_node.algorithm.width import WidthChoice, choose_width, prefix_problem
 from edge_node.errors import ModelError
 from edge_node.plugins import entry_point_names, is_factory_path, load_entry_point, load_factory, one_line
 from edge_node.pooling import MaxPool2x2, max_pool2x2
+from edge_node.protocol import TIER_DENSITIES, tier_name
 
 GN_GROUPS = 32  # GroupNorm(32, C), as in DisPFL's reference models
 
@@ -340,6 +342,39 @@ def build_width_model(
     if problem is not None:
         raise ModelError(f"model {name} at width {width:g} is not a nested sub-network: {problem}")
     return narrow
+
+
+@dataclass(frozen=True)
+class TierWidth:
+    """A capacity tier's narrow model under width tiers: its width, the dense FLOPs share it really has, and its
+    parameters' shapes (prefixes of the full model's)."""
+
+    density: float  # the tier (edge_node.protocol.TIER_DENSITIES): the share of the full model's dense FLOPs
+    width: float
+    flop_share: float
+    shapes: Mapping[str, tuple[int, ...]]
+
+
+def tier_widths(
+    name: str, num_classes: int, input_shape: Sequence[int], positions: Mapping[str, float]
+) -> dict[str, TierWidth]:
+    """Every capacity tier's narrow model, by tier name ("0.2" .. "1.0"): what a node of the tier trains, and what
+    a receiver checks a stream of that tier against (protocol 1.5). Built on the meta device (shapes only); a
+    width that breaks the prefix contract is refused with one ModelError line (a plug-in's narrow model)."""
+    with torch.device("meta"):
+        full = parameter_shapes(build_model(name, num_classes, input_shape=input_shape))
+    table = {}
+    for density in TIER_DENSITIES:
+        choice = width_of_share(name, num_classes, input_shape, positions, density)
+        with torch.device("meta"):
+            shapes = full if choice.width >= 1.0 else parameter_shapes(
+                build_model(name, num_classes, input_shape=input_shape, width=choice.width)
+            )  # fmt: skip
+        problem = prefix_problem(full, shapes)
+        if problem is not None:
+            raise ModelError(f"model {name} at width {choice.width:g} is not a nested sub-network: {problem}")
+        table[tier_name(density)] = TierWidth(density, choice.width, choice.flop_share, shapes)
+    return table
 
 
 def width_of_share(
