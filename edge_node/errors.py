@@ -31,6 +31,11 @@ class HeaderMismatch(WireDecodeError):
     """A peer's stream header is invalid or not what was asked for (fleet, architecture, version, round, density)."""
 
 
+class TierMismatch(HeaderMismatch):
+    """A peer's stream is of another tier mode than this node's (width tiers, protocol 1.5), or of a tier whose
+    shapes it does not carry."""
+
+
 class PeerIdentityMismatch(HeaderMismatch):
     """A peer's header or certificate names another node than the one pulled from."""
 

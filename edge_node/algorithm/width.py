@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 Shape = tuple[int, ...]
 Shapes = Mapping[str, Shape]
 TensorDict = Mapping[str, torch.Tensor]

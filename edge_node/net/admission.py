@@ -27,7 +27,7 @@ _LOGGER = logging.getLogger(__name__)
 
 REFUSAL_KINDS = (
     "bad-request", "protocol", "fleet", "arch", "identity", "not-ready", "gone", "busy",
-    "host-busy", "server-busy", "slow-request", "host-connections", "pex-rate", "host-rate",
+    "host-busy", "server-busy", "slow-request", "host-connections", "pex-rate", "host-rate", "tier-mode",
 )  # fmt: skip
 _LOG_EVERY_S = 10.0  # a refusal kind is logged once per host per this long
 _QUIET_KINDS = ("not-ready", "busy")  # expected in lock-step fleets: logged at INFO, the rest at WARNING

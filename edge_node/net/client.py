@@ -43,6 +43,7 @@ from edge_node.errors import (
     HeaderMismatch,
     PeerIdentityMismatch,
     PeerUnreachable,
+    TierMismatch,
     TlsError,
     WireDecodeError,
     WireLimitError,
@@ -85,6 +86,7 @@ FAILURE_KINDS = (
     "limit",  # the stream or a message is larger than the receiver's limits
     "header",  # the stream's header is invalid or for another fleet/architecture/version/round
     "identity",  # the peer is not who it was pulled as (header node id, certificate fingerprint)
+    "tier",  # width tiers (1.5): a stream of another tier mode, or shapes that are not its tier's prefixes
     "cancelled",  # the caller cancelled
 )
 # A connection that stops delivering mid-stream is given up and the pull retried on a new one. Under heavy
@@ -303,6 +305,8 @@ def _peer_answered(exc: BaseException) -> bool:
 def _decode_kind(exc: WireDecodeError) -> str:
     if isinstance(exc, PeerIdentityMismatch):
         return "identity"
+    if isinstance(exc, TierMismatch):
+        return "tier"
     if isinstance(exc, HeaderMismatch):
         return "header"
     if isinstance(exc, WireLimitError):
@@ -512,6 +516,8 @@ def _request(spec: ModelSpec, expected_fleet: str, node_id: str, round: int | No
         request.round = round
     if spec.buffers:  # norm_stats average (1.3): the peer's running statistics too, if it sends any
         request.buffers = True
+    if spec.tier_mode != "mask":  # width tiers (1.5): a server of another mode refuses rather than stream
+        request.tier_mode = spec.tier_mode
     return request
 
 

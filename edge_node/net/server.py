@@ -63,7 +63,7 @@ from edge_node.net.conn_guard import ConnectionGuard
 from edge_node.net.host_rate import HostRates, host_key
 from edge_node.net.snapshots import ModelSnapshot, NoLongerKept, NotPublished, SnapshotStore
 from edge_node.net.tls import TlsConfig, warn_insecure
-from edge_node.protocol import MAX_PEER_ENTRIES, PROTOCOL_VERSION, NodeIdentity, check_round
+from edge_node.protocol import MAX_PEER_ENTRIES, PROTOCOL_VERSION, NodeIdentity, check_round, parse_tier_mode
 from edge_node.wire import DEFAULT_MAX_MESSAGE_BYTES, ModelSpec, ValueType, parse_protocol_version
 from edge_node.wire.messages import (
     PEER_SERVICE_NAME,
@@ -354,6 +354,14 @@ class PeerServer:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"caller's architecture {request.arch_id[:256]!r} is not this node's {self.spec.arch_id!r}",
             )
+        try:
+            caller_mode = parse_tier_mode(request.tier_mode)
+        except ValueError as exc:
+            refuse(context, "bad-request", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if caller_mode != self.spec.tier_mode:  # the shapes of one mode are no use to a node of another (1.5)
+            before = "" if request.tier_mode else f" (protocol {request.protocol_version[:16]}: no tier mode)"
+            refuse(context, "tier-mode", grpc.StatusCode.FAILED_PRECONDITION, f"caller's tier mode {caller_mode}"
+                   f"{before} is not this node's {self.spec.tier_mode}: a fleet runs one tier mode")  # fmt: skip
         caller = self.guard.caller(context, request.node_id, required=True)
         wanted = request.round if request.HasField("round") else None
         try:

@@ -171,6 +171,7 @@ class SnapshotStore:
             value_type=self.value_type,
             max_message_bytes=self.max_message_bytes,
             buffers=snapshot.buffers if self.spec.buffers else None,
+            tier=tier if self.spec.tier_mode != "mask" else None,  # width tiers: the tier's narrow shapes travel
         )
         raw = tuple(m.SerializeToString() for m in messages)
         buffered = bool(self.spec.buffers and snapshot.buffers)

@@ -21,12 +21,12 @@ from edge_node.algorithm.sub_fedavg import ACC_THRESHOLD as SUBFEDAVG_ACC
 from edge_node.algorithm.sub_fedavg import DIST_THRESHOLD as SUBFEDAVG_DIST
 from edge_node.algorithm.sub_fedavg import PRUNE_RATE as SUBFEDAVG_PRUNE_RATE
 from edge_node.algorithm.topology import TOPOLOGIES, check_topology
-from edge_node.protocol import TIER_MODES
 from edge_node.data import DATASET_NAMES, PartitionSpec, check_dataset_name, parse_partition_spec
 from edge_node.defaults import DEFAULTS, PRESETS, neighbours_of, preset
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
 from edge_node.models import MODEL_NAMES, check_model_name
+from edge_node.protocol import TIER_MODES
 from edge_node.robust_names import AGGREGATE_HELP, check_aggregate
 from edge_node.sim.methods import METHOD_SETTINGS, REGISTRY, Method, get_method, users_of
 from edge_node.task_names import check_task_name

@@ -25,8 +25,15 @@ import numpy as np
 import torch
 from google.protobuf.message import DecodeError
 
-from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, WireDecodeError, WireLimitError
-from edge_node.protocol import NodeIdentity, check_fleet_id, check_node_id, check_round, protocol_major
+from edge_node.errors import HeaderMismatch, PeerIdentityMismatch, TierMismatch, WireDecodeError, WireLimitError
+from edge_node.protocol import (
+    NodeIdentity,
+    check_fleet_id,
+    check_node_id,
+    check_round,
+    parse_tier_mode,
+    protocol_major,
+)
 from edge_node.wire import _parse
 from edge_node.wire._build import Built, TensorBuild
 from edge_node.wire._layout import ChunkPlan, StreamPlan, plan_buffers, plan_stream, varint_size
@@ -65,19 +72,31 @@ def _check_header_args(node_id: str, fleet_id: str, round: int, density: float, 
 
 
 def _header_proto(
-    node_id: str, fleet_id: str, arch_id: str, round: int, density: float, digest: bytes, plan: StreamPlan
-) -> ProtoStreamHeader:
-    return ProtoStreamHeader(
+    spec: ModelSpec, tier: str | None, node_id: str, fleet_id: str, round: int, density: float, digest: bytes,
+    plan: StreamPlan,
+) -> ProtoStreamHeader:  # fmt: skip
+    header = ProtoStreamHeader(
         protocol_version=PROTOCOL_VERSION,
         node_id=node_id,
         fleet_id=fleet_id,
-        arch_id=arch_id,
+        arch_id=spec.arch_id,
         round=round,
         density=density,
         payload_digest=digest,
         message_count=len(plan.messages),
         chunk_count=plan.chunk_count,
     )
+    if spec.tier_mode != "mask":  # 1.5, width tiers: the mode and tier say the tensors' shapes (mask: unset, as 1.4)
+        assert tier is not None  # spec.shapes_of(tier) accepted it
+        header.tier_mode, header.tier = spec.tier_mode, tier
+    return header
+
+
+def _planned(spec: ModelSpec, tier: str | None) -> ModelSpec:
+    """The spec a stream of ``tier`` is laid out by: ``spec`` itself, or under width tiers one of the tier's narrow
+    shapes (its id is not sent: the header carries ``spec``'s)."""
+    shapes = spec.shapes_of(tier)
+    return spec if shapes is spec.shapes else ModelSpec(spec.arch_name, spec.num_classes, shapes)
 
 
 def _header_message_bytes(header: ProtoStreamHeader) -> int:
@@ -97,6 +116,7 @@ def encoded_model_size(
     round: int = 0,
     density: float = 1.0,
     buffers: bool = False,
+    tier: str | None = None,
 ) -> int:
     """Exact serialized bytes of the stream ``encode_model`` produces, without encoding anything.
 
@@ -107,6 +127,8 @@ def encoded_model_size(
         node_id, fleet_id, round, density: the header's fields; they change its size by a few bytes,
             so pass the ones ``encode_model`` gets for an exact count.
         buffers: the stream carries ``spec.buffers`` too (``encode_model`` given them: 1.3, ``norm_stats average``).
+        tier: under width tiers (``spec.tier_mode`` width or both), the sender's tier: its tensors' narrow shapes
+            (``spec.shapes_of``), whose element counts bound ``nnz_per_tensor``.
 
     Returns:
         The sum over all messages (header included) of their serialized size, i.e. of
@@ -118,9 +140,10 @@ def encoded_model_size(
     unknown = (set(nnz_per_tensor) | dense_tensors) - set(spec.shapes)
     if unknown:
         raise ValueError(f"tensors {sorted(unknown)} are not in the model spec {spec.arch_id}")
+    planned = _planned(spec, tier)
     counts: dict[str, int] = {}
     for name in spec.shapes:
-        numel = spec.numel(name)
+        numel = planned.numel(name)
         if name in dense_tensors:
             counts[name] = numel
             continue
@@ -130,11 +153,11 @@ def encoded_model_size(
         if not 0 <= nnz <= numel:
             raise ValueError(f"nnz_per_tensor[{name!r}]={nnz} must be in [0, {numel}]")
         counts[name] = nnz
-    plan = plan_stream(spec, counts, value_type, max_message_bytes)
+    plan = plan_stream(planned, counts, value_type, max_message_bytes)
     if buffers:
         plan = StreamPlan(plan.messages + plan_buffers(spec, max_message_bytes).messages)
     digest_size = payload_hasher(PROTOCOL_VERSION).digest_size
-    header = _header_proto(node_id, fleet_id, spec.arch_id, round, density, bytes(digest_size), plan)
+    header = _header_proto(spec, tier, node_id, fleet_id, round, density, bytes(digest_size), plan)
     return _header_message_bytes(header) + plan.payload_bytes
 
 
@@ -219,6 +242,7 @@ def encode_model(
     value_type: ValueType = ValueType.FLOAT32,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     buffers: Mapping[str, torch.Tensor] | None = None,
+    tier: str | None = None,
 ) -> list[ProtoModelChunk]:
     """Encode a masked model as the messages of one stream: the header, then the tensors in spec order.
 
@@ -228,6 +252,9 @@ def encode_model(
     exactly ``spec.buffers``' names and shapes, or empty: none yet): the running statistics, after the
     parameters in messages of their own, dense float32 whatever ``value_type`` (``num_batches_tracked``
     as its float32 value); :func:`without_buffers` makes the stream of a caller that did not ask for them.
+    ``tier`` (width tiers, ``spec.tier_mode`` width or both): the sender's tier; ``weights`` and ``masks`` keep
+    the full shapes, and only the tier's prefix travels (``spec.shapes_of(tier)``), so nothing may be active
+    outside it. ``density`` is, in every mode, the fraction of the full model's weights the masks keep.
 
     Raises:
         ValueError / TypeError: names, shapes or dtypes disagree with ``spec``, a header field is
@@ -237,13 +264,16 @@ def encode_model(
     value_type = ValueType.parse(value_type)
     density = _check_header_args(node_id, fleet_id, round, density, max_message_bytes)
     _check_model_args(spec, weights, masks)
+    planned = _planned(spec, tier)
+    if planned is not spec:
+        weights, masks = _prefixes(planned, weights, masks)
     encoded = {name: _encode_tensor(name, weights[name], masks.get(name), value_type) for name in spec.shapes}
     if buffers:
         _check_buffer_args(spec, buffers)
         for name in spec.buffers:
             encoded[name] = _encode_tensor(name, buffers[name].to(torch.float32), None, ValueType.FLOAT32)
     nnz = {
-        name: (spec.numel(name) if not enc.bitmap else len(enc.values) // value_type.itemsize)
+        name: (planned.numel(name) if not enc.bitmap else len(enc.values) // value_type.itemsize)
         for name, enc in encoded.items()
         if name in spec.shapes
     }
@@ -254,22 +284,41 @@ def encode_model(
             f"density={density!r} but the masks keep {kept:.6f} of the weights: the header's density is the"
             f" masks' (within {spec.density_tolerance:.2g}, ERK's rounding), receivers refuse any other"
         )
-    plan = plan_stream(spec, nnz, value_type, max_message_bytes)
+    plan = plan_stream(planned, nnz, value_type, max_message_bytes)
     if buffers:
         plan = StreamPlan(plan.messages + plan_buffers(spec, max_message_bytes).messages)
     digest = payload_hasher(PROTOCOL_VERSION)
     messages: list[ProtoModelChunk] = []
-    for planned in plan.messages:
+    for in_message in plan.messages:
         tensors = []
-        for chunk in planned:
-            shape, kind = (spec.buffers, ValueType.FLOAT32) if chunk.buffer else (spec.shapes, value_type)
+        for chunk in in_message:
+            shape, kind = (spec.buffers, ValueType.FLOAT32) if chunk.buffer else (planned.shapes, value_type)
             tensor = sparse_to_proto(chunk.name, shape[chunk.name], kind, chunk, encoded[chunk.name])
             digest.update(tensor.bitmap)
             digest.update(tensor.values)
             tensors.append(tensor)
         messages.append(ProtoModelChunk(tensors=tensors))
-    header = _header_proto(node_id, fleet_id, spec.arch_id, round, density, digest.digest(), plan)
+    header = _header_proto(spec, tier, node_id, fleet_id, round, density, digest.digest(), plan)
     return [ProtoModelChunk(header=header), *messages]
+
+
+def _prefixes(
+    planned: ModelSpec, weights: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The tier's prefix of every tensor (width tiers); ValueError when anything active lies outside it, which
+    the stream could not carry."""
+    narrow_weights, narrow_masks = {}, {}
+    for name, shape in planned.shapes.items():
+        index = tuple(slice(0, n) for n in shape)
+        weight, mask = weights[name], masks.get(name)
+        held = mask if mask is not None else weight != 0
+        outside = int(held.sum()) - int(held[index].sum())
+        if outside:
+            raise ValueError(f"tensor {name!r}: {outside} active weights lie outside the tier's prefix {shape}")
+        narrow_weights[name] = weight[index]
+        if mask is not None:
+            narrow_masks[name] = mask[index]
+    return narrow_weights, narrow_masks
 
 
 def _check_buffer_args(spec: ModelSpec, buffers: Mapping[str, torch.Tensor]) -> None:
@@ -366,7 +415,10 @@ class ModelDecoder:
     bytes are exactly its fields' canonical encoding); tensors in the spec's order, the chunks of one
     tensor contiguous and in order; one value type per stream; a header whose node id, round and
     density are valid (and, when given, the expected node id and round), its density within
-    ``spec.density_tolerance`` of the masks that arrived.
+    ``spec.density_tolerance`` of the masks that arrived. Width tiers (protocol 1.5): the header's tier mode
+    is the spec's, and every tensor has exactly the narrow shape the header's tier gives
+    (``spec.shapes_of``); ``finish`` hands the model over in the full shapes, zero and inactive outside the
+    prefixes.
     """
 
     def __init__(
@@ -398,6 +450,7 @@ class ModelDecoder:
         self._building: collections.deque[Future[Built]] = collections.deque()  # each tensor's, in order
         self._digest: PayloadHasher | None = None  # the header's version says which, once it arrives
         self._abandoned = False
+        self._shapes = spec.shapes  # the tensors' shapes in this stream: under width tiers, its header's tier's
 
     @property
     def complete(self) -> bool:
@@ -501,7 +554,7 @@ class ModelDecoder:
     def _check_header(self, proto: ProtoStreamHeader) -> StreamHeader:
         identity = NodeIdentity(
             protocol_version=proto.protocol_version, node_id=proto.node_id, fleet_id=proto.fleet_id,
-            arch_id=proto.arch_id, round=proto.round, density=proto.density,
+            arch_id=proto.arch_id, round=proto.round, density=proto.density, tier=proto.tier or None,
         )  # fmt: skip
         try:
             compatible = identity.compatible()
@@ -530,6 +583,7 @@ class ModelDecoder:
             )
         if self.expected_round is not None and proto.round != self.expected_round:
             raise HeaderMismatch(f"header: stream is of round {proto.round}, round {self.expected_round} was asked for")
+        self._shapes = self._tier_shapes(proto)
         digest = payload_hasher(proto.protocol_version)
         if len(proto.payload_digest) != digest.digest_size:
             raise HeaderMismatch(
@@ -557,6 +611,28 @@ class ModelDecoder:
             chunk_count=proto.chunk_count,
         )
 
+    def _tier_shapes(self, proto: ProtoStreamHeader) -> Mapping[str, tuple[int, ...]]:
+        """The shapes the header's tier mode and tier give the stream's tensors (TierMismatch: another mode than
+        this node's, a mode it does not know, or a tier it has no shapes of)."""
+        try:
+            mode = parse_tier_mode(proto.tier_mode)
+        except ValueError as exc:
+            raise TierMismatch(f"header: {exc}") from None
+        if mode != self.spec.tier_mode:
+            sent = f"tier mode {mode}"
+            if not proto.tier_mode:
+                sent += f" (no tier: protocol {proto.protocol_version[:16]})"
+            raise TierMismatch(f"header: stream is of {sent}, this node runs tier mode {self.spec.tier_mode}: a fleet "
+                               "runs one tier mode")  # fmt: skip
+        if mode == "mask":
+            if proto.tier:
+                raise TierMismatch(f"header: tier {proto.tier[:16]!r} in a stream of tier mode mask")
+            return self.spec.shapes
+        try:
+            return self.spec.shapes_of(proto.tier)
+        except ValueError as exc:
+            raise TierMismatch(f"header: {exc}") from None
+
     def _start_tensor(self, where: str, name: str, dense: bool) -> _TensorState:
         """A chunk of a tensor not seen yet: it must be the spec's next one, after the previous is complete."""
         current = self._current
@@ -576,7 +652,7 @@ class ModelDecoder:
         if name in self._buffer_names:  # a running statistic: dense float32 (the chunk was checked)
             build = TensorBuild(name, self.spec.buffers[name], True, ValueType.FLOAT32)
         else:
-            build = TensorBuild(name, self.spec.shapes[name], dense, self.value_type)
+            build = TensorBuild(name, self._shapes[name], dense, self.value_type)
         self._building.append(build.future)
         state = self._current = self._tensors[name] = _TensorState(build)
         return state
@@ -602,11 +678,12 @@ class ModelDecoder:
         if flagged != is_buffer:
             kind = "a buffer" if is_buffer else "a parameter"
             raise WireDecodeError(f"{where}: is {kind} of the model, but its buffer flag is {flagged}")
-        shape = (self.spec.buffers if is_buffer else self.spec.shapes)[name]
+        shape = (self.spec.buffers if is_buffer else self._shapes)[name]
         if dims != len(shape) or tuple(row[_parse.SHAPE : _parse.SHAPE + dims]) != shape:
-            raise WireDecodeError(
-                f"{where}: shape {tuple(row[_parse.SHAPE : _parse.SHAPE + dims])} does not match the model's {shape}"
-            )
+            sent = tuple(row[_parse.SHAPE : _parse.SHAPE + dims])
+            if self._shapes is not self.spec.shapes:  # width tiers: not the prefix its header's tier gives
+                raise TierMismatch(f"{where}: shape {sent} is not the prefix {shape} of tier {self._tier_text()}")
+            raise WireDecodeError(f"{where}: shape {sent} does not match the model's {shape}")
         try:
             value_type = ValueType(type_number)
         except ValueError:
@@ -701,7 +778,7 @@ class ModelDecoder:
         weights: dict[str, torch.Tensor] = {}
         masks: dict[str, torch.Tensor] = {}
         active = 0
-        for name, shape in self.spec.shapes.items():
+        for name, shape in self._shapes.items():
             numel = math.prod(shape)
             state = self._tensors.get(name)
             if state is None:
@@ -730,7 +807,13 @@ class ModelDecoder:
                 f" (tolerance {self.spec.density_tolerance:.2g})"
             )
         assert self.value_type is not None
+        if self._shapes is not self.spec.shapes:  # width tiers: the prefixes in the full shapes, inactive elsewhere
+            weights, masks = _widened(self.spec, weights, masks)
         return DecodedModel(header, weights, masks, self.value_type, self.total_bytes, buffers)
+
+    def _tier_text(self) -> str:
+        assert self.header is not None
+        return repr(self.header.identity.tier)
 
     def _finish_buffers(self) -> dict[str, torch.Tensor]:
         """The running statistics that arrived (all of the spec's, or none: a sender that keeps its own), each
@@ -760,6 +843,20 @@ class ModelDecoder:
                 value = value.to(torch.int64)
             buffers[name] = value
         return buffers
+
+
+def _widened(
+    spec: ModelSpec, weights: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Narrow tensors (a width tier's prefixes) placed in zero, inactive tensors of ``spec``'s full shapes."""
+    full_weights, full_masks = {}, {}
+    for name, shape in spec.shapes.items():
+        index = tuple(slice(0, n) for n in weights[name].shape)
+        full_weights[name] = torch.zeros(shape, dtype=weights[name].dtype)
+        full_weights[name][index] = weights[name]
+        full_masks[name] = torch.zeros(shape, dtype=torch.bool)
+        full_masks[name][index] = masks[name]
+    return full_weights, full_masks
 
 
 def compile_decoder() -> None:

@@ -18,10 +18,13 @@ import xxhash
 from edge_node.protocol import (  # noqa: F401  (parse_protocol_version: re-exported)
     ARCH_NAME_PATTERN,
     PROTOCOL_VERSION,
+    TIER_DENSITIES,
+    TIER_MODES,
     NodeIdentity,
     check_arch_id,
     parse_protocol_version,
     protocol_major,
+    tier_name,
 )
 
 PROTOCOL_MAJOR = protocol_major(PROTOCOL_VERSION)  # a receiver refuses another MAJOR
@@ -76,6 +79,10 @@ class ModelSpec:
     dense float32 after the parameters, protocol 1.3), in ``named_buffers`` order; empty (the default) for
     any other node. They are no part of the id (``local`` and ``average`` nodes of a model share it), but
     two specs are equal only with the same buffers.
+    ``tier_mode``: what a capacity tier buys in the fleet (edge_node.protocol.TIER_MODES). Under width tiers
+    (width, both: protocol 1.5) ``tiers`` holds each tier's narrow shapes by tier name ("0.2" .. "1.0"), prefixes
+    of ``shapes``: a stream of tier ``t`` carries exactly ``tiers[t]``'s shapes (:meth:`shapes_of`). Neither is part
+    of the id: a narrow model's coordinates are the full model's.
     """
 
     arch_name: str
@@ -83,6 +90,8 @@ class ModelSpec:
     shapes: Mapping[str, tuple[int, ...]] = field(compare=False)
     variant: str = field(default="", compare=False)
     buffers: Mapping[str, tuple[int, ...]] = field(default_factory=dict, compare=False)
+    tier_mode: str = field(default="mask", compare=False)
+    tiers: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict, compare=False)
     arch_id: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -112,11 +121,33 @@ class ModelSpec:
                 raise ValueError(f"buffer {name!r} has a negative dimension in shape {dims}")
             buffers[name] = dims
         object.__setattr__(self, "buffers", MappingProxyType(buffers))
+        self._check_tiers(shapes)
         text = ";".join(f"{name}:{'x'.join(map(str, dims))}" for name, dims in shapes.items())
         if self.variant:
             text += f"|{self.variant}"
         digest = hashlib.sha256(text.encode()).hexdigest()[:8]
         object.__setattr__(self, "arch_id", check_arch_id(f"{self.arch_name}/{self.num_classes}/{digest}"))
+
+    def _check_tiers(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """``tier_mode`` is a mode; under width tiers every tier has shapes, each a prefix of ``shapes``."""
+        if self.tier_mode not in TIER_MODES:
+            raise ValueError(f"tier_mode={self.tier_mode!r} must be one of {', '.join(TIER_MODES)}")
+        if self.tier_mode == "mask":
+            if self.tiers:
+                raise ValueError("tiers (narrow shapes) are for tier_mode width or both, not mask")
+            return
+        if sorted(self.tiers) != sorted(tier_name(d) for d in TIER_DENSITIES):
+            raise ValueError(f"tier_mode {self.tier_mode} needs the shapes of every tier, got {sorted(self.tiers)}")
+        tiers = {}
+        for tier, narrow in self.tiers.items():
+            dims = {name: tuple(int(d) for d in shape) for name, shape in narrow.items()}
+            if list(dims) != list(shapes) or any(
+                len(n) != len(f) or not all(1 <= a <= b for a, b in zip(n, f, strict=True))
+                for n, f in zip(dims.values(), shapes.values(), strict=True)
+            ):
+                raise ValueError(f"tier {tier}'s shapes are not prefixes of the model's")
+            tiers[tier] = MappingProxyType(dims)
+        object.__setattr__(self, "tiers", MappingProxyType(tiers))
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -124,6 +155,8 @@ class ModelSpec:
             and self.arch_id == other.arch_id
             and self.shapes == other.shapes
             and self.buffers == other.buffers
+            and self.tier_mode == other.tier_mode
+            and self.tiers == other.tiers
         )
 
     def __hash__(self) -> int:
@@ -139,7 +172,22 @@ class ModelSpec:
     def with_buffers(self, buffers: Mapping[str, torch.Tensor]) -> ModelSpec:
         """This spec with ``buffers`` (e.g. ``dict(model.named_buffers())``) travelling too (``norm_stats average``)."""
         shapes = {name: tuple(t.shape) for name, t in buffers.items()}
-        return ModelSpec(self.arch_name, self.num_classes, self.shapes, self.variant, shapes)
+        return ModelSpec(
+            self.arch_name, self.num_classes, self.shapes, self.variant, shapes, self.tier_mode, self.tiers
+        )
+
+    def with_tiers(self, tier_mode: str, tiers: Mapping[str, Mapping[str, tuple[int, ...]]]) -> ModelSpec:
+        """This spec under ``tier_mode`` with each tier's narrow ``tiers`` shapes (width tiers, protocol 1.5)."""
+        return ModelSpec(self.arch_name, self.num_classes, self.shapes, self.variant, self.buffers, tier_mode, tiers)
+
+    def shapes_of(self, tier: str | None) -> Mapping[str, tuple[int, ...]]:
+        """The shapes a stream of ``tier`` carries: the full ``shapes`` under ``mask``, the tier's narrow ones under
+        width tiers (ValueError for a tier this spec has no shapes of)."""
+        if self.tier_mode == "mask":
+            return self.shapes
+        if tier not in self.tiers:
+            raise ValueError(f"tier {str(tier)[:16]!r} is not one of {', '.join(self.tiers)}")
+        return self.tiers[tier]
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -264,6 +312,7 @@ class PayloadHasher(Protocol):
 
 DIGEST_XXH3_SINCE = (1, 2)  # the protocol version whose stream headers carry XXH3-128, not SHA-256
 BUFFERS_SINCE = (1, 3)  # the protocol version whose streams may carry running statistics (SparseTensor.buffer)
+TIERS_SINCE = (1, 5)  # the protocol version whose headers name a tier mode and tier (width tiers' narrow shapes)
 
 
 def payload_hasher(protocol_version: str) -> PayloadHasher:
