@@ -241,7 +241,8 @@ def node_trained(config: NodeConfig, *, check_export: bool = False) -> TrainedMo
     local = load_local_data(config, client, device)
     model, spec = node_model(config, local, check_export="export" if check_export else None)
     path = config.state_dir / CHECKPOINT_FILE
-    saved = load_checkpoint(path, Identity(node_id, config.fleet, spec.arch_id, config.seed, client), device)
+    identity = Identity(node_id, config.fleet, spec.arch_id, config.seed, client, config.tier_mode)
+    saved = load_checkpoint(path, identity, device)
     if saved is None:
         raise CheckpointError(f"no checkpoint at {path}: the node has not completed a round there yet")
     return TrainedModel(

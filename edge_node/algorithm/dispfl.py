@@ -345,9 +345,12 @@ def regrow_scores(
 
 def retier(
     state: ClientState, density: float, round_index: int, *, seed: int, client: int, mask_init: str = "erk",
-    frozen: Collection[str] = (),
+    frozen: Collection[str] = (), within: Shapes | None = None,
 ) -> ClientState:  # fmt: skip
     """``state`` moved to another tier's ``density`` at a round boundary (``capacity = "auto"`` re-measured).
+
+    ``within`` (width tiers): the new tier's prefixes; the mask moves to ``density`` of the new narrow model, false
+    outside it (a narrower tier drops what lay beyond, then prunes; a wider one regrows into its new channels).
 
     The mask the next aggregation lands on (``next_mask``) takes the per-tensor active counts :func:`start` gives
     that density (ERK, or uniform under ``mask_init = "uniform"``): a sparser tier prunes each tensor's smallest
@@ -356,9 +359,14 @@ def retier(
     kept; the next round trains and publishes on the moved mask. ``frozen`` parameters stay dense.
     """
     density = check_density(density)
+    generator = torch_generator(seed, Stream.RETIER, client, round_index)
+    if within is not None:
+        counts = mask_counts(within, density, mask_init)
+        moved = retier_masks(narrow(state.weights, within), narrow(state.next_mask, within), counts, generator)
+        empty = {name: torch.zeros_like(m) for name, m in state.next_mask.items()}
+        return replace(state, next_mask=widen(empty, moved), density=density)
     trained = {name: w for name, w in state.weights.items() if name not in frozen}
     counts = mask_counts({name: tuple(w.shape) for name, w in trained.items()}, density, mask_init)
-    generator = torch_generator(seed, Stream.RETIER, client, round_index)
     next_mask = retier_masks(state.weights, state.next_mask, counts, generator)
     return replace(state, next_mask=next_mask, density=density)
 

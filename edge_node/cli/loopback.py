@@ -106,6 +106,16 @@ def _demo(name: str) -> str:
 @click.option("--capacity", default=None,
               help=f"Every node's density, any in (0, 1], or auto (each node measures its own) [default: "
               f"{DEFAULTS.capacity}; {_demo('capacity')}].")  # fmt: skip
+@click.option("--tier-mode", type=click.Choice(("mask", "width", "both")), default="mask", show_default=True,
+              help="What a capacity tier buys, every node's: mask (a sparse mask at the tier's density), width (the "
+              "tier's narrow model, dense inside: its compute shrinks), both (the narrow model with a mask at "
+              "--density inside).")  # fmt: skip
+@click.option(
+    "--density",
+    type=float,
+    default=None,
+    help="--tier-mode both: the mask's density inside each node's narrow model [default: start's, 0.5].",
+)
 @click.option("--planned-rounds", type=click.IntRange(min=1), default=None,
               help="T of the prune schedule [default: --rounds].")  # fmt: skip
 @click.option("--threads", type=click.IntRange(min=1), default=None,

@@ -68,6 +68,8 @@ class FleetConfig:
     batch_size: int | None = None
     lr: float | None = None
     capacity: str | None = None  # every node's density in (0, 1], or "auto" (each measures its own and picks a tier)
+    tier_mode: str = "mask"  # what a tier buys, the fleet's one mode: mask, width or both (edge_node.node.width_tiers)
+    density: float | None = None  # tier_mode both: the mask's density inside the narrow model (None: start's default)
     planned_rounds: int | None = None  # None: rounds (or the shared 500 when running until stopped)
     threads: int | None = None  # torch threads per daemon
     pull_timeout_s: float = DEFAULTS.pull_timeout_s
@@ -205,8 +207,10 @@ class FleetConfig:
             "lockstep": self.lockstep,
             "norm_stats": self.norm_stats,
             "aggregate": self.aggregate,
+            "tier_mode": self.tier_mode,
         }
         optional = {
+            "density": self.density,
             "data_dir": self.data_dir,
             "planned_rounds": self.effective_planned_rounds,
             "init_weights": self.init_weights,
@@ -232,6 +236,8 @@ class FleetConfig:
         then = {**saved, **{k: v for k, v in self.defaults().items() if saved.get(k) is None}}
         then.setdefault("attackers", 0)  # a fleet saved before poisoning had none
         then.setdefault("attack", None)
+        then.setdefault("tier_mode", "mask")  # a fleet saved before width tiers ran mask tiers
+        then.setdefault("density", None)
         return sorted(k for k in mine if k not in RESUMABLE_CHANGES and k != "progress" and then.get(k) != mine[k])
 
 

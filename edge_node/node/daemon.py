@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from edge_node.algorithm import read_weights, tier_name
+from edge_node.algorithm import read_weights
 from edge_node.algorithm.dispfl import ClientRound, DisPFLParams, RoundHooks, client_round, published, retier, start
 from edge_node.algorithm.norm_stats import batch_normalised, has_running_stats
 from edge_node.algorithm.poison import Poisoning, StaleModels, flipped_labels, poisoned
@@ -92,6 +92,8 @@ from edge_node.node.state import (
     save_node_config,
 )
 from edge_node.node.status import StatusServer, round_label, rounds_done_text, write_status_file
+from edge_node.node.width_tiers import node_tiers
+from edge_node.protocol import TIER_DENSITIES, parse_tier
 from edge_node.records import ROUNDS_LOG, node_entry, task_fields
 from edge_node.seeding import Stream, numpy_generator, torch_generator
 from edge_node.storage import append_line, truncate_jsonl
@@ -252,25 +254,31 @@ class Node:
                                   "buffers) to average; use norm_stats local (the default)")  # fmt: skip
             self.spec = self.spec.with_buffers(dict(model.named_buffers()))
         self.params = self.params.fitted(model)  # a BatchNorm model trains whole batches
+        self.tiers = node_tiers(config.tier_mode, config.model, model, self.local.num_classes,
+                                self.local.data.pool.input_shape, config.density)  # fmt: skip
+        if self.tiers is not None:  # width tiers (protocol 1.5): streams carry each tier's narrow shapes
+            self.spec = self.spec.with_tiers(self.tiers.mode, self.tiers.shapes)
         self.model = model.to(self.device)
         self.handover = node_handover(config, model, self.spec.arch_id, self.local, self.params.task,
                                       self.metrics.export_failed, self.metrics.handover_outcome)  # fmt: skip
         init_weights = read_weights(self.model)
-        identity = Identity(self.node_id, config.fleet, self.spec.arch_id, config.seed, self.client_index)
+        identity = Identity(self.node_id, config.fleet, self.spec.arch_id, config.seed, self.client_index,
+                            config.tier_mode)  # fmt: skip
         self.checkpoint_path = config.state_dir / CHECKPOINT_FILE
         saved = load_checkpoint(self.checkpoint_path, identity, self.device)
         self.capacity = self._decide_capacity(saved)
         self.resumed = saved is not None
+        self.tier = self.capacity.tier
+        self.trained_model = self.model if self.tiers is None else self.tiers.model(self.tier, self.model)
         if saved is not None:
             self.state, self.rounds_done = saved.state, saved.rounds_done
         else:
             self.state = start(
-                init_weights, self.capacity.density, seed=config.seed, client=self.client_index,
-                mask_init=config.mask_init, frozen=self.params.frozen,
+                init_weights, self._mask_density(self.capacity.density), seed=config.seed, client=self.client_index,
+                mask_init=config.mask_init, frozen=self.params.frozen, within=self._within(self.tier),
             )  # fmt: skip
         self.identity = identity
-        self.density = self.state.density
-        self.tier = tier_name(self.density)
+        self.density = self._published_density()
         if config.fixed_density is None and config.capacity_recheck_rounds:
             self.capacity_watch = CapacityWatch(self.tier, self._remeasure, sustain=config.capacity_recheck_rounds)
         try:
@@ -311,7 +319,7 @@ class Node:
         """One line saying who this node is and how it runs (logged once it serves)."""
         return (
             f"node {self.node_id} of fleet {self.config.fleet}: {self.spec.arch_id}, tier {self.tier} "
-            f"({self.capacity.decided_by}), serving on port {self.port} "
+            f"({self.capacity.decided_by}){self._tier_buys()}, serving on port {self.port} "
             f"({'mutual TLS' if self.tls else 'INSECURE plaintext'}), {self.local.description}, "
             f"{rounds_done_text(self.rounds_done)}" + (f", resumed from {self.checkpoint_path}" if self.resumed else "")
         )
@@ -409,9 +417,44 @@ class Node:
             )
         return tls
 
+    def _mask_density(self, tier_density: float) -> float:
+        """The density of the mask a node of tier ``tier_density`` draws: the tier's (mask), 1 inside its narrow
+        model (width), or ``density`` inside it (both)."""
+        return tier_density if self.tiers is None else self.tiers.inner_density
+
+    def _within(self, tier: str) -> dict[str, tuple[int, ...]] | None:
+        """Tier ``tier``'s prefixes under width tiers (None: mask tiers, or width 1)."""
+        if self.tiers is None:
+            return None
+        within = self.tiers.within(tier)
+        return None if within is None else dict(within)
+
+    def _published_density(self) -> float:
+        """The density a stream and Hello carry: the target (mask tiers, as always), or under width tiers the
+        fraction of the full model's weights the mask keeps (protocol 1.5: one meaning in every mode)."""
+        return self.state.density if self.tiers is None else self.state.mask_density
+
+    def _tier_buys(self) -> str:
+        """What the tier buys, for the start-up line: nothing more to say under mask tiers."""
+        if self.tiers is None:
+            return ""
+        return f", tier mode {self.tiers.mode}: {self.tiers.describe(self.tier)}"
+
     def _decide_capacity(self, saved: Checkpoint | None) -> capacity.CapacityDecision:
         """The tier: the checkpoint's (its mask fixes it: nothing is measured), configured, or measured."""
         fixed = self.config.fixed_density
+        if saved is not None and self.tiers is not None:  # width tiers: the checkpoint names its tier
+            kept = saved.tier
+            if kept is None or kept not in self.tiers.table:
+                raise ConfigError(f"the checkpoint in {self.config.state_dir} names no width tier ({kept!r}); move the "
+                                  "state dir away to start over")  # fmt: skip
+            density = TIER_DENSITIES[parse_tier(kept)]
+            if fixed is not None and not math.isclose(density, fixed):
+                raise ConfigError(
+                    f"the checkpoint in {self.config.state_dir} trains tier {kept} but --capacity is {fixed:g}: its "
+                    f"narrow model cannot change tier at start; pass --capacity {kept} or move the state dir away"
+                )
+            return capacity.kept_from_checkpoint(density, fixed)
         if saved is not None:
             if fixed is not None and not math.isclose(saved.state.density, fixed):
                 raise ConfigError(
@@ -453,10 +496,13 @@ class Node:
         if move is None:
             return None
         self.state = retier(
-            self.state, move.decision.density, t, seed=self.config.seed, client=self.client_index,
-            mask_init=self.config.mask_init, frozen=self.params.frozen,
+            self.state, self._mask_density(move.decision.density), t, seed=self.config.seed, client=self.client_index,
+            mask_init=self.config.mask_init, frozen=self.params.frozen, within=self._within(move.after),
         )  # fmt: skip
-        self.density, self.tier, self.capacity = self.state.density, move.after, move.decision
+        self.tier, self.capacity = move.after, move.decision
+        self.density = self._published_density()
+        if self.tiers is not None:  # width tiers: the new tier's narrow model trains from the next round
+            self.trained_model = self.tiers.model(self.tier, self.model)
         self._tier_moves[move.direction] += 1
         _LOGGER.info("%s: tier %s -> %s (%s)", round_label(t), move.before, move.after, move.cause)
         return move.to_json()
@@ -464,7 +510,7 @@ class Node:
     def _start_server(self) -> None:
         config = self.config
         self.server_state = PeerServer(
-            self.spec, node_id=self.node_id, fleet_id=config.fleet, tier=tier_name(self.density),
+            self.spec, node_id=self.node_id, fleet_id=config.fleet, tier=self.tier,
             value_type=ValueType.parse(config.value_type),
         )  # fmt: skip
         server, port = create_server(
@@ -546,11 +592,11 @@ class Node:
             refused.update((k, (refusal_kind(reason), reason)) for k, reason in screen_refused.items())
             self.peers.record({k: m.header.round for k, m in received.items()}, refused)
 
-        hooks = RoundHooks(self._tick_train, lambda _model: self._accuracy(), self._round_phase, screened)
+        hooks = RoundHooks(self._tick_train, self._accuracy, self._round_phase, screened)
         offers = [(k, m.weights, m.masks) for k, m in fresh.items()]
         try:
             done: ClientRound = client_round(
-                self.state, offers, self.model, t, self.params, seed=self.config.seed, client=self.client_index,
+                self.state, offers, self.trained_model, t, self.params, seed=self.config.seed, client=self.client_index,
                 hooks=hooks, peer_buffers={k: m.buffers for k, m in fresh.items()},
             )  # fmt: skip
         except TrainingDiverged as diverged:
@@ -614,7 +660,7 @@ class Node:
         if self.capacity_watch is not None:  # applied at the next round's start
             self._tier_move = self.capacity_watch.round_ended(t, trained.stats.samples, energy["seconds"]["train"])
         self.beat()
-        save_checkpoint(self.checkpoint_path, Checkpoint(self.identity, next_round, new_state))
+        save_checkpoint(self.checkpoint_path, Checkpoint(self.identity, next_round, new_state, self._checkpoint_tier))
         self.state, self.rounds_done = new_state, next_round
         self.beat()
         self._publish()
@@ -669,11 +715,12 @@ class Node:
             batches = flipped_labels(batches, self.local.num_classes)
         return self._tick(batches)
 
-    def _accuracy(self) -> float:
-        """Local test accuracy, in slices of ``micro_batch`` (else the training batch): the round's memory peak
-        is training's, not evaluation's (a batch of 1,000 made a cnn node's peak ~200 MB higher)."""
+    def _accuracy(self, model: torch.nn.Module) -> float:
+        """``model``'s local test score (the round's model: under width tiers the narrow one), in slices of
+        ``micro_batch`` (else the training batch): the round's memory peak is training's, not evaluation's (a
+        batch of 1,000 made a cnn node's peak ~200 MB higher)."""
         batches = self.local.data.eval_batches(self.params.micro_batch or self.params.batch_size)
-        value = score(self.model, self._tick(batches), self.params.task)
+        value = score(model, self._tick(batches), self.params.task)
         release_free_memory()
         return value
 
@@ -724,7 +771,13 @@ class Node:
                 f"training diverged {MAX_DIVERGED_IN_A_ROW} rounds in a row (last: {exc}); lower --lr"
             ) from exc
 
+    @property
+    def _checkpoint_tier(self) -> str | None:
+        """The tier a checkpoint names: under width tiers its state's narrow shapes depend on it."""
+        return self.tier if self.tiers is not None else None
+
     def _publish(self) -> None:
+        self.density = self._published_density()
         weights, mask = published(self.state, self.params.frozen)  # the spec's tensors: never the frozen ones
         if self.attack is not None:  # a loopback fleet's attacker: what it publishes instead (algorithm/poison.py)
             if self._stale is not None:

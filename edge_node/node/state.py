@@ -3,9 +3,10 @@
 The node's effective config is kept beside it (``node-config.toml``, written at start), so that
 ``edge-node export`` and ``edge-node report`` need nothing but the state directory.
 
-A checkpoint holds the node's identity (node, fleet, architecture, fleet seed, client index), the
-number of completed rounds, its density, its weights (packed on the training mask), both masks and a
-BatchNorm model's running statistics (FedBN: the node's own, ``edge_node.algorithm.norm_stats``).
+A checkpoint holds the node's identity (node, fleet, architecture, fleet seed, client index, tier mode), the
+number of completed rounds, its density (under width tiers also its tier), its weights (packed on the training
+mask), both masks and a BatchNorm model's running statistics (FedBN: the node's own,
+``edge_node.algorithm.norm_stats``).
 Nothing else is needed to resume exactly: every random stream is derived from (fleet seed, client
 index, round) (``edge_node.seeding``), so the round counter is the RNG state. A checkpoint of another
 node, fleet, architecture, seed or client is refused, never overwritten; so is a corrupt one.
@@ -42,6 +43,7 @@ class Identity:
     arch_id: str
     seed: int
     client_index: int
+    tier_mode: str = "mask"  # what a tier buys (a checkpoint before width tiers: mask); its state's shapes depend on it
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Checkpoint:
     identity: Identity
     rounds_done: int  # completed rounds; the next round's index
     state: ClientState
+    tier: str | None = None  # width tiers: the tier its state is narrow to (the mask's density does not say it)
 
 
 def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
@@ -65,6 +68,7 @@ def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
             "train_mask": {k: v.cpu() for k, v in state.train_mask.items()},
             "next_mask": {k: v.cpu() for k, v in state.next_mask.items()},
             "buffers": {k: v.cpu() for k, v in state.buffers.items()},  # BatchNorm statistics: {} for most models
+            "tier": checkpoint.tier,
         },
     )
 
@@ -89,6 +93,7 @@ def load_checkpoint(path: Path, expected: Identity, device: torch.device) -> Che
         buffers = {k: v.to(device) for k, v in payload.get("buffers", {}).items()}  # none before BatchNorm models
         state = ClientState(weights, train_mask, next_mask, float(payload["density"]), buffers)
         rounds_done = int(payload["rounds_done"])
+        tier = payload.get("tier")  # None: a mask-tier checkpoint (its density is its tier)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path} is damaged ({type(exc).__name__}: {exc}); move it away to start over") from exc
     if found != expected:
@@ -98,7 +103,7 @@ def load_checkpoint(path: Path, expected: Identity, device: torch.device) -> Che
             f"{path} belongs to another node or setting: {', '.join(differ)}; use another --state-dir or move"
             " the checkpoint away to start over"
         )
-    return Checkpoint(found, rounds_done, state)
+    return Checkpoint(found, rounds_done, state, tier if isinstance(tier, str) else None)
 
 
 def checkpoint_identity(path: Path) -> Identity | None:

@@ -26,7 +26,7 @@ from edge_node.defaults import DEFAULTS, PRESETS, neighbours_of, preset
 from edge_node.energy.detect import BACKENDS
 from edge_node.errors import ConfigError, DataError, ModelError
 from edge_node.models import MODEL_NAMES, check_model_name
-from edge_node.protocol import TIER_MODES
+from edge_node.protocol import TIER_DENSITIES, TIER_MODES
 from edge_node.robust_names import AGGREGATE_HELP, check_aggregate
 from edge_node.sim.methods import METHOD_SETTINGS, REGISTRY, Method, get_method, users_of
 from edge_node.task_names import check_task_name
@@ -393,6 +393,10 @@ class SimConfig:
         if "tier_mode" not in self.method_spec.uses:
             users = ", ".join(users_of("tier_mode"))
             raise ConfigError(f"tier_mode {self.tier_mode} is not implemented for method {self.method} (only {users})")
+        if self.setting == "i" and not any(math.isclose(self.density, d) for d in TIER_DENSITIES):
+            tiers = ", ".join(f"{d:g}" for d in TIER_DENSITIES)
+            raise ConfigError(f"tier_mode {self.tier_mode} under setting i trains every client at --density's width: "
+                              f"it must be a tier ({tiers}), as a stream names its tier")  # fmt: skip
         if self.tier_mode == "both" and self.setting != "ii":
             raise ConfigError("tier_mode both takes the width from a client's tier and the mask from --density: it "
                               "needs setting ii (tiers); with setting i use tier_mode width")  # fmt: skip

@@ -21,7 +21,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from edge_node.data.batches import ClientData, ImagePool
 from edge_node.energy import EnergyAccountant, modelled_energy, open_meter
 from edge_node.energy.base import Meter
 from edge_node.errors import CheckpointError, ConfigError
-from edge_node.models import arch_name, build_checked_model, build_width_model, width_of_share
+from edge_node.models import TierWidth, arch_name, build_checked_model, build_width_model, tier_widths
 from edge_node.pretrained import prepare_start, wire_spec
 from edge_node.records import ROUNDS_LOG, SIM_KEYS, client_id, node_entry, node_means, task_fields
 from edge_node.sim.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
@@ -119,7 +119,11 @@ def run_simulation(
     model = build_checked_model(config.model, dataset.num_outputs, dataset.input_shape, config.seed)
     config.check_model(model)
     positions = weight_positions(model, dataset.input_shape)
-    narrow_models = _narrow_models(config, dataset, positions)  # width tiers' models, checked before writing
+    tiers = _tier_table(config, dataset, positions)  # width tiers' widths and shapes, checked before writing
+    narrow_models = {
+        width.density: build_width_model(config.model, dataset.num_outputs, dataset.input_shape, width.width)
+        for width in tiers.values() if width.width < 1.0 and width.density in config.densities
+    }  # fmt: skip
     model_start = prepare_start(model, config.init_weights, config.trainable, model_name=config.model)  # before writing
     method = config.method_spec
     if "neighbours" in method.uses and config.neighbour_count >= config.clients and config.topology == "random":
@@ -177,7 +181,13 @@ def run_simulation(
         init_weights=init_weights,
         positions=positions,
         dense=dense_nnz(model),
-        spec=_travelling(wire_spec(arch_name(config.model), dataset.num_outputs, model, model_start), model, params),
+        spec=_travelling(
+            wire_spec(arch_name(config.model), dataset.num_outputs, model, model_start),
+            model,
+            params,
+            config.tier_mode,
+            tiers,
+        ),  # fmt: skip
         accountant=accountant,
         on_client=on_client,
         shard=shard,
@@ -229,9 +239,15 @@ def run_simulation(
     return out
 
 
-def _travelling(spec: ModelSpec, model: nn.Module, params: DisPFLParams) -> ModelSpec:
-    """``spec`` with the model's running statistics under ``norm_stats`` average (they travel, and are counted)."""
-    return spec.with_buffers(dict(model.named_buffers())) if params.norm_stats == "average" else spec
+def _travelling(spec: ModelSpec, model: nn.Module, params: DisPFLParams, tier_mode: str,
+                tiers: Mapping[str, TierWidth]) -> ModelSpec:  # fmt: skip
+    """``spec`` with the model's running statistics under ``norm_stats`` average (they travel, and are counted), and
+    under width tiers each tier's narrow shapes (what a stream of the tier carries, and is counted)."""
+    if params.norm_stats == "average":
+        spec = spec.with_buffers(dict(model.named_buffers()))
+    if tiers:
+        spec = spec.with_tiers(tier_mode, {tier: width.shapes for tier, width in tiers.items()})
+    return spec
 
 
 def _graphs_factory(
@@ -284,25 +300,19 @@ def _clients_info(
     }
 
 
-def _narrow_models(
-    config: SimConfig, dataset: Dataset, positions: WeightPositions | None
-) -> dict[float, torch.nn.Module]:
-    """Each tier's narrow model under width tiers (its width from dense FLOPs, edge_node.algorithm.width), by the
-    tier's density, on the CPU; {} under tier_mode mask. ConfigError where the model's FLOPs cannot be counted;
-    ModelError where it cannot build nested narrow models."""
+def _tier_table(config: SimConfig, dataset: Dataset, positions: WeightPositions | None) -> dict[str, TierWidth]:
+    """Every tier's width and narrow shapes under width tiers (edge_node.models.tier_widths), {} under tier_mode mask.
+    ConfigError where the model's FLOPs cannot be counted; ModelError where it cannot build nested narrow models."""
     if config.tier_mode == "mask":
         return {}
     if positions is None:
         raise ConfigError(f"tier_mode {config.tier_mode}: the FLOPs of model {config.model} cannot be counted, so no "
                           "width can be chosen for a tier; use tier_mode mask")  # fmt: skip
-    out = {}
-    for tier in sorted(set(config.densities)):
-        choice = width_of_share(config.model, dataset.num_outputs, dataset.input_shape, positions, tier)
-        if choice.width < 1.0:
-            narrow = build_width_model(config.model, dataset.num_outputs, dataset.input_shape, choice.width)
-            out[tier] = narrow
-        _LOGGER.info("tier %g: width %g, %.3f of the dense FLOPs", tier, choice.width, choice.flop_share)
-    return out
+    table = tier_widths(config.model, dataset.num_outputs, dataset.input_shape, positions)
+    for width in table.values():
+        if width.density in config.densities:
+            _LOGGER.info("tier %g: width %g, %.3f of the dense FLOPs", width.density, width.width, width.flop_share)
+    return table
 
 
 def build_record(config: SimConfig, params: DisPFLParams, ctx: SimContext, t: int, state: RunState,

@@ -185,7 +185,7 @@ class ModelSpec:
         width tiers (ValueError for a tier this spec has no shapes of)."""
         if self.tier_mode == "mask":
             return self.shapes
-        if tier not in self.tiers:
+        if tier is None or tier not in self.tiers:
             raise ValueError(f"tier {str(tier)[:16]!r} is not one of {', '.join(self.tiers)}")
         return self.tiers[tier]
 

@@ -37,6 +37,7 @@ from edge_node.algorithm.training import StepReplay
 from edge_node.data.batches import Batch, ClientData
 from edge_node.energy import EnergyAccountant
 from edge_node.errors import TrainingDiverged
+from edge_node.protocol import tier_name
 from edge_node.sim.shard import SINGLE, Shard
 from edge_node.torch_threads import ThreadGovernor, tick
 from edge_node.wire import ModelSpec, ValueType, encoded_model_size
@@ -224,6 +225,10 @@ class SimContext:
         narrow = self.narrow_models.get(self.densities[i])
         return None if narrow is None else {name: tuple(p.shape) for name, p in narrow.named_parameters()}
 
+    def tier_of(self, i: int) -> str | None:
+        """Client ``i``'s tier as its streams name it under width tiers (protocol 1.5), None under mask tiers."""
+        return None if self.config.tier_mode == "mask" else tier_name(self.densities[i])
+
     def mask_density(self, i: int) -> float:
         """Client ``i``'s mask density: its tier's (tier_mode mask), 1 inside its narrow model (width), or
         ``density`` inside it (both)."""
@@ -236,10 +241,12 @@ class SimContext:
 
     # ----- accounting
 
-    def model_bytes(self, nnz: dict[str, int], node_id: str, t: int, buffers: bool = False) -> int:
+    def model_bytes(self, nnz: dict[str, int], node_id: str, t: int, buffers: bool = False,
+                    tier: str | None = None) -> int:  # fmt: skip
         """Bytes the encoder produces for a model with ``nnz`` active values per tensor, sent by ``node_id``
         (the spec's tensors: frozen parameters never travel), with the spec's buffers when ``buffers``
-        (``norm_stats`` average, a client that has trained)."""
+        (``norm_stats`` average, a client that has trained); under width tiers a stream of ``tier`` carries
+        that tier's narrow shapes."""
         total = sum(self.dense[name] for name in self.spec.shapes)
         return encoded_model_size(
             self.spec,
@@ -250,6 +257,7 @@ class SimContext:
             round=max(t - 1, 0),
             density=sum(nnz.values()) / total,
             buffers=buffers,
+            tier=tier,
         )
 
     def traffic(self, t: int, clients: list[ClientState], nbrs: list[list[int]]) -> dict[str, Any]:
@@ -259,7 +267,8 @@ class SimContext:
         published_nnz = [{k: v for k, v in nnz_per_tensor(c.train_mask).items() if k in travels} for c in clients]
         model_active = [sum(nnz.values()) for nnz in published_nnz]
         buffered = [bool(self.spec.buffers and c.buffers) for c in clients]  # norm_stats average, once trained
-        model_bytes = [self.model_bytes(nnz, f"client-{j}", t, buffered[j]) for j, nnz in enumerate(published_nnz)]
+        model_bytes = [self.model_bytes(nnz, f"client-{j}", t, buffered[j], self.tier_of(j))
+                       for j, nnz in enumerate(published_nnz)]  # fmt: skip
         received = [sum(model_bytes[j] for j in nbrs[i]) for i in range(n)]
         served = [0] * n
         for i in range(n):
@@ -284,8 +293,8 @@ class SimContext:
         n = self.config.clients
         received, sent, paper_mb = [0] * n, [0] * n, [0.0] * n
         for i, down_nnz, up_nnz in zip(chosen, down, up, strict=True):
-            received[i] = self.model_bytes(down_nnz, SERVER_ID, t)
-            sent[i] = self.model_bytes(up_nnz, f"client-{i}", t) + up_extra
+            received[i] = self.model_bytes(down_nnz, SERVER_ID, t, tier=self.tier_of(i))
+            sent[i] = self.model_bytes(up_nnz, f"client-{i}", t, tier=self.tier_of(i)) + up_extra
             paper_mb[i] = PAPER_BYTES_PER_VALUE * sum(down_nnz.values()) / 1e6
         server_mb = sum(PAPER_BYTES_PER_VALUE * sum(nnz.values()) / 1e6 for nnz in up)
         return received, sent, paper_mb, (sum(sent), sum(received), server_mb)
