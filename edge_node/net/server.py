@@ -359,9 +359,8 @@ class PeerServer:
         except ValueError as exc:
             refuse(context, "bad-request", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if caller_mode != self.spec.tier_mode:  # the shapes of one mode are no use to a node of another (1.5)
-            before = "" if request.tier_mode else f" (protocol {request.protocol_version[:16]}: no tier mode)"
-            refuse(context, "tier-mode", grpc.StatusCode.FAILED_PRECONDITION, f"caller's tier mode {caller_mode}"
-                   f"{before} is not this node's {self.spec.tier_mode}: a fleet runs one tier mode")  # fmt: skip
+            refuse(context, "tier-mode", grpc.StatusCode.FAILED_PRECONDITION, f"caller's tier mode {caller_mode} is "
+                   f"not this node's {self.spec.tier_mode}: a fleet runs one tier mode")  # fmt: skip
         caller = self.guard.caller(context, request.node_id, required=True)
         wanted = request.round if request.HasField("round") else None
         try:

@@ -393,13 +393,13 @@ class SimConfig:
         if "tier_mode" not in self.method_spec.uses:
             users = ", ".join(users_of("tier_mode"))
             raise ConfigError(f"tier_mode {self.tier_mode} is not implemented for method {self.method} (only {users})")
+        if self.tier_mode == "both" and self.setting != "ii":
+            raise ConfigError("tier_mode both takes the width from a client's tier and the mask from --density: it "
+                              "needs setting ii (tiers); with setting i use tier_mode width")  # fmt: skip
         if self.setting == "i" and not any(math.isclose(self.density, d) for d in TIER_DENSITIES):
             tiers = ", ".join(f"{d:g}" for d in TIER_DENSITIES)
             raise ConfigError(f"tier_mode {self.tier_mode} under setting i trains every client at --density's width: "
                               f"it must be a tier ({tiers}), as a stream names its tier")  # fmt: skip
-        if self.tier_mode == "both" and self.setting != "ii":
-            raise ConfigError("tier_mode both takes the width from a client's tier and the mask from --density: it "
-                              "needs setting ii (tiers); with setting i use tier_mode width")  # fmt: skip
         if self.trainable:
             raise ConfigError(f"tier_mode {self.tier_mode} trains narrow models of every layer; trainable (frozen "
                               "layers) is refused with it")  # fmt: skip

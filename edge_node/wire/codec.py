@@ -619,9 +619,7 @@ class ModelDecoder:
         except ValueError as exc:
             raise TierMismatch(f"header: {exc}") from None
         if mode != self.spec.tier_mode:
-            sent = f"tier mode {mode}"
-            if not proto.tier_mode:
-                sent += f" (no tier: protocol {proto.protocol_version[:16]})"
+            sent = f"tier mode {mode}" + ("" if proto.tier_mode else " (its header names none)")
             raise TierMismatch(f"header: stream is of {sent}, this node runs tier mode {self.spec.tier_mode}: a fleet "
                                "runs one tier mode")  # fmt: skip
         if mode == "mask":

@@ -157,3 +157,27 @@ def test_a_narrow_client_trains_its_prefix_only_and_aggregates_with_a_wider_peer
     wide = _round(wide_client, [("narrow", *published(done.state))], full_model, 1)
     assert tuple(wide.trained.state.weights["fc1.weight"].shape) == full_shapes["fc1.weight"]
     assert all(wide.state.train_mask[n].all() for n in init)  # dense stays dense
+
+
+def test_retier_across_widths_moves_the_mask_to_the_new_prefix():
+    """A node whose tier moves (capacity auto, width tiers): narrower drops what lay beyond, wider regrows into
+    its new channels; the mask never leaves the new prefix and a width tier's is whole inside it."""
+    from edge_node.algorithm.dispfl import retier, start
+
+    name = "tests.plugin_factories:nested_mlp"
+    init = {n: p.detach().clone() for n, p in build_model(name, 3, seed=0, input_shape=(12,)).named_parameters()}
+    full = {n: tuple(w.shape) for n, w in init.items()}
+    half = {n: tuple(p.shape) for n, p in build_width_model(name, 3, (12,), 0.5).named_parameters()}
+    quarter = {n: tuple(p.shape) for n, p in build_width_model(name, 3, (12,), 0.25).named_parameters()}
+    state = start(init, 1.0, seed=1, client=0, within=half)
+    for target, density in ((quarter, 1.0), (half, 1.0), (quarter, 0.5)):
+        moved = retier(state, density, 3, seed=1, client=0, within=target)
+        inside = prefix_masks(full, target)
+        for n, m in moved.next_mask.items():
+            assert not (m & ~inside[n]).any(), f"{n}: outside the new prefix"
+        held = sum(int(m.sum()) for m in moved.next_mask.values())
+        room = sum(int(p.sum()) for p in inside.values())
+        assert held == room if density == 1.0 else 0.4 * room < held < 0.6 * room
+        assert all(torch.equal(moved.train_mask[n], state.train_mask[n]) for n in init)  # what was published stays
+    wider = retier(start(init, 1.0, seed=1, client=0, within=quarter), 1.0, 3, seed=1, client=0, within=half)
+    assert all(torch.equal(wider.next_mask[n], prefix_masks(full, half)[n]) for n in init)  # its new channels grow

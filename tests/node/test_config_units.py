@@ -50,6 +50,11 @@ def test_node_id_from_hostname_follows_the_one_rule():
         ({"server_max_connection_age_s": 0}, "server_max_connection_age_s=0.0 must be a number of seconds"),
         ({"server_host_rate": 0}, "server_host_rate=0.0 must be a number of calls per second in (0, 1e6]"),
         ({"server_host_rate": -5}, "server_host_rate=-5.0 must be a number of calls per second"),
+        ({"tier_mode": "depth"}, "tier_mode='depth' must be one of mask, width, both"),
+        ({"tier_mode": "width", "capacity": "0.5"}, "tier_mode width: capacity='0.5' must be a tier (0.2, 0.4,"),
+        ({"tier_mode": "both", "density": 0}, "density=0.0 must be a number in (0, 1]"),
+        ({"tier_mode": "width", "trainable": ["fc3.*"]}, "tier_mode width trains narrow models of every layer"),
+        ({"tier_mode": "both", "norm_stats": "average"}, "tier_mode both trains GroupNorm models only"),
     ],
 )
 def test_bad_values_are_named(values, message):

@@ -353,6 +353,10 @@ def test_foreign_checkpoint_is_refused_and_kept(tmp_path):
                        *[a if a != "0.4" else "0.8" for a in args]])  # fmt: skip
     assert changed.returncode == int(ExitCode.BAD_INPUT)
     assert "its mask cannot change tier" in _one_line_error(changed)
+    width = run_cli(["start", "--node-id", "solo", "--state-dir", str(tmp_path / "s"), *args, "--tier-mode", "width"])
+    assert width.returncode == int(ExitCode.BAD_INPUT)  # its state's shapes are a mask tier's
+    assert "tier_mode 'mask' (this node: 'width')" in _one_line_error(width)
+    assert (tmp_path / "s" / "checkpoint.pt").read_bytes() == before
 
 
 def test_print_config_reads_back(tmp_path):

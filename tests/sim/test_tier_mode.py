@@ -37,6 +37,7 @@ def test_width_tiers_train_nested_prefixes(mode, tmp_path):
     [
         ({"method": "fedavg"}, "tier_mode width is not implemented for method fedavg"),
         ({"tier_mode": "both", "setting": "i"}, "tier_mode both .* needs setting ii"),
+        ({"setting": "i", "density": 0.5}, "under setting i .* must be a tier"),
         ({"trainable": ["fc3.*"]}, "trainable .* is refused with it"),
         ({"privacy": "dp-sgd", "epsilon": 8.0}, "tier_mode width with privacy 'dp-sgd' is not implemented"),
     ],
