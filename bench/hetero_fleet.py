@@ -10,7 +10,9 @@
 Runs the same fleet (``--nodes`` daemons with ``--devices`` profiles in network namespaces, CIFAR-10
 Dir(0.3), each node its slice, one seed, ``--rounds`` rounds) once per arm:
 
-* ``auto``: ``--capacity auto``, each node picks its tier from its own limited machine;
+* ``auto``: ``--capacity auto``, each node picks its tier from its own limited machine (mask tiers);
+* ``width``: ``auto`` with ``--tier-mode width``: a tier is a narrow model (its compute shrinks), each node
+  timing its tiers' real narrow steps;
 * ``dense``: every node at 1.0;
 * ``slowest``: every node at the tier the slowest device took in ``auto`` (run ``auto`` first);
 * ``lockstep``: ``auto`` with ``--lockstep`` (every round waits for the whole fleet);
@@ -48,7 +50,7 @@ if str(REPO) not in sys.path:
 from bench._provenance import commit, machine  # noqa: E402
 from edge_node.records import ROUNDS_LOG, read_records  # noqa: E402
 
-ARMS = ("auto", "dense", "slowest", "lockstep", "stale1")
+ARMS = ("auto", "width", "dense", "slowest", "lockstep", "stale1")
 DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "cifar10-jpeg.tar.gz"
 
 
@@ -103,6 +105,8 @@ def arm_flags(arm: str, slowest_tier: str | None) -> list[str]:
     """The ``edge-node loopback`` flags that make an arm differ from the others."""
     if arm == "auto":
         return ["--capacity", "auto"]
+    if arm == "width":
+        return ["--capacity", "auto", "--tier-mode", "width"]
     if arm == "dense":
         return ["--capacity", "1.0"]
     if arm == "slowest":
@@ -154,6 +158,10 @@ def staleness(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     return {"mean": sum(lags) / len(lags), "max": max(lags), "pulls": len(lags)}
 
 
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def analyse(out: Path, nodes: int, started_unix: float, target: float, wall_s: float, code: int) -> dict[str, Any]:
     rows = records(out)
     points = timeline(rows, nodes, started_unix)
@@ -179,6 +187,9 @@ def analyse(out: Path, nodes: int, started_unix: float, target: float, wall_s: f
         "bytes_to_target": reached["bytes_in"] if reached else None,
         "bytes_total": sum(int(r.get("bytes_in", 0)) for r in rows),
         "staleness": staleness(rows),
+        "train_s_per_round": _mean([r["seconds"]["train"] for r in rows if isinstance(r.get("seconds"), dict)]),
+        "joules_per_round": _mean([r["energy_total_j"] for r in rows if r.get("energy_total_j") is not None]),
+        "energy_labels": sorted({str(r.get("energy_label")) for r in rows}),
         "timeline": points,
     }
 
@@ -189,9 +200,9 @@ def markdown(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> st
         f"{args.rounds} rounds, seed {args.seed}, round budget {args.round_budget_s:g} s; target mean accuracy "
         f"{100 * args.target:.0f}%. {machine()}.",
         "",
-        "| arm | exit | tiers | wall s | to target s | MB to target | MB in all | final mean acc | staleness "
-        "mean/max | started (UTC), commit | load before/after |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---|---|---|",
+        "| arm | exit | tiers | wall s | to target s | MB to target | MB in all | final mean acc | train s / round | "
+        "J / round | staleness mean/max | started (UTC), commit | load before/after |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|---|---|",
     ]
     for arm, r in results.items():
         tiers = ",".join(sorted(set(r["tiers"].values()))) or "-"
@@ -200,8 +211,13 @@ def markdown(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> st
         acc = "-" if r["acc_final_mean"] is None else f"{100 * r['acc_final_mean']:.1f}%"
         st = r["staleness"]
         stale = "-" if st["mean"] is None else f"{st['mean']:.2f} / {st['max']}"
+        train = "-" if r.get("train_s_per_round") is None else f"{r['train_s_per_round']:.1f}"
+        joules = "-" if r.get("joules_per_round") is None else (
+            f"{r['joules_per_round']:.1f} ({', '.join(r.get('energy_labels', []))})"
+        )  # fmt: skip
         lines.append(f"| {arm} | {r['exit_code']} | {tiers} | {r['wall_s']:.0f} | {to_target} | {mb} | "
-                     f"{r['bytes_total'] / 1e6:.1f} | {acc} | {stale} | {r.get('started_utc', '-')}, "
+                     f"{r['bytes_total'] / 1e6:.1f} | {acc} | {train} | {joules} | {stale} | "
+                     f"{r.get('started_utc', '-')}, "
                      f"{r.get('commit', '-')} | {r.get('load_before', '-')} / "
                      f"{r.get('load_after', '-')} |")  # fmt: skip
     return "\n".join(lines) + "\n"
