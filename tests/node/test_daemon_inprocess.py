@@ -34,10 +34,10 @@ def test_a_round_beats_in_every_phase_and_evaluation_checks_for_a_stop(tmp_path)
         beats.append((node.phase, getattr(evaluating, "on", False)))
         beat()
 
-    def recording_accuracy() -> float:
+    def recording_accuracy(model) -> float:  # type: ignore[no-untyped-def]
         evaluating.on = True
         try:
-            return accuracy()
+            return accuracy(model)
         finally:
             evaluating.on = False
 
@@ -55,7 +55,7 @@ def test_a_round_beats_in_every_phase_and_evaluation_checks_for_a_stop(tmp_path)
         node.should_exit.set()
         started = time.monotonic()
         with pytest.raises(Stopped):
-            node._accuracy()  # stops at its first batch
+            node._accuracy(node.trained_model)  # stops at its first batch
         assert time.monotonic() - started < 1.0
     finally:
         node.shutdown()
@@ -126,3 +126,28 @@ def test_a_kill_between_a_rounds_record_and_its_checkpoint_runs_the_round_again(
         assert [r["round"] for r in records] == [0] and again.rounds_done == 1  # run again, once
     finally:
         again.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("model", "refusal"),
+    [
+        ("tests.plugin_factories:tiny_mlp", "does not accept a width argument"),
+        ("tests.plugin_factories:unnested_mlp", "is not a nested sub-network"),
+        ("tests.plugin_factories:batchnorm_mlp", "tier_mode width cannot train model .*BatchNorm"),
+    ],
+)
+def test_width_tiers_refuse_a_model_they_cannot_narrow_before_anything_is_written(tmp_path, model, refusal):
+    from edge_node.errors import ConfigError, ModelError
+
+    config = NodeConfig(
+        node_id="solo", fleet="test", dataset="tests.plugin_factories:blobs", model=model, capacity="0.4",
+        tier_mode="width", listen="127.0.0.1:0", state_dir=tmp_path / "state", insecure=True, threads=1,
+        energy_backend="estimate",
+    )  # fmt: skip
+    node = Node(config)
+    try:
+        with pytest.raises((ConfigError, ModelError), match=refusal):
+            node.startup()
+    finally:
+        node.shutdown()
+    assert not (tmp_path / "state").exists()
