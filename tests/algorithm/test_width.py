@@ -181,3 +181,19 @@ def test_retier_across_widths_moves_the_mask_to_the_new_prefix():
         assert all(torch.equal(moved.train_mask[n], state.train_mask[n]) for n in init)  # what was published stays
     wider = retier(start(init, 1.0, seed=1, client=0, within=quarter), 1.0, 3, seed=1, client=0, within=half)
     assert all(torch.equal(wider.next_mask[n], prefix_masks(full, half)[n]) for n in init)  # its new channels grow
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet18"])
+def test_the_full_model_zero_outside_a_prefix_computes_what_the_narrow_model_computes(name):
+    """What a width node hands its application (handover, export): the full-shape model, zero outside its prefix."""
+    torch.manual_seed(0)
+    narrow_model = build_width_model(name, 10, (3, 32, 32), 0.4).eval()
+    with torch.no_grad():
+        for p in narrow_model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)  # GroupNorm's affine away from 1 and 0 too
+    full_model = build_model(name, 10, seed=0, input_shape=(3, 32, 32)).eval()
+    zeros = {n: torch.zeros_like(p) for n, p in full_model.named_parameters()}
+    full_model.load_state_dict(widen(zeros, dict(narrow_model.named_parameters())), strict=False)
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(full_model(x), narrow_model(x), atol=1e-4)
