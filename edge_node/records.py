@@ -59,7 +59,7 @@ DAEMON_KEYS = (
 # tier move of capacity auto at this round's start, a poisoned loopback fleet's attackers).
 DAEMON_OPTIONAL_KEYS = (
     "norm_stats", *PRIVACY_KEYS, "dp_budget_left", "caught_up_from", "caught_up_to", "ahead_not_followed",
-    "tier_move", "attackers", "attack",
+    "tier_move", "attackers", "attack", "tier_mode", "width",
 )  # fmt: skip
 # A daemon's record of a round that diverged (rolled back, nothing published).
 DIVERGED_KEYS = (

@@ -647,6 +647,8 @@ class Node:
             record.update(self.budget.to_json(next_round))
         if tier_move is not None:
             record["tier_move"] = tier_move
+        if self.tiers is not None:  # width tiers: what the tier bought this round
+            record["tier_mode"], record["width"] = self.tiers.mode, self.tiers.table[self.tier].width
         if next_round > t + 1:
             record["caught_up_from"], record["caught_up_to"] = t + 1, next_round
             _LOGGER.info("%s: peers are ahead; continuing at %s instead of %s", round_label(t), round_label(next_round),

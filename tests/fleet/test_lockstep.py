@@ -49,6 +49,8 @@ def compare_with_simulation(tmp_path, nodes: int, tier_mode: str) -> None:
         assert [r["round"] for r in node] == list(range(ROUNDS))
         for t in range(ROUNDS):
             assert node[t]["lockstep"] is True and node[t]["refusals"] == {}
+            assert node[t].get("tier_mode") == (None if tier_mode == "mask" else tier_mode)
+            assert tier_mode == "mask" or 0.5 < node[t]["width"] < 1.0  # tier 0.6's narrow model (cnn: 0.73)
             assert len(node[t]["peers_answered"]) == NEIGHBOURS  # the seeded neighbours, every one answered
             for key in ("acc_before", "acc_after"):
                 acc_diff = max(acc_diff, abs(node[t][key] - sim[t]["nodes"][i][key]))
