@@ -209,3 +209,28 @@ def test_a_peer_whose_certificate_is_not_its_advertised_fp_is_refused(require_ro
     assert refused and all(x["kind"] == "identity" for x in refused), refused
     assert f"presents certificate {fp('impostor')}, but advertised {fp('n0')}" in refused[0]["detail"], refused[0]
     assert all("impostor" not in r["peer_rounds"] for r in records)  # its model never reached the aggregate
+
+
+def test_width_nodes_of_different_tiers_pull_each_other(tmp_path):
+    """Width tiers (protocol 1.5) between two real daemons: a tier-0.2 node trains its narrow model and sends only
+    its prefixes; the tier-1.0 node pulls them (a far smaller stream than its own), and the narrow node pulls the
+    full model into its prefix. Neither refuses the other; each round's record says what its tier bought."""
+    ports = free_ports(2)
+    peers = f"a@127.0.0.1:{ports[0]},b@127.0.0.1:{ports[1]}"
+    common = [*QUICK, "--fleet", FLEET, "--num-clients", "6", "--discovery", "static", "--peers", peers,
+              "--neighbours", "1", "--rounds", "2", "--lockstep", "--tier-mode", "width"]  # fmt: skip
+    with NodeProcesses() as nodes:
+        narrow = nodes.start("a", tmp_path / "a", [*common, "--client-index", "0", "--capacity", "0.2",
+                                                   "--listen", f"127.0.0.1:{ports[0]}"])  # fmt: skip
+        wide = nodes.start("b", tmp_path / "b", [*common, "--client-index", "1", "--capacity", "1.0",
+                                                 "--listen", f"127.0.0.1:{ports[1]}"])  # fmt: skip
+        assert narrow.wait(2 * ROUND_TIMEOUT_S) == 0, narrow.log()
+        assert wide.wait(2 * ROUND_TIMEOUT_S) == 0, wide.log()
+    for node, other in ((narrow, "b"), (wide, "a")):
+        assert [r["peers_answered"] for r in node.records] == [[other], [other]], node.records[-1]["peers_refused"]
+        assert all(r["refusals"] == {} and r["tier_mode"] == "width" for r in node.records)
+    assert {r["tier"] for r in narrow.records} == {"0.2"} and all(r["width"] < 0.5 for r in narrow.records)
+    assert {r["tier"] for r in wide.records} == {"1.0"} and all(r["width"] == 1.0 for r in wide.records)
+    assert all(r["density"] < 0.2 for r in narrow.records)  # of the full model's weights: its prefix, whole
+    # The wide node received the narrow prefixes (no bitmap), the narrow one the whole model.
+    assert all(5 * w["bytes_in"] < n["bytes_in"] for w, n in zip(wide.records, narrow.records, strict=True))
