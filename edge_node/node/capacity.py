@@ -653,8 +653,9 @@ def probe_tiers(
             continue
         model = build_model(config.model, local.num_classes, seed=config.seed, input_shape=local.data.pool.input_shape,
                             width=w.width).to(device)  # fmt: skip
-        timing = _time_steps(model, local.data, config.batch_size, share, sgd, torch.Generator().manual_seed(config.seed),
-                             check, step_batch=full.probe_batch_size)  # fmt: skip
+        batches = torch.Generator().manual_seed(config.seed)  # every tier steps on the same batches
+        timing = _time_steps(model, local.data, config.batch_size, share, sgd, batches, check,
+                             step_batch=full.probe_batch_size)  # fmt: skip
         speeds.append(TierSpeed(name, w.width, w.flop_share, timing.samples_per_s,
                                 full.train_samples_per_s / timing.samples_per_s, "probe", timing.steps,
                                 timing.batch_size, timing.window_s, timing.warmup_s))  # fmt: skip
