@@ -602,7 +602,7 @@ def measure(
     )  # fmt: skip
     if widths is not None:
         sgd = SGDConfig(lr=1e-3, micro_batch=micro_batch, dp=_timing_dp(config), task=resolve_task(config.task))
-        speeds = probe_tiers(config, local, device, widths, measured, sgd, probe_s, check_stop or (lambda: None))
+        speeds = probe_tiers(config, local, device, widths, measured, sgd, check_stop or (lambda: None))
         measured = replace(measured, tiers=speeds, probe_total_s=round(time.perf_counter() - started, 3))
     decision = choose_tier(
         measured, spec, epochs=config.epochs, samples=local.data.num_train, neighbours=config.neighbours,
@@ -632,18 +632,18 @@ def probe_tiers(
     widths: Mapping[str, TierWidth],
     full: Measurements,
     sgd: SGDConfig,
-    probe_s: float,
     check: Callable[[], None],
 ) -> tuple[TierSpeed, ...]:
     """Every width tier's speed: tier 1.0's is the full model's probe (``full``); the narrower tiers share a second
-    window of ``probe_s``, each a warm-up and an equal part of it, timing real dense steps of the tier's narrow
-    model (the node's seed and data) of the full probe's step samples (small batches cost more per sample: one
-    batch for all keeps the ratios per sample). Dense: a mask of any density (tier_mode both) costs the same step
-    on dense kernels. The whole probe takes about twice a mask-mode probe, plus the narrow models' short warm-ups:
-    a tier's step costs less than the full model's, which fitted half of ``probe_s`` when it was cut, so even one
-    step of each narrow tier stays within about ``probe_s`` in all.
+    window as long as the full model's was (at most ``probe_s``, shorter when it reached ``MAX_PROBE_STEPS``), each
+    a warm-up and an equal part of it, timing real dense steps of the tier's narrow model (the node's seed and data)
+    of the full probe's step samples (small batches cost more per sample: one batch for all keeps the ratios per
+    sample). Dense: a mask of any density (tier_mode both) costs the same step on dense kernels. The whole probe
+    takes about twice a mask-mode probe, plus the narrow models' short warm-ups: a tier's step costs less than the
+    full model's, which fitted half of the window when it was cut, so even one step of each narrow tier stays
+    within about the window in all.
     """
-    share = probe_s / max(1, sum(w.width < 1.0 for w in widths.values()))
+    share = full.probe_s / max(1, sum(w.width < 1.0 for w in widths.values()))
     speeds = []
     for w in sorted(widths.values(), key=lambda w: w.density):
         name = tier_name(w.density)
