@@ -256,23 +256,10 @@ class _Timing:
     warmup_s: float
 
 
-def _time_steps(
-    model: nn.Module,
-    data: ClientData,
-    batch_size: int,
-    probe_s: float,
-    sgd: SGDConfig,
-    generator: torch.Generator,
-    check: Callable[[], None],
-    masks: dict[str, torch.Tensor] | None = None,
-    step_batch: int | None = None,
-) -> _Timing:
-    """Two warm-up steps of ``WARMUP_SAMPLES`` samples, then a window of about ``probe_s`` seconds of steps
-    (:func:`probe` says how); ``model`` is trained in place on ``masks`` (all ones when None). ``step_batch``: the
-    samples of every step, fixed (not cut to the window), so that two models' speeds compare per sample."""
-    started_total = time.perf_counter()
-    if masks is None:
-        masks = dense_masks(model)
+def _step_timer(
+    model: nn.Module, masks: dict[str, torch.Tensor], sgd: SGDConfig
+) -> Callable[[torch.Tensor, torch.Tensor], float]:
+    """One real training step of ``model`` (in place, on ``masks``) on a batch, timed in seconds."""
     device = next(model.parameters()).device
     noise = torch.Generator(device=device).manual_seed(0) if sgd.dp is not None else None  # timed, never published
 
@@ -283,22 +270,45 @@ def _time_steps(
             torch.cuda.synchronize(device)
         return time.perf_counter() - began
 
+    return step
+
+
+def _warm_up(
+    step: Callable[[torch.Tensor, torch.Tensor], float], x: torch.Tensor, y: torch.Tensor, check: Callable[[], None]
+) -> float:
+    """Two steps of ``WARMUP_SAMPLES`` samples (the first: allocator, kernels, lazy initialisation); the second's
+    seconds."""
+    warm = min(WARMUP_SAMPLES, int(y.shape[0]))
+    check()
+    step(x[:warm], y[:warm])
+    check()
+    return step(x[:warm], y[:warm])
+
+
+def _time_steps(
+    model: nn.Module,
+    data: ClientData,
+    batch_size: int,
+    probe_s: float,
+    sgd: SGDConfig,
+    generator: torch.Generator,
+    check: Callable[[], None],
+    masks: dict[str, torch.Tensor],
+) -> _Timing:
+    """Two warm-up steps of ``WARMUP_SAMPLES`` samples, then a window of about ``probe_s`` seconds of steps
+    (:func:`probe` says how); ``model`` is trained in place on ``masks``."""
+    started_total = time.perf_counter()
+    step = _step_timer(model, masks, sgd)
     stream = iter(data.train_batches(10**6, generator, batch_size))
     x, y = next(stream)
     least = 2 if batch_normalised(model) else 1  # BatchNorm cannot normalise one sample (training never does)
-    warm = min(WARMUP_SAMPLES, int(y.shape[0]))
-    check()
-    step(x[:warm], y[:warm])  # first call: allocator, kernels, lazy initialisation
-    check()
-    warm_step_s = step(x[:warm], y[:warm])
+    warm_step_s = _warm_up(step, x, y, check)
     warmup_s = time.perf_counter() - started_total
     # One step of the configured batch, from the second warm-up step (small batches cost more per sample:
     # an over-estimate). A batch whose step would not fit in the window is cut to fit in half of it.
     full = min(batch_size, int(y.shape[0]))
-    estimate = warm_step_s * full / warm
+    estimate = warm_step_s * full / min(WARMUP_SAMPLES, int(y.shape[0]))
     step_samples = full if estimate <= probe_s else max(least, min(full, int(full * probe_s / (2 * estimate))))
-    if step_batch is not None:
-        step_samples = min(step_batch, full)
     last = estimate * step_samples / full
     steps = samples = 0
     started = time.perf_counter()
@@ -314,6 +324,53 @@ def _time_steps(
     elapsed = time.perf_counter() - started
     return _Timing(samples / elapsed if elapsed > 0 else float("inf"), steps, round(elapsed, 3), step_samples,
                    round(warmup_s, 3))  # fmt: skip
+
+
+def _time_interleaved(
+    models: Sequence[nn.Module],
+    data: ClientData,
+    batch_size: int,
+    step_samples: int,
+    window_s: float,
+    sgd: SGDConfig,
+    seed: int,
+    check: Callable[[], None],
+) -> list[_Timing]:
+    """Each model's speed in one shared window: a warm-up each, then one step of ``step_samples`` of each model in
+    turn (the same batches for all), while the next step's last duration still fits in ``window_s``; every model
+    steps at least once, at most ``MAX_PROBE_STEPS`` times. Taking turns puts every model under the same load, so
+    their ratios hold on a machine whose other programs come and go (sequential windows would each see another
+    load). A model's time counts its batches' loading and its steps; its ``window_s`` is that time."""
+    steps, streams, firsts, warmups = [], [], [], []
+    for model in models:
+        began = time.perf_counter()
+        step = _step_timer(model, dense_masks(model), sgd)
+        stream = iter(data.train_batches(10**6, torch.Generator().manual_seed(seed), batch_size))
+        x, y = next(stream)
+        _warm_up(step, x, y, check)
+        steps.append(step)
+        streams.append(stream)
+        firsts.append((x, y))
+        warmups.append(time.perf_counter() - began)
+    count = [0] * len(models)
+    spent = [0.0] * len(models)
+    samples = [0] * len(models)
+    last = [0.0] * len(models)
+    started = time.perf_counter()
+    while True:
+        for i, step in enumerate(steps):
+            if count[i] and (count[i] >= MAX_PROBE_STEPS or time.perf_counter() - started + last[i] > window_s):
+                return [_Timing(samples[j] / spent[j] if spent[j] > 0 else float("inf"), count[j],
+                                round(spent[j], 3), step_samples, round(warmups[j], 3))
+                        for j in range(len(models))]  # fmt: skip
+            check()
+            began = time.perf_counter()
+            x, y = next(streams[i]) if count[i] else firsts[i]
+            step(x[:step_samples], y[:step_samples])
+            last[i] = time.perf_counter() - began
+            spent[i] += last[i]
+            samples[i] += int(y[:step_samples].shape[0])
+            count[i] += 1
 
 
 def probe(
@@ -602,7 +659,7 @@ def measure(
     )  # fmt: skip
     if widths is not None:
         sgd = SGDConfig(lr=1e-3, micro_batch=micro_batch, dp=_timing_dp(config), task=resolve_task(config.task))
-        speeds = probe_tiers(config, local, device, widths, measured, sgd, check_stop or (lambda: None))
+        speeds = probe_tiers(config, local, widths, scratch, measured, sgd, check_stop or (lambda: None))
         measured = replace(measured, tiers=speeds, probe_total_s=round(time.perf_counter() - started, 3))
     decision = choose_tier(
         measured, spec, epochs=config.epochs, samples=local.data.num_train, neighbours=config.neighbours,
@@ -628,35 +685,34 @@ def model_tier_widths(
 def probe_tiers(
     config: NodeConfig,
     local: LocalData,
-    device: torch.device,
     widths: Mapping[str, TierWidth],
+    full_model: nn.Module,
     full: Measurements,
     sgd: SGDConfig,
     check: Callable[[], None],
 ) -> tuple[TierSpeed, ...]:
-    """Every width tier's speed: tier 1.0's is the full model's probe (``full``); the narrower tiers share a second
-    window as long as the full model's was (at most ``probe_s``, shorter when it reached ``MAX_PROBE_STEPS``), each
-    a warm-up and an equal part of it, timing real dense steps of the tier's narrow model (the node's seed and data)
-    of the full probe's step samples (small batches cost more per sample: one batch for all keeps the ratios per
-    sample). Dense: a mask of any density (tier_mode both) costs the same step on dense kernels. The whole probe
-    takes about twice a mask-mode probe, plus the narrow models' short warm-ups: a tier's step costs less than the
-    full model's, which fitted half of the window when it was cut, so even one step of each narrow tier stays
-    within about the window in all.
+    """Every width tier's speed, after the full model's probe (``full``, of ``full_model``): a second window as long
+    as the full model's was (at most ``probe_s``, shorter when it reached ``MAX_PROBE_STEPS``) in which every
+    tier's model, the full one too, takes real dense steps in turn (:func:`_time_interleaved`: one load for all,
+    so the step ratios hold), each of the full probe's step samples (small batches cost more per sample: one batch
+    for all keeps the ratios per sample), after a warm-up each. The narrow models are built with the node's seed on
+    the full model's device. Dense: a mask of any density (tier_mode both) costs the same step on dense kernels.
+    So the whole probe takes about twice a mask-mode one, plus the narrow models' short warm-ups; a first turn of
+    every model always runs (at most about 1.3 windows of a full model cut to fit half a window).
     """
-    share = full.probe_s / max(1, sum(w.width < 1.0 for w in widths.values()))
-    speeds = []
-    for w in sorted(widths.values(), key=lambda w: w.density):
-        name = tier_name(w.density)
-        if w.width >= 1.0:
-            speeds.append(TierSpeed(name, w.width, w.flop_share, full.train_samples_per_s, 1.0, "probe",
-                                    full.probe_steps, full.probe_batch_size, full.probe_s, full.warmup_s))  # fmt: skip
-            continue
-        model = build_model(config.model, local.num_classes, seed=config.seed, input_shape=local.data.pool.input_shape,
-                            width=w.width).to(device)  # fmt: skip
-        batches = torch.Generator().manual_seed(config.seed)  # every tier steps on the same batches
-        timing = _time_steps(model, local.data, config.batch_size, share, sgd, batches, check,
-                             step_batch=full.probe_batch_size)  # fmt: skip
-        speeds.append(TierSpeed(name, w.width, w.flop_share, timing.samples_per_s,
-                                full.train_samples_per_s / timing.samples_per_s, "probe", timing.steps,
-                                timing.batch_size, timing.window_s, timing.warmup_s))  # fmt: skip
-    return tuple(speeds)
+    device = next(full_model.parameters()).device
+    tiers = sorted(widths.values(), key=lambda w: w.density)
+    models = [
+        full_model if w.width >= 1.0 else
+        build_model(config.model, local.num_classes, seed=config.seed, input_shape=local.data.pool.input_shape,
+                    width=w.width).to(device)
+        for w in tiers
+    ]  # fmt: skip
+    timings = _time_interleaved(models, local.data, config.batch_size, full.probe_batch_size, full.probe_s, sgd,
+                                config.seed, check)  # fmt: skip
+    full_rate = next(t for w, t in zip(tiers, timings, strict=True) if w.width >= 1.0).samples_per_s
+    return tuple(
+        TierSpeed(tier_name(w.density), w.width, w.flop_share, t.samples_per_s, full_rate / t.samples_per_s, "probe",
+                  t.steps, t.batch_size, t.window_s, t.warmup_s)
+        for w, t in zip(tiers, timings, strict=True)
+    )  # fmt: skip
