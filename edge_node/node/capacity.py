@@ -36,8 +36,9 @@ fit, the node takes 0.2 and says which constraint it breaks.
 
 Width tiers (``tier_mode`` width or both) do buy seconds: a tier trains a narrow model (the first channels of
 every hidden layer, edge_node.models.tier_widths) on smaller dense kernels. The probe then also times each
-narrow tier's own steps (:func:`probe_tiers`: the four narrow tiers share a second window of ``probe_s``, so
-the probe takes about twice as long), ``train_s`` is each tier's own, and ``transfer_s`` pulls the tier's
+tier's own steps (:func:`probe_tiers`: after the full model's window, every tier's model takes steps in turn
+in a second window as long, so all see the same load; the probe takes about twice as long), ``train_s`` is
+each tier's own, and ``transfer_s`` pulls the tier's
 narrow model (with the ``--density`` mask inside under both). While running, a round's throughput is its
 tier's, and the other tiers' are scaled from it by the start-up probe's step ratios, or, for a node resumed
 without a probe, by their dense FLOP shares, which the decision calls an estimate. The memory need stays the
@@ -254,6 +255,7 @@ class _Timing:
     window_s: float
     batch_size: int
     warmup_s: float
+    best_step_s: float = 0.0  # the fastest step's seconds (interleaved turns only)
 
 
 def _step_timer(
@@ -337,17 +339,22 @@ def _time_interleaved(
     check: Callable[[], None],
 ) -> list[_Timing]:
     """Each model's speed in one shared window: a warm-up each, then one step of ``step_samples`` of each model in
-    turn (the same batches for all), while the next step's last duration still fits in ``window_s``; every model
-    steps at least once, at most ``MAX_PROBE_STEPS`` times. Taking turns puts every model under the same load, so
-    their ratios hold on a machine whose other programs come and go (sequential windows would each see another
-    load). A model's time counts its batches' loading and its steps; its ``window_s`` is that time."""
+    turn (the same batches for all), while the next step's last duration still fits in ``window_s`` (counted from
+    the first warm-up); every model steps at least once, at most ``MAX_PROBE_STEPS`` times. Taking turns puts every
+    model under the same load, so their ratios hold on a machine whose other programs come and go (sequential
+    windows would each see another load). A model's time counts its batches' loading and its steps; its
+    ``window_s`` is that time. The warm-up is one step of ``step_samples`` (lazy initialisation, and the kernels
+    for that batch shape: a first step of a new shape costs several of the next ones, which a turn of few steps
+    would count)."""
     steps, streams, firsts, warmups = [], [], [], []
+    started = time.perf_counter()  # the window holds the warm-ups too: the probe's length stays the window's
     for model in models:
         began = time.perf_counter()
         step = _step_timer(model, dense_masks(model), sgd)
         stream = iter(data.train_batches(10**6, torch.Generator().manual_seed(seed), batch_size))
         x, y = next(stream)
-        _warm_up(step, x, y, check)
+        check()
+        step(x[:step_samples], y[:step_samples])
         steps.append(step)
         streams.append(stream)
         firsts.append((x, y))
@@ -356,18 +363,19 @@ def _time_interleaved(
     spent = [0.0] * len(models)
     samples = [0] * len(models)
     last = [0.0] * len(models)
-    started = time.perf_counter()
+    best = [float("inf")] * len(models)
     while True:
         for i, step in enumerate(steps):
             if count[i] and (count[i] >= MAX_PROBE_STEPS or time.perf_counter() - started + last[i] > window_s):
                 return [_Timing(samples[j] / spent[j] if spent[j] > 0 else float("inf"), count[j],
-                                round(spent[j], 3), step_samples, round(warmups[j], 3))
+                                round(spent[j], 3), step_samples, round(warmups[j], 3), best[j])
                         for j in range(len(models))]  # fmt: skip
             check()
             began = time.perf_counter()
             x, y = next(streams[i]) if count[i] else firsts[i]
             step(x[:step_samples], y[:step_samples])
             last[i] = time.perf_counter() - began
+            best[i] = min(best[i], last[i])
             spent[i] += last[i]
             samples[i] += int(y[:step_samples].shape[0])
             count[i] += 1
@@ -691,14 +699,20 @@ def probe_tiers(
     sgd: SGDConfig,
     check: Callable[[], None],
 ) -> tuple[TierSpeed, ...]:
-    """Every width tier's speed, after the full model's probe (``full``, of ``full_model``): a second window as long
-    as the full model's was (at most ``probe_s``, shorter when it reached ``MAX_PROBE_STEPS``) in which every
-    tier's model, the full one too, takes real dense steps in turn (:func:`_time_interleaved`: one load for all,
-    so the step ratios hold), each of the full probe's step samples (small batches cost more per sample: one batch
-    for all keeps the ratios per sample), after a warm-up each. The narrow models are built with the node's seed on
-    the full model's device. Dense: a mask of any density (tier_mode both) costs the same step on dense kernels.
-    So the whole probe takes about twice a mask-mode one, plus the narrow models' short warm-ups; a first turn of
-    every model always runs (at most about 1.3 windows of a full model cut to fit half a window).
+    """Every width tier's speed, after the full model's probe (``full``, of ``full_model``, already warm).
+
+    A second window as long as the full model's was (at most ``probe_s``; shorter when it reached
+    ``MAX_PROBE_STEPS``), in which every tier's model, the full one too, takes real dense steps in turn
+    (:func:`_time_interleaved`: one load for all, so their ratios hold on a shared machine) on the same batches,
+    after a warm-up step of each (the narrow models built with the node's seed on the full model's device). The steps
+    are of the full probe's samples, fewer where one turn of all five would take over a quarter of the window (as
+    the full model's per-sample time and the tiers' FLOP shares estimate it): a turn always runs whole, and a
+    slow device's turn must not outlast the window. A tier's speed is the full model's (its window, the configured
+    batch) over the tier's step ratio: its fastest step in the turns over the full model's (a step that a burst of
+    other programs' load slowed does not count against one tier only; the load itself is in the full model's
+    window, as in a mask-mode probe). Dense: a mask
+    of any density (tier_mode both) costs the same step on dense kernels. So the whole probe takes about twice a
+    mask-mode one (the second window holds the warm-ups: about a turn, at most a quarter of it as estimated).
     """
     device = next(full_model.parameters()).device
     tiers = sorted(widths.values(), key=lambda w: w.density)
@@ -708,11 +722,16 @@ def probe_tiers(
                     width=w.width).to(device)
         for w in tiers
     ]  # fmt: skip
-    timings = _time_interleaved(models, local.data, config.batch_size, full.probe_batch_size, full.probe_s, sgd,
-                                config.seed, check)  # fmt: skip
-    full_rate = next(t for w, t in zip(tiers, timings, strict=True) if w.width >= 1.0).samples_per_s
-    return tuple(
-        TierSpeed(tier_name(w.density), w.width, w.flop_share, t.samples_per_s, full_rate / t.samples_per_s, "probe",
-                  t.steps, t.batch_size, t.window_s, t.warmup_s)
-        for w, t in zip(tiers, timings, strict=True)
-    )  # fmt: skip
+    per_sample_s = full.probe_s / max(1, full.probe_steps * full.probe_batch_size)
+    turn_per_sample_s = per_sample_s * sum(w.flop_share for w in tiers)
+    least = 2 if batch_normalised(full_model) else 1
+    step_samples = max(least, min(full.probe_batch_size, int(full.probe_s / (4 * turn_per_sample_s))))
+    timings = _time_interleaved(models, local.data, config.batch_size, step_samples, full.probe_s, sgd, config.seed,
+                                check)  # fmt: skip
+    full_step_s = next(t for w, t in zip(tiers, timings, strict=True) if w.width >= 1.0).best_step_s
+    speeds = []
+    for w, t in zip(tiers, timings, strict=True):
+        ratio = t.best_step_s / full_step_s
+        speeds.append(TierSpeed(tier_name(w.density), w.width, w.flop_share, full.train_samples_per_s / ratio, ratio,
+                                "probe", t.steps, t.batch_size, t.window_s, t.warmup_s))  # fmt: skip
+    return tuple(speeds)
