@@ -710,9 +710,9 @@ def probe_tiers(
     slow device's turn must not outlast the window. A tier's speed is the full model's (its window, the configured
     batch) over the tier's step ratio: its fastest step in the turns over the full model's (a step that a burst of
     other programs' load slowed does not count against one tier only; the load itself is in the full model's
-    window, as in a mask-mode probe). Dense: a mask
-    of any density (tier_mode both) costs the same step on dense kernels. So the whole probe takes about twice a
-    mask-mode one (the second window holds the warm-ups: about a turn, at most a quarter of it as estimated).
+    window, as in a mask-mode probe). Dense: a mask of any density (tier_mode both) costs the same step on dense
+    kernels. So the whole probe takes about twice a mask-mode one (the second window holds the warm-ups: about a
+    turn, at most a quarter of it as estimated).
     """
     device = next(full_model.parameters()).device
     tiers = sorted(widths.values(), key=lambda w: w.density)
