@@ -465,7 +465,10 @@ def from_round(
     if tier is not None:
         if widths is None or tier not in widths:
             raise ValueError(f"from_round: width tier {tier!r} needs the tiers' widths (edge_node.models.tier_widths)")
-        probed = {t.tier: t.step_ratio for t in previous.tiers} if previous is not None else {}
+        # The start-up probe's ratios, carried by every re-decision since; an estimate stays an estimate.
+        carried = previous.tiers if previous is not None else ()
+        estimated = any(t.source.endswith("(estimate)") for t in carried)
+        probed = {} if estimated else {t.tier: t.step_ratio for t in carried}
         measured = set(probed) >= set(widths)
         ratios = probed if measured else {name: w.flop_share for name, w in widths.items()}
         full_rate = train_samples_per_s * ratios[tier]  # the round's seconds per sample = ratio x the full model's

@@ -137,6 +137,13 @@ def test_a_round_is_scaled_by_the_probes_ratios_or_else_by_flop_shares_called_an
     assert speeds["0.2"].source == "round x FLOP share (estimate)"
     decision = capacity.choose_tier(resumed, spec, **KW, widths=widths, source="remeasured")
     assert "estimates from their dense FLOP shares, not measurements" in decision.decided_by
+    # The next re-decision carries the ratios on: a probe's stay the probe's, an estimate stays an estimate.
+    assert {t.source for t in capacity.from_round(90.0, (), cpu, again, tier="0.2", widths=widths).tiers} == {
+        "round",
+        "round x probe ratio",
+    }
+    later = capacity.from_round(90.0, (), cpu, resumed, tier="0.2", widths=widths)
+    assert {t.source for t in later.tiers} == {"round", "round x FLOP share (estimate)"}
     # Mask mode: the round's throughput as it is, no tiers.
     assert capacity.from_round(200.0, (), cpu, start).tiers == ()
 
