@@ -24,8 +24,15 @@ def format_decision(decision: Any) -> str:
         f"accelerator          {m.accelerator}",
         f"link speed           {m.link_detail}",
         "",
-        "density  train s  transfer s  round s  memory MiB  fits",
     ]
+    if m.tiers:  # width tiers: every tier's own narrow model, timed (the line above is tier 1.0's, the full model)
+        lines.append("tier  width  FLOP share  samples/s  step x full  from")
+        for t in m.tiers:
+            timed = f" ({t.probe_steps} steps of {t.probe_batch_size} in {t.probe_s:.1f} s)" if t.probe_steps else ""
+            lines.append(f"{t.tier:>4}  {t.width:5.2f}  {t.flop_share:10.2f}  {t.train_samples_per_s:9.1f}  "
+                         f"{t.step_ratio:11.2f}  {t.source}{timed}")  # fmt: skip
+        lines.append("")
+    lines.append("density  train s  transfer s  round s  memory MiB  fits")
     for c in decision.checks:
         transfer = "-" if c.transfer_s is None else f"{c.transfer_s:.1f}"
         lines.append(
@@ -44,7 +51,8 @@ def capacity(as_json: bool, config_file: Path | None, **flags: Any) -> None:
 
     Takes the node's settings (model, data, epochs, neighbours, round budget, threads, device, fleet
     seed) like ``start`` and measures through the same code as ``start --capacity auto``; starts
-    nothing. A dense-kernel device's tiers differ only in the bytes on the wire (see the README).
+    nothing. A dense-kernel device's tiers differ only in the bytes on the wire (see the README), except
+    under --tier-mode width or both, where each tier's own narrow model is timed too.
     """
     from edge_node.node import capacity as cap
     from edge_node.node.local_data import load_local_data

@@ -28,11 +28,22 @@ The rule: the largest tier density ``d`` for which all of these hold, checked fr
    is the same at every tier, so a node short of memory is refused at start (``ConfigError``, exit 2)
    rather than put at the smallest tier to be killed by the OOM killer in its first round.
 
-Honesty about the model: PyTorch's kernels here are dense, so a lower density cuts the bytes on the
-wire and the stored model, not the training time or the memory of a round; ``train_s`` and the memory
-need are the same for every tier, and only the transfer term makes the tiers differ. The FLOPs saving
-of the paper only becomes seconds with sparse kernels, which are not used. When even 0.2 does not
+Honesty about the model: PyTorch's kernels here are dense, so under ``tier_mode mask`` a lower density cuts
+the bytes on the wire and the stored model, not the training time or the memory of a round; ``train_s`` and
+the memory need are the same for every tier, and only the transfer term makes the tiers differ. The FLOPs
+saving of the paper only becomes seconds with sparse kernels, which are not used. When even 0.2 does not
 fit, the node takes 0.2 and says which constraint it breaks.
+
+Width tiers (``tier_mode`` width or both) do buy seconds: a tier trains a narrow model (the first channels of
+every hidden layer, edge_node.models.tier_widths) on smaller dense kernels. The probe then also times each
+tier's own steps (:func:`probe_tiers`: after the full model's window, every tier's model takes steps in turn
+in a second window as long, so all see the same load; the probe takes about twice as long), ``train_s`` is
+each tier's own, and ``transfer_s`` pulls the tier's
+narrow model (with the ``--density`` mask inside under both). While running, a round's throughput is its
+tier's, and the other tiers' are scaled from it by the start-up probe's step ratios, or, for a node resumed
+without a probe, by their dense FLOP shares, which the decision calls an estimate. The memory need stays the
+full model's (conservative): the node keeps full-shape weights, masks and peers' models at every width, and
+the activations are the full model's, measured.
 
 ``edge-node capacity`` and ``edge-node start --capacity auto`` measure through the same function,
 :func:`measure`, with the node's settings (threads, device, fleet seed, data slice). A node resuming
@@ -47,8 +58,8 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,13 +75,14 @@ from edge_node.algorithm import (
     read_weights,
     tier_name,
     train_masked,
+    weight_positions,
 )
 from edge_node.algorithm.dp import DPConfig
 from edge_node.algorithm.norm_stats import batch_normalised
 from edge_node.algorithm.tasks import CLASSIFICATION, Task, resolve_task
 from edge_node.data.batches import ClientData
 from edge_node.errors import ConfigError
-from edge_node.models import build_model
+from edge_node.models import TierWidth, build_model, tier_widths
 from edge_node.node.limits import Limits, ceil_cpus, own_limits
 from edge_node.torch_threads import ThreadGovernor, apply_threads
 from edge_node.wire import ModelSpec, ValueType, encoded_model_size
@@ -87,6 +99,25 @@ WARMUP_SAMPLES = 8  # samples of each of the two warm-up steps
 MEMORY_HEADROOM = 0.25  # leave a quarter of the available memory free
 SYS_NET = Path("/sys/class/net")
 TC_TIMEOUT_S = 5.0  # one `tc qdisc show`
+
+
+@dataclass(frozen=True)
+class TierSpeed:
+    """One width tier's training speed (``tier_mode`` width or both): its own narrow model's, which runs on smaller
+    dense kernels than the full model's."""
+
+    tier: str  # "0.2" .. "1.0"
+    width: float  # the narrow model's channel fraction (edge_node.models.tier_widths)
+    flop_share: float  # its dense FLOPs over the full model's
+    train_samples_per_s: float
+    step_ratio: float  # its seconds per sample over the full model's (tier 1.0: 1.0)
+    # "probe" (its own timed steps at start), "round" (the round just run, at this tier), "round x probe ratio" (that
+    # round scaled by the start-up probe's step ratios) or "round x FLOP share (estimate)" (no probe to scale by)
+    source: str
+    probe_steps: int = 0  # the probe's steps of this tier (0: not probed)
+    probe_batch_size: int = 0
+    probe_s: float = 0.0  # this tier's measured window
+    warmup_s: float = 0.0  # this tier's two warm-up steps
 
 
 @dataclass(frozen=True)
@@ -109,6 +140,9 @@ class Measurements:
     cpu_limit: float | None = None  # CPUs the cgroup's quota allows (None: no quota)
     memory_limit_bytes: int | None = None  # the cgroup's memory limit (None: none)
     limits_detail: str = ""  # which cgroup files said so
+    # Width tiers: every tier's own speed (train_samples_per_s above is then tier 1.0's, the full model's); empty
+    # under tier_mode mask, where every tier trains the full model on dense kernels.
+    tiers: tuple[TierSpeed, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,6 +172,8 @@ class CapacityDecision:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["checks"] = [asdict(c) for c in self.checks]
+        if self.measurements is not None and not self.measurements.tiers:
+            del out["measurements"]["tiers"]  # tier_mode mask: the measurements as they always were
         return out
 
 
@@ -205,6 +241,146 @@ def _rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def dense_masks(model: nn.Module) -> dict[str, torch.Tensor]:
+    """All-ones masks of ``model``'s weights: a step on dense kernels costs the same at any mask density."""
+    return {name: torch.ones_like(w, dtype=torch.bool) for name, w in read_weights(model).items()}
+
+
+@dataclass(frozen=True)
+class _Timing:
+    """One model's timed steps (:func:`_time_steps`)."""
+
+    samples_per_s: float
+    steps: int
+    window_s: float
+    batch_size: int
+    warmup_s: float
+    best_step_s: float = 0.0  # the fastest step's seconds (interleaved turns only)
+
+
+def _step_timer(
+    model: nn.Module, masks: dict[str, torch.Tensor], sgd: SGDConfig
+) -> Callable[[torch.Tensor, torch.Tensor], float]:
+    """One real training step of ``model`` (in place, on ``masks``) on a batch, timed in seconds."""
+    device = next(model.parameters()).device
+    noise = torch.Generator(device=device).manual_seed(0) if sgd.dp is not None else None  # timed, never published
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> float:
+        began = time.perf_counter()
+        train_masked(model, masks, [(x, y)], sgd, noise)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - began
+
+    return step
+
+
+def _warm_up(
+    step: Callable[[torch.Tensor, torch.Tensor], float], x: torch.Tensor, y: torch.Tensor, check: Callable[[], None]
+) -> float:
+    """Two steps of ``WARMUP_SAMPLES`` samples (the first: allocator, kernels, lazy initialisation); the second's
+    seconds."""
+    warm = min(WARMUP_SAMPLES, int(y.shape[0]))
+    check()
+    step(x[:warm], y[:warm])
+    check()
+    return step(x[:warm], y[:warm])
+
+
+def _time_steps(
+    model: nn.Module,
+    data: ClientData,
+    batch_size: int,
+    probe_s: float,
+    sgd: SGDConfig,
+    generator: torch.Generator,
+    check: Callable[[], None],
+    masks: dict[str, torch.Tensor],
+) -> _Timing:
+    """Two warm-up steps of ``WARMUP_SAMPLES`` samples, then a window of about ``probe_s`` seconds of steps
+    (:func:`probe` says how); ``model`` is trained in place on ``masks``."""
+    started_total = time.perf_counter()
+    step = _step_timer(model, masks, sgd)
+    stream = iter(data.train_batches(10**6, generator, batch_size))
+    x, y = next(stream)
+    least = 2 if batch_normalised(model) else 1  # BatchNorm cannot normalise one sample (training never does)
+    warm_step_s = _warm_up(step, x, y, check)
+    warmup_s = time.perf_counter() - started_total
+    # One step of the configured batch, from the second warm-up step (small batches cost more per sample:
+    # an over-estimate). A batch whose step would not fit in the window is cut to fit in half of it.
+    full = min(batch_size, int(y.shape[0]))
+    estimate = warm_step_s * full / min(WARMUP_SAMPLES, int(y.shape[0]))
+    step_samples = full if estimate <= probe_s else max(least, min(full, int(full * probe_s / (2 * estimate))))
+    last = estimate * step_samples / full
+    steps = samples = 0
+    started = time.perf_counter()
+    while steps < MAX_PROBE_STEPS:
+        if steps and time.perf_counter() - started + last > probe_s:
+            break
+        check()
+        if steps:
+            x, y = next(stream)
+        last = step(x[:step_samples], y[:step_samples])
+        steps += 1
+        samples += int(y[:step_samples].shape[0])
+    elapsed = time.perf_counter() - started
+    return _Timing(samples / elapsed if elapsed > 0 else float("inf"), steps, round(elapsed, 3), step_samples,
+                   round(warmup_s, 3))  # fmt: skip
+
+
+def _time_interleaved(
+    models: Sequence[nn.Module],
+    data: ClientData,
+    batch_size: int,
+    step_samples: int,
+    window_s: float,
+    sgd: SGDConfig,
+    seed: int,
+    check: Callable[[], None],
+) -> list[_Timing]:
+    """Each model's speed in one shared window: a warm-up each, then one step of ``step_samples`` of each model in
+    turn (the same batches for all), while the next step's last duration still fits in ``window_s`` (counted from
+    the first warm-up); every model steps at least once, at most ``MAX_PROBE_STEPS`` times. Taking turns puts every
+    model under the same load, so their ratios hold on a machine whose other programs come and go (sequential
+    windows would each see another load). A model's time counts its batches' loading and its steps; its
+    ``window_s`` is that time. The warm-up is one step of ``step_samples`` (lazy initialisation, and the kernels
+    for that batch shape: a first step of a new shape costs several of the next ones, which a turn of few steps
+    would count)."""
+    steps, streams, firsts, warmups = [], [], [], []
+    started = time.perf_counter()  # the window holds the warm-ups too: the probe's length stays the window's
+    for model in models:
+        began = time.perf_counter()
+        step = _step_timer(model, dense_masks(model), sgd)
+        stream = iter(data.train_batches(10**6, torch.Generator().manual_seed(seed), batch_size))
+        x, y = next(stream)
+        check()
+        step(x[:step_samples], y[:step_samples])
+        steps.append(step)
+        streams.append(stream)
+        firsts.append((x, y))
+        warmups.append(time.perf_counter() - began)
+    count = [0] * len(models)
+    spent = [0.0] * len(models)
+    samples = [0] * len(models)
+    last = [0.0] * len(models)
+    best = [float("inf")] * len(models)
+    while True:
+        for i, step in enumerate(steps):
+            if count[i] and (count[i] >= MAX_PROBE_STEPS or time.perf_counter() - started + last[i] > window_s):
+                return [_Timing(samples[j] / spent[j] if spent[j] > 0 else float("inf"), count[j],
+                                round(spent[j], 3), step_samples, round(warmups[j], 3), best[j])
+                        for j in range(len(models))]  # fmt: skip
+            check()
+            began = time.perf_counter()
+            x, y = next(streams[i]) if count[i] else firsts[i]
+            step(x[:step_samples], y[:step_samples])
+            last[i] = time.perf_counter() - began
+            best[i] = min(best[i], last[i])
+            spent[i] += last[i]
+            samples[i] += int(y[:step_samples].shape[0])
+            count[i] += 1
+
+
 def probe(
     model: nn.Module,
     data: ClientData,
@@ -229,55 +405,19 @@ def probe(
     take a tier it cannot train in its round budget).
     """
     started_total = time.perf_counter()
-    check = check_stop or (lambda: None)
-    generator = generator or torch.Generator().manual_seed(0)
-    masks = {name: torch.ones_like(w, dtype=torch.bool) for name, w in read_weights(model).items()}
     sgd = SGDConfig(lr=1e-3, micro_batch=micro_batch, dp=dp, task=task)  # steps as the node's training takes them
     device = next(model.parameters()).device
-    noise = torch.Generator(device=device).manual_seed(0) if dp is not None else None  # only timed, never published
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> float:
-        began = time.perf_counter()
-        train_masked(model, masks, [(x, y)], sgd, noise)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - began
-
+    masks = dense_masks(model)
     rss_before = _rss()
-    stream = iter(data.train_batches(10**6, generator, batch_size))
-    x, y = next(stream)
-    least = 2 if batch_normalised(model) else 1  # BatchNorm cannot normalise one sample (training never does)
-    warm = min(WARMUP_SAMPLES, int(y.shape[0]))
-    check()
-    step(x[:warm], y[:warm])  # first call: allocator, kernels, lazy initialisation
-    check()
-    warm_step_s = step(x[:warm], y[:warm])
-    warmup_s = time.perf_counter() - started_total
-    # One step of the configured batch, from the second warm-up step (small batches cost more per sample:
-    # an over-estimate). A batch whose step would not fit in the window is cut to fit in half of it.
-    full = min(batch_size, int(y.shape[0]))
-    estimate = warm_step_s * full / warm
-    step_samples = full if estimate <= probe_s else max(least, min(full, int(full * probe_s / (2 * estimate))))
-    last = estimate * step_samples / full
-    steps = samples = 0
-    started = time.perf_counter()
-    while steps < MAX_PROBE_STEPS:
-        if steps and time.perf_counter() - started + last > probe_s:
-            break
-        check()
-        if steps:
-            x, y = next(stream)
-        last = step(x[:step_samples], y[:step_samples])
-        steps += 1
-        samples += int(y[:step_samples].shape[0])
-    elapsed = time.perf_counter() - started
+    timing = _time_steps(model, data, batch_size, probe_s, sgd, generator or torch.Generator().manual_seed(0),
+                         check_stop or (lambda: None), masks)  # fmt: skip
     activation = max(0, _rss() - rss_before)
     return Measurements(
-        train_samples_per_s=samples / elapsed if elapsed > 0 else float("inf"),
-        probe_steps=steps,
-        probe_s=round(elapsed, 3),
-        probe_batch_size=step_samples,
-        warmup_s=round(warmup_s, 3),
+        train_samples_per_s=timing.samples_per_s,
+        probe_steps=timing.steps,
+        probe_s=timing.window_s,
+        probe_batch_size=timing.batch_size,
+        warmup_s=timing.warmup_s,
         probe_total_s=round(time.perf_counter() - started_total, 3),
         activation_bytes=activation,
         **_device_readings(interfaces, device),
@@ -303,16 +443,46 @@ def _device_readings(interfaces: Sequence[str], device: torch.device) -> dict[st
 
 
 def from_round(
-    train_samples_per_s: float, interfaces: Sequence[str], device: torch.device, previous: Measurements | None
+    train_samples_per_s: float,
+    interfaces: Sequence[str],
+    device: torch.device,
+    previous: Measurements | None,
+    *,
+    tier: str | None = None,
+    widths: Mapping[str, TierWidth] | None = None,
 ) -> Measurements:
     """The device measured again while the node runs: the training throughput of a whole round just run (its
     samples over its training seconds: what the round budget holds), and memory, CPUs, limits and link read
     now. The probe's fields are 0 (no probe ran); the activations are the start-up probe's (0 when the node
-    resumed without one: memory is the same at every tier, and was checked at the first start)."""
+    resumed without one: memory is the same at every tier, and was checked at the first start).
+
+    Width tiers (``tier``: the node's tier in the round, ``widths``: edge_node.models.tier_widths): the round ran
+    that tier's narrow model, so every other tier's speed is the round's scaled by the step ratios the start-up
+    probe timed (``previous.tiers``), or, with no probe (a node resumed from a checkpoint), by the tiers' dense FLOP
+    shares: an estimate, and said so (:func:`choose_tier`'s decision).
+    """
+    speeds: tuple[TierSpeed, ...] = ()
+    if tier is not None:
+        if widths is None or tier not in widths:
+            raise ValueError(f"from_round: width tier {tier!r} needs the tiers' widths (edge_node.models.tier_widths)")
+        # The start-up probe's ratios, carried by every re-decision since; an estimate stays an estimate.
+        carried = previous.tiers if previous is not None else ()
+        estimated = any(t.source.endswith("(estimate)") for t in carried)
+        probed = {} if estimated else {t.tier: t.step_ratio for t in carried}
+        measured = set(probed) >= set(widths)
+        ratios = probed if measured else {name: w.flop_share for name, w in widths.items()}
+        full_rate = train_samples_per_s * ratios[tier]  # the round's seconds per sample = ratio x the full model's
+        scaled = "round x probe ratio" if measured else "round x FLOP share (estimate)"
+        speeds = tuple(
+            TierSpeed(name, w.width, w.flop_share, full_rate / ratios[name], ratios[name],
+                      "round" if name == tier else scaled)
+            for name, w in sorted(widths.items(), key=lambda item: item[1].density)
+        )  # fmt: skip
+        train_samples_per_s = full_rate
     return Measurements(
         train_samples_per_s=train_samples_per_s, probe_steps=0, probe_s=0.0, probe_batch_size=0, warmup_s=0.0,
         probe_total_s=0.0, activation_bytes=previous.activation_bytes if previous is not None else 0,
-        **_device_readings(interfaces, device),
+        **_device_readings(interfaces, device), tiers=speeds,
     )  # fmt: skip
 
 
@@ -348,17 +518,35 @@ def choose_tier(
     round_budget_s: float,
     value_type: ValueType = ValueType.FLOAT32,
     source: str = "measured",
+    widths: Mapping[str, TierWidth] | None = None,
+    mask_density: float = 1.0,
 ) -> CapacityDecision:
     """Apply the module's rule to ``measured``; the decision says which constraint decided (``source``: "measured"
-    at start, "remeasured" while running)."""
+    at start, "remeasured" while running).
+
+    Width tiers (``widths``: edge_node.models.tier_widths of the full ``spec``; ``measured.tiers`` then holds every
+    tier's speed): each tier's ``train_s`` is its own narrow model's, and its transfer the narrow model's bytes with
+    a mask of ``mask_density`` inside (1.0 under tier_mode width, ``--density`` under both).
+    """
     memory = round_memory_bytes(spec, neighbours, measured.activation_bytes)
     budget_memory = measured.available_memory_bytes * (1 - MEMORY_HEADROOM)
-    train_s = epochs * samples / measured.train_samples_per_s
+    speeds = {t.tier: t for t in measured.tiers}
+    if widths is not None and set(speeds) < set(widths):
+        raise ValueError(f"choose_tier: width tiers need every tier's speed; measured has {sorted(speeds)}")
     checks = []
     for density in sorted(TIER_DENSITIES, reverse=True):
+        name = tier_name(density)
+        if widths is None:  # tier_mode mask: one dense-kernel step for every tier, a mask of the tier's density
+            train_s = epochs * samples / measured.train_samples_per_s
+            wire_spec, wire_density = spec, density
+        else:  # the spec's header is not 1.5's tier header: a few bytes off, nothing for a capacity figure
+            train_s = epochs * samples / speeds[name].train_samples_per_s
+            wire_spec = ModelSpec(spec.arch_name, spec.num_classes, widths[name].shapes, variant=spec.variant)
+            wire_density = mask_density
         transfer_s = None
         if measured.link_mbit_s is not None:
-            transfer_s = neighbours * model_bytes_at(spec, density, value_type) * 8 / (measured.link_mbit_s * 1e6)
+            wire_bytes = model_bytes_at(wire_spec, wire_density, value_type)
+            transfer_s = neighbours * wire_bytes * 8 / (measured.link_mbit_s * 1e6)
         round_s = train_s + (transfer_s or 0.0)
         failed = ""
         if round_s > round_budget_s:
@@ -380,6 +568,11 @@ def choose_tier(
     else:
         above = checks[checks.index(chosen) - 1]
         decided = f"density {above.density:g} breaks: {above.failed}"
+    if widths is not None and any(t.source.endswith("(estimate)") for t in measured.tiers):
+        decided += (
+            "; the other tiers' train times are estimates from their dense FLOP shares, not measurements "
+            "(no start-up probe to scale by)"
+        )
     return CapacityDecision(chosen.density, tier_name(chosen.density), source, decided, measured, tuple(checks))
 
 
@@ -447,29 +640,101 @@ def measure(
     device: torch.device,
     *,
     check_stop: Callable[[], None] | None = None,
+    widths: Mapping[str, TierWidth] | None = None,
+    probe_s: float = DEFAULT_PROBE_S,
 ) -> CapacityDecision:
     """Probe this device with the node's model, data, batch and fleet seed, and choose its tier.
 
     The one code path of ``edge-node capacity`` and ``edge-node start --capacity auto`` (call
-    :func:`runtime_device` first): both measure exactly what the running node would train.
+    :func:`runtime_device` first): both measure exactly what the running node would train. Width tiers
+    (``config.tier_mode`` width or both; ``widths``: edge_node.models.tier_widths, worked out here when None) also
+    time every narrow tier's own steps (:func:`probe_tiers`), and the rule takes each tier's own train time.
 
     Raises:
-        ConfigError: the memory a round needs does not fit (:func:`check_memory`).
+        ConfigError: the memory a round needs does not fit (:func:`check_memory`); width tiers for a model whose
+            FLOPs cannot be counted (no tier widths).
     """
     available, limits = available_memory()  # before the probe: a device far too small is not probed into the OOM killer
     refuse_short_memory(config.model, round_memory_bytes(spec, config.neighbours, 0), available,
                         limits.memory_limit_bytes)  # fmt: skip
     input_shape = local.data.pool.input_shape
     scratch = build_model(config.model, local.num_classes, seed=config.seed, input_shape=input_shape).to(device)
+    if config.tier_mode != "mask" and widths is None:  # sizing the tiers (shapes only) is no part of the probe
+        widths = model_tier_widths(config.model, local.num_classes, input_shape, scratch)
+    started = time.perf_counter()
+    micro_batch = 0 if batch_normalised(scratch) else config.micro_batch  # a BatchNorm model: whole batches
     measured = probe(
-        scratch, local.data, config.batch_size, interfaces=config.interfaces,
-        micro_batch=0 if batch_normalised(scratch) else config.micro_batch,  # a BatchNorm model: whole batches
+        scratch, local.data, config.batch_size, interfaces=config.interfaces, probe_s=probe_s, micro_batch=micro_batch,
         dp=_timing_dp(config), generator=torch.Generator().manual_seed(config.seed),
         check_stop=check_stop, task=resolve_task(config.task),
     )  # fmt: skip
+    if widths is not None:
+        sgd = SGDConfig(lr=1e-3, micro_batch=micro_batch, dp=_timing_dp(config), task=resolve_task(config.task))
+        speeds = probe_tiers(config, local, widths, scratch, measured, sgd, check_stop or (lambda: None))
+        measured = replace(measured, tiers=speeds, probe_total_s=round(time.perf_counter() - started, 3))
     decision = choose_tier(
         measured, spec, epochs=config.epochs, samples=local.data.num_train, neighbours=config.neighbours,
-        round_budget_s=config.round_budget_s, value_type=ValueType.parse(config.value_type),
+        round_budget_s=config.round_budget_s, value_type=ValueType.parse(config.value_type), widths=widths,
+        mask_density=config.density if config.tier_mode == "both" else 1.0,
     )  # fmt: skip
     check_memory(decision, config.model)
     return decision
+
+
+def model_tier_widths(
+    model_name: str, num_classes: int, input_shape: Sequence[int], full: nn.Module
+) -> dict[str, TierWidth]:
+    """Every tier's narrow model of ``full`` (edge_node.models.tier_widths), or one ConfigError line where the
+    model's FLOPs cannot be counted (a tier's width is its share of the full model's FLOPs)."""
+    positions = weight_positions(full, input_shape)
+    if positions is None:
+        raise ConfigError(f"model {model_name}: its FLOPs cannot be counted, so width tiers cannot be sized; use "
+                          "--tier-mode mask")  # fmt: skip
+    return tier_widths(model_name, num_classes, input_shape, positions)
+
+
+def probe_tiers(
+    config: NodeConfig,
+    local: LocalData,
+    widths: Mapping[str, TierWidth],
+    full_model: nn.Module,
+    full: Measurements,
+    sgd: SGDConfig,
+    check: Callable[[], None],
+) -> tuple[TierSpeed, ...]:
+    """Every width tier's speed, after the full model's probe (``full``, of ``full_model``, already warm).
+
+    A second window as long as the full model's was (at most ``probe_s``; shorter when it reached
+    ``MAX_PROBE_STEPS``), in which every tier's model, the full one too, takes real dense steps in turn
+    (:func:`_time_interleaved`: one load for all, so their ratios hold on a shared machine) on the same batches,
+    after a warm-up step of each (the narrow models built with the node's seed on the full model's device). The steps
+    are of the full probe's samples, fewer where one turn of all five would take over a quarter of the window (as
+    the full model's per-sample time and the tiers' FLOP shares estimate it): a turn always runs whole, and a
+    slow device's turn must not outlast the window. A tier's speed is the full model's (its window, the configured
+    batch) over the tier's step ratio: its fastest step in the turns over the full model's (a step that a burst of
+    other programs' load slowed does not count against one tier only; the load itself is in the full model's
+    window, as in a mask-mode probe). Dense: a mask of any density (tier_mode both) costs the same step on dense
+    kernels. So the whole probe takes about twice a mask-mode one (the second window holds the warm-ups: about a
+    turn, at most a quarter of it as estimated).
+    """
+    device = next(full_model.parameters()).device
+    tiers = sorted(widths.values(), key=lambda w: w.density)
+    models = [
+        full_model if w.width >= 1.0 else
+        build_model(config.model, local.num_classes, seed=config.seed, input_shape=local.data.pool.input_shape,
+                    width=w.width).to(device)
+        for w in tiers
+    ]  # fmt: skip
+    per_sample_s = full.probe_s / max(1, full.probe_steps * full.probe_batch_size)
+    turn_per_sample_s = per_sample_s * sum(w.flop_share for w in tiers)
+    least = 2 if batch_normalised(full_model) else 1
+    step_samples = max(least, min(full.probe_batch_size, int(full.probe_s / (4 * turn_per_sample_s))))
+    timings = _time_interleaved(models, local.data, config.batch_size, step_samples, full.probe_s, sgd, config.seed,
+                                check)  # fmt: skip
+    full_step_s = next(t for w, t in zip(tiers, timings, strict=True) if w.width >= 1.0).best_step_s
+    speeds = []
+    for w, t in zip(tiers, timings, strict=True):
+        ratio = t.best_step_s / full_step_s
+        speeds.append(TierSpeed(tier_name(w.density), w.width, w.flop_share, full.train_samples_per_s / ratio, ratio,
+                                "probe", t.steps, t.batch_size, t.window_s, t.warmup_s))  # fmt: skip
+    return tuple(speeds)
