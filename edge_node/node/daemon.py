@@ -468,7 +468,8 @@ class Node:
         _LOGGER.info("measuring this device's capacity (%s, a probe of about %.0f s)", self.spec.arch_id,
                      capacity.DEFAULT_PROBE_S)  # fmt: skip
         with self.interruptible():
-            decision = capacity.measure(self.config, self.local, self.spec, self.device, check_stop=self._check_stop)
+            decision = capacity.measure(self.config, self.local, self.spec, self.device, check_stop=self._check_stop,
+                                        widths=self.tiers.table if self.tiers is not None else None)  # fmt: skip
         measured = decision.measurements
         assert measured is not None
         _LOGGER.info(
@@ -482,11 +483,13 @@ class Node:
     def _remeasure(self, train_samples_per_s: float) -> capacity.CapacityDecision:
         """The rule's decision on this device as it is now, around a round's measured training throughput."""
         config = self.config
-        measured = capacity.from_round(train_samples_per_s, config.interfaces, self.device,
-                                       self.capacity.measurements)  # fmt: skip
+        widths = self.tiers.table if self.tiers is not None else None  # width tiers: scaled to each tier's step
+        measured = capacity.from_round(train_samples_per_s, config.interfaces, self.device, self.capacity.measurements,
+                                       tier=self.tier if widths is not None else None, widths=widths)  # fmt: skip
         return capacity.choose_tier(
             measured, self.spec, epochs=config.epochs, samples=self.local.data.num_train, neighbours=config.neighbours,
             round_budget_s=config.round_budget_s, value_type=ValueType.parse(config.value_type), source="remeasured",
+            widths=widths, mask_density=self._mask_density(1.0),
         )  # fmt: skip
 
     def _move_tier(self, t: int) -> dict[str, Any] | None:
