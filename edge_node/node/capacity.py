@@ -693,6 +693,9 @@ def model_tier_widths(
     return tier_widths(model_name, num_classes, input_shape, positions)
 
 
+TIER_WINDOW_SHARE = 0.9  # width tiers: their shared window against the full model's (the probe stays under 2x)
+
+
 def probe_tiers(
     config: NodeConfig,
     local: LocalData,
@@ -704,7 +707,7 @@ def probe_tiers(
 ) -> tuple[TierSpeed, ...]:
     """Every width tier's speed, after the full model's probe (``full``, of ``full_model``, already warm).
 
-    A second window as long as the full model's was (at most ``probe_s``; shorter when it reached
+    A second window of ``TIER_WINDOW_SHARE`` of the full model's (at most ``probe_s``; shorter when it reached
     ``MAX_PROBE_STEPS``), in which every tier's model, the full one too, takes real dense steps in turn
     (:func:`_time_interleaved`: one load for all, so their ratios hold on a shared machine) on the same batches,
     after a warm-up step of each (the narrow models built with the node's seed on the full model's device). The steps
@@ -729,7 +732,8 @@ def probe_tiers(
     turn_per_sample_s = per_sample_s * sum(w.flop_share for w in tiers)
     least = 2 if batch_normalised(full_model) else 1
     step_samples = max(least, min(full.probe_batch_size, int(full.probe_s / (4 * turn_per_sample_s))))
-    timings = _time_interleaved(models, local.data, config.batch_size, step_samples, full.probe_s, sgd, config.seed,
+    window_s = TIER_WINDOW_SHARE * full.probe_s  # the narrow models' building and a last step's overrun fit beside it
+    timings = _time_interleaved(models, local.data, config.batch_size, step_samples, window_s, sgd, config.seed,
                                 check)  # fmt: skip
     full_step_s = next(t for w, t in zip(tiers, timings, strict=True) if w.width >= 1.0).best_step_s
     speeds = []
