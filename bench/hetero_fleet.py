@@ -2,7 +2,8 @@
 
     sudo .venv/bin/python bench/hetero_fleet.py --output runs/hetero [--nodes 8] [--rounds 10] \\
         [--devices 'pi4:3,pi5:3,orin-nano:2'] [--data-dir ../shared/datasets/cifar10-jpeg.tar.gz] \\
-        [--target 0.4] [--round-budget-s 600] [--arms auto,dense,slowest,lockstep,stale1] [--dry-run]
+        [--epochs 1] [--batch-size 32] [--target 0.4] [--round-budget-s 600] \\
+        [--arms auto,width,dense,slowest,lockstep,stale1] [--dry-run]
     # or one arm per command (each its own quiet window), merged into the same --output:
     sudo .venv/bin/python bench/hetero_fleet.py --output runs/hetero --arms auto
     sudo .venv/bin/python bench/hetero_fleet.py --output runs/hetero --arms slowest   # uses auto's tiers
@@ -58,7 +59,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     """What must be the same for arms to be compared (arms of other settings are not merged)."""
     return {"nodes": args.nodes, "rounds": args.rounds, "devices": args.devices, "seed": args.seed,
             "dataset": "demo" if args.demo else "cifar10", "round_budget_s": args.round_budget_s,
-            "pull_timeout_s": args.pull_timeout_s}  # fmt: skip
+            "pull_timeout_s": args.pull_timeout_s, "epochs": args.epochs, "batch_size": args.batch_size}  # fmt: skip
 
 
 def saved_arms(path: Path, wanted: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -125,6 +126,7 @@ def command(args: argparse.Namespace, arm: str, slowest_tier: str | None) -> lis
     return [sys.executable, "-m", "edge_node", "loopback", "--nodes", str(args.nodes), "--rounds", str(args.rounds),
             "--netns", "--devices", args.devices, *data, "--partition", "dir:0.3", "--seed", str(args.seed),
             "--round-budget-s", str(args.round_budget_s), "--pull-timeout-s", str(args.pull_timeout_s),
+            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
             "--output", str(args.output / arm), "--fresh", "--no-progress",
             *arm_flags(arm, slowest_tier)]  # fmt: skip
 
@@ -197,7 +199,8 @@ def analyse(out: Path, nodes: int, started_unix: float, target: float, wall_s: f
 def markdown(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [
         f"Fleet: {args.nodes} nodes, devices `{args.devices}`, {'demo' if args.demo else 'CIFAR-10'} Dir(0.3), "
-        f"{args.rounds} rounds, seed {args.seed}, round budget {args.round_budget_s:g} s; target mean accuracy "
+        f"{args.rounds} rounds of {args.epochs} epoch(s) of batch {args.batch_size}, seed {args.seed}, round budget "
+        f"{args.round_budget_s:g} s; target mean accuracy "
         f"{100 * args.target:.0f}%. {machine()}.",
         "",
         "| arm | exit | tiers | wall s | to target s | MB to target | MB in all | final mean acc | train s / round | "
@@ -259,6 +262,8 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--demo", action="store_true", help="The built-in demo set instead of CIFAR-10 (a smoke run).")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=1, help="Local epochs per round (the table's: 1).")
+    parser.add_argument("--batch-size", type=int, default=32, help="Training batch size (the table's: 32).")
     parser.add_argument("--target", type=float, default=0.4, help="Fleet mean accuracy to reach (0..1).")
     parser.add_argument("--round-budget-s", type=float, default=600.0)
     parser.add_argument("--pull-timeout-s", type=float, default=120.0)
