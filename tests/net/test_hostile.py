@@ -85,7 +85,7 @@ def honest(node_id: str = "honest", seed: int = 1, **server_kwargs) -> Iterator[
 def test_failure_kinds_are_listed_and_print_on_one_line() -> None:
     failure = PullFailure("timeout", "the batch deadline of 2 s ran out")
     assert str(failure) == "timeout: the batch deadline of 2 s ran out" and "\n" not in str(failure)
-    assert len(set(FAILURE_KINDS)) == len(FAILURE_KINDS) == 11
+    assert len(set(FAILURE_KINDS)) == len(FAILURE_KINDS) == 12
     with pytest.raises(ValueError, match="kind='slow'"):
         PullFailure("slow", "x")
 
