@@ -35,7 +35,8 @@ def runs(demo, tmp_path_factory) -> dict[str, list[dict]]:
     root = tmp_path_factory.mktemp("methods")
     out = {}
     for method in METHODS:
-        config = SimConfig(method=method, output=root / method, **TINY)
+        width = {"density": 0.6} if method == "heterofl" else {}  # width tiers: a tier's width (setting i)
+        config = SimConfig(method=method, output=root / method, **{**TINY, **width})
         out[method] = read_records(run_simulation(config, demo))
     return out
 

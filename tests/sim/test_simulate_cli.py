@@ -147,6 +147,8 @@ def test_setting_ii_with_gradient_regrowth(tmp_path: Path, capsys):
                 "tests.plugin_factories:blobs",
                 "--samples-per-client",
                 "20",
+                "--density",
+                "0.6",
             ],
             "does not accept a width argument",
         ),  # fmt: skip
