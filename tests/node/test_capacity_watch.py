@@ -104,7 +104,7 @@ def test_a_node_moves_down_a_tier_when_its_cgroup_quota_drops_and_back_when_it_r
         group.set_cpu(None)
         restored_at = len(node.completed())
         moved_up = _wait_for_move(node, "1.0", 180)
-        status = json.loads((state / "status.json").read_text())
+        status = _status_after(state, lambda st: st["tier_moves"]["up"] >= 1, 60)
     down, up = moved_down["tier_move"], moved_up["tier_move"]
     assert (down["from"], down["to"], up["from"], up["to"]) == ("1.0", "0.2", "0.2", "1.0"), (down, up)
     assert "quota 0.25 CPUs" in down["cause"] and "no tier fits" in down["decided_by"], down
@@ -115,6 +115,17 @@ def test_a_node_moves_down_a_tier_when_its_cgroup_quota_drops_and_back_when_it_r
     assert status["tier_moves"] == {"down": 1, "up": 1} and status["capacity"]["source"] == "remeasured"
     log = node.log(200)
     assert "tier 1.0 -> 0.2 at the next round boundary" in log and "tier 0.2 -> 1.0" in log, log
+
+
+def _status_after(state, ready, timeout_s: float) -> dict:
+    """status.json once ``ready`` holds: a round's record is appended before the round's status file is written
+    (checkpoint and publish come between), so the file read at once may still be the round before's."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = json.loads((state / "status.json").read_text())
+        if ready(status) or time.monotonic() > deadline:
+            return status
+        time.sleep(0.2)
 
 
 def _wait_for_move(node, to: str, timeout_s: float) -> dict:
