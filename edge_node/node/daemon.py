@@ -278,7 +278,6 @@ class Node:
                 mask_init=config.mask_init, frozen=self.params.frozen, within=self._within(self.tier),
             )  # fmt: skip
         self.identity = identity
-        self.density = self._published_density()
         if config.fixed_density is None and config.capacity_recheck_rounds:
             self.capacity_watch = CapacityWatch(self.tier, self._remeasure, sustain=config.capacity_recheck_rounds)
         try:
@@ -429,9 +428,11 @@ class Node:
         within = self.tiers.within(tier)
         return None if within is None else dict(within)
 
-    def _published_density(self) -> float:
-        """The density a stream and Hello carry: the target (mask tiers, as always), or under width tiers the
-        fraction of the full model's weights the mask keeps (protocol 1.5: one meaning in every mode)."""
+    @property
+    def density(self) -> float:
+        """The density a stream and Hello carry, derived from the state: the target (mask tiers, as always), or
+        under width tiers the fraction of the full model's weights the mask keeps (protocol 1.5: one meaning in
+        every mode)."""
         return self.state.density if self.tiers is None else self.state.mask_density
 
     def _tier_buys(self) -> str:
@@ -503,7 +504,6 @@ class Node:
             mask_init=self.config.mask_init, frozen=self.params.frozen, within=self._within(move.after),
         )  # fmt: skip
         self.tier, self.capacity = move.after, move.decision
-        self.density = self._published_density()
         if self.tiers is not None:  # width tiers: the new tier's narrow model trains from the next round
             self.trained_model = self.tiers.model(self.tier, self.model)
         self._tier_moves[move.direction] += 1
@@ -782,7 +782,6 @@ class Node:
         return self.tier if self.tiers is not None else None
 
     def _publish(self) -> None:
-        self.density = self._published_density()
         weights, mask = published(self.state, self.params.frozen)  # the spec's tensors: never the frozen ones
         if self.attack is not None:  # a loopback fleet's attacker: what it publishes instead (algorithm/poison.py)
             if self._stale is not None:

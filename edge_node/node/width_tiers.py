@@ -9,7 +9,6 @@ the same table from the model alone, so a receiver checks a stream's shapes agai
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -17,12 +16,9 @@ from torch import nn
 
 from edge_node.algorithm import weight_positions
 from edge_node.algorithm.norm_stats import batch_normalised
+from edge_node.algorithm.width import Shapes
 from edge_node.errors import ConfigError
 from edge_node.models import TierWidth, build_model, tier_widths
-
-_LOGGER = logging.getLogger(__name__)
-
-Shapes = Mapping[str, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
